@@ -60,3 +60,8 @@ def raw_exchange(url: str, data: bytes, timeout: float = 5.0) -> bytes:
         except TimeoutError:
             pass
         return b"".join(chunks)
+
+
+def wired(sim, prefix: str = "PRIMARY", served: str = "sim-instant") -> dict[str, str]:
+    """The env that wires `sim` (an instant-profile simulator by default) as a role's backend."""
+    return {f"{prefix}_BASE_URL": sim.url, f"{prefix}_SERVED_NAME": served}
