@@ -158,3 +158,29 @@ def test_infeasible_role_refers_to_hosted_by(gateway_factory, sim_factory):
     assert reply.error["type"] == "role_infeasible"
     assert "http://spark.example:8000" in reply.error["message"]
     assert primary.requests() == [] or all(r["path"] == "/health" for r in primary.requests())
+
+
+def test_each_event_reaches_the_client_while_the_backend_still_generates(gateway_factory,
+                                                                         sim_factory):
+    import http.client
+
+    primary = sim_factory("minor", served_name="slow")
+    gateway = gateway_factory({"PRIMARY_BASE_URL": primary.url, "PRIMARY_SERVED_NAME": "slow"})
+    primary.set_faults({"slow_factor": 25.0})  # ~0.2 s per token
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
+    conn.request("POST", "/v1/chat/completions", json.dumps(
+        {"model": "main", "stream": True, "max_tokens": 30,
+         "messages": [{"role": "user", "content": "count"}]}),
+        {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    first = resp.fp.readline()  # the first chunk-size line, then the first event
+    assert int(first, 16) > 0
+    event = resp.fp.readline()
+    assert event.startswith(b"data: ")
+    with urllib.request.urlopen(primary.url + "/metrics") as metrics:
+        text = metrics.read().decode()
+    running = [line for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running")]
+    assert running and float(running[0].rsplit(" ", 1)[1]) == 1.0  # still generating
+    primary.set_faults({})
+    conn.close()

@@ -1,6 +1,8 @@
 """Pressure shedding driven through a fake LOBES_PROC_ROOT, and GATEWAY_FORCE_STRICT_TOOLS."""
 
 import json
+import os
+import threading
 import time
 
 import pytest
@@ -11,9 +13,13 @@ from tests.support.sim_proc import start_sim
 
 
 def write_proc(root, swap_used_percent: float, iowait: int = 0, other: int = 0) -> None:
+    """Replace meminfo and stat atomically, so the sampler never reads half a file."""
     free = int(1000 * (100 - swap_used_percent) / 100)
-    (root / "meminfo").write_text(f"SwapTotal: 1000 kB\nSwapFree: {free} kB\n")
-    (root / "stat").write_text(f"cpu  {other} 0 0 0 {iowait} 0 0 0 0 0\n")
+    files = {"meminfo": f"SwapTotal: 1000 kB\nSwapFree: {free} kB\n",
+             "stat": f"cpu  {other} 0 0 0 {iowait} 0 0 0 0 0\n"}
+    for name, text in files.items():
+        (root / f".{name}").write_text(text)
+        os.replace(root / f".{name}", root / name)
 
 
 def wait_mode(gateway, mode: str) -> dict:
@@ -85,12 +91,30 @@ def test_threshold_is_strictly_greater(pressured):
 
 def test_iowait_sheds_as_a_delta(pressured):
     gateway, root = pressured
-    write_proc(root, 10, iowait=1000, other=1000)
-    write_proc(root, 10, iowait=2000, other=1000)  # at least one sample sees 100 % iowait
-    block = wait_mode(gateway, "busy")
-    assert block["mode"] == "busy", block
-    write_proc(root, 10, iowait=2000, other=900_000)
-    wait_mode(gateway, "warm")
+    stop = threading.Event()
+
+    def advance(iowait_share: float) -> None:
+        """Keep the jiffies moving like a live /proc/stat, with this share spent in iowait."""
+        iowait = other = 0
+        while not stop.is_set():
+            iowait += int(100 * iowait_share)
+            other += 100 - int(100 * iowait_share)
+            write_proc(root, 10, iowait=iowait, other=other)
+            time.sleep(0.005)
+
+    for share, mode in ((0.6, "busy"), (0.5, "warm")):
+        stop.clear()
+        writer = threading.Thread(target=advance, args=(share,))
+        writer.start()
+        try:
+            time.sleep(0.1)
+            block = wait_mode(gateway, mode)
+            assert block["mode"] == mode, block
+            status = chat(gateway.url, {"model": "main"}).status
+            assert status == (429 if mode == "busy" else 200)
+        finally:
+            stop.set()
+            writer.join()
 
 
 def test_embeddings_are_never_shed(busy):
