@@ -48,72 +48,6 @@ class ReplicaSpec:
         return self.local_url is not None
 
 
-def _split(raw: str | None) -> list[str]:
-    if raw is None or raw.strip() == "":
-        return []
-    return [item.strip() for item in raw.split(",")]
-
-
-def parse_rates(raw: str | None, count: int, *, variable: str) -> list[float | None]:
-    """P_PEER_RATES: one tok/s prior per origin, an empty slot meaning 'no prior'."""
-    slots = _split(raw)
-    if not slots:
-        return [None] * count
-    if len(slots) != count:
-        raise ValueError(
-            f"{variable} has {len(slots)} entries but the pool declares {count} origins; "
-            "give one rate (tok/s) per origin, in the same order, leaving a slot empty for none"
-        )
-    rates: list[float | None] = []
-    for slot in slots:
-        if slot == "":
-            rates.append(None)
-            continue
-        try:
-            rate = float(slot)
-        except ValueError:
-            raise ValueError(f"{variable}: {slot!r} is not a number of tokens per second") from None
-        if rate <= 0:
-            raise ValueError(f"{variable}: rate {slot!r} must be greater than 0 tok/s")
-        rates.append(rate)
-    return rates
-
-
-def replica_specs(
-    origins: str | None,
-    api_keys: str | None,
-    rates: str | None,
-    *,
-    singular_origin: str | None,
-    singular_key: str | None,
-    prefix: str,
-) -> tuple[ReplicaSpec, ...]:
-    """Build the peer replicas of one role from its P_PEER_* variables.
-
-    An empty key slot inherits P_PEER_API_KEY only when that slot's origin IS the singular
-    peer (P_PEER_ORIGIN); any other empty slot means the replica runs no inbound gate.
-    """
-    origin_list = [normalize_origin(o) for o in _split(origins)]
-    if any(o == "" for o in origin_list):
-        raise ValueError(f"{prefix}_PEER_ORIGINS has an empty origin; list http://host:port values")
-    key_slots = _split(api_keys)
-    if key_slots and len(key_slots) != len(origin_list):
-        raise ValueError(
-            f"{prefix}_PEER_API_KEYS has {len(key_slots)} slots but {prefix}_PEER_ORIGINS has "
-            f"{len(origin_list)}; give one slot per origin (an empty slot inherits "
-            f"{prefix}_PEER_API_KEY for the singular peer)"
-        )
-    key_slots = key_slots or [""] * len(origin_list)
-    rate_list = parse_rates(rates, len(origin_list), variable=f"{prefix}_PEER_RATES")
-    singular = normalize_origin(singular_origin) if singular_origin else None
-    specs = []
-    for origin, key, rate in zip(origin_list, key_slots, rate_list, strict=True):
-        if key == "" and origin == singular:
-            key = singular_key or ""
-        specs.append(ReplicaSpec(origin=origin, api_key=key or None, prior_rate=rate))
-    return tuple(specs)
-
-
 def with_local_replica(
     specs: Sequence[ReplicaSpec], *, local_url: str, self_origin: str | None
 ) -> tuple[ReplicaSpec, ...]:
@@ -341,10 +275,7 @@ def _backend_load(status: object, served_id: str) -> int | None:
         metrics = backend.get("metrics")
         if not isinstance(metrics, dict):
             return None
-        counts = [
-            metrics.get("vllm:num_requests_running"),
-            metrics.get("vllm:num_requests_waiting"),
-        ]
+        counts = [metrics.get("running"), metrics.get("waiting")]
         return int(sum(c for c in counts if isinstance(c, (int, float))))
     return None
 
@@ -444,9 +375,13 @@ class Prober:
     interval_s: float = 5.0
     timeout_s: float = 3.0
     clock: Callable[[], float] = time.monotonic
+    on_pass: Callable[[], None] | None = None
 
     async def probe_once(self) -> None:
+        """One whole pass over every pool; on_pass then publishes the new verdicts."""
         await asyncio.gather(*(self._probe_pool(pool, target) for pool, target in self.pools))
+        if self.on_pass is not None:
+            self.on_pass()
 
     async def _probe_pool(self, pool: Pool, target: ProbeTarget) -> None:
         started = self.clock()

@@ -50,7 +50,7 @@ def models(*ids, max_model_len=262144):
 
 
 def status(running, waiting):
-    metrics = {"vllm:num_requests_running": running, "vllm:num_requests_waiting": waiting}
+    metrics = {"running": running, "waiting": waiting}
     return 200, {"backends": [{"name": "primary", "served_name": SERVED, "metrics": metrics}]}
 
 
