@@ -7,7 +7,8 @@ loop nothing can interleave between them.
 
 Policies (GATEWAY_POOL_POLICY):
   rate    (default) earliest expected completion: the waves of work queued ahead of the
-          request on a replica's slots, plus its own, each taking expected tokens / rate.
+          request on a replica's slots, plus its own, each taking expected tokens / rate;
+          a slower replica must beat the fastest by SLOWER_REPLICA_MARGIN to win.
           Rates are learned online (EWMA of completed responses) from declared priors.
   queue   seed 000's baseline: least in flight relative to slots, a full replica is not
           selectable, ties by origin. Kept to measure against.
@@ -30,6 +31,8 @@ from typing import Protocol
 
 DEFAULT_EXPECTED_TOKENS = 256
 DEFAULT_SMOOTHING = 0.3
+# A slower replica must finish a request this much sooner than the fastest one to get it.
+SLOWER_REPLICA_MARGIN = 0.1
 
 
 class RouteReason(str, Enum):
@@ -107,7 +110,12 @@ class QueuePolicy:
 
 
 class RatePolicy:
-    """Earliest expected completion; ties go to the faster replica, then declaration order."""
+    """Earliest expected completion, biased to the fastest replica by SLOWER_REPLICA_MARGIN.
+
+    The wave model ignores the slowdown a new stream causes on a batch already running, and a
+    request on a slow replica sets the burst's makespan: a slower replica gets the request
+    only when it finishes it clearly sooner, never on a tie or within estimation noise.
+    """
 
     name = "rate"
 
@@ -116,10 +124,16 @@ class RatePolicy:
     ) -> tuple[ReplicaView, RouteReason] | None:
         if not views:
             return None
-        best = min(
-            views,
-            key=lambda v: (v.expected_completion_s(expected_tokens), -v.rate, v.order),
-        )
+
+        def completion(view: ReplicaView) -> float:
+            return view.expected_completion_s(expected_tokens)
+
+        best = min(views, key=lambda v: (completion(v), -v.rate, v.order))
+        fastest = min(views, key=lambda v: (-v.rate, completion(v), v.order))
+        if best.rate < fastest.rate and completion(best) > completion(fastest) * (
+            1 - SLOWER_REPLICA_MARGIN
+        ):
+            best = fastest
         return best, _reason(views, RouteReason.EARLIEST_COMPLETION)
 
 

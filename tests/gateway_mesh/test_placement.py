@@ -217,3 +217,20 @@ def test_the_queue_model_reproduces_seed_000():
     assert makespan(PinnedPolicy(), 8) == pytest.approx(14.03, rel=0.02)
     assert makespan(QueuePolicy(), 4) == pytest.approx(14.47, rel=0.02)
     assert place_burst(QueuePolicy(), 8).count("spark") == 6
+
+
+def test_a_near_tie_stays_on_the_faster_replica():
+    # Spark at 40 tok/s with 6 queued: 4 waves x 155/40 = 15.5 s; one request alone on Thor at
+    # 11 tok/s: 14.1 s, 9% sooner. Within the margin, the burst stays on the faster replica.
+    p = Placer(RatePolicy(), {"spark": 40.0, "thor": 11.0})
+    candidates = [Candidate("spark", 2), Candidate("thor", 2)]
+    origins = [p.place(candidates, SEED_TOKENS).origin for _ in range(8)]
+    assert origins == ["spark"] * 8
+
+
+def test_a_slower_replica_wins_when_it_finishes_clearly_sooner():
+    # The 9th request would wait 5 waves on Spark (19.4 s): Thor's 14.1 s is 27% sooner.
+    p = Placer(RatePolicy(), {"spark": 40.0, "thor": 11.0})
+    candidates = [Candidate("spark", 2), Candidate("thor", 2)]
+    origins = [p.place(candidates, SEED_TOKENS).origin for _ in range(9)]
+    assert origins == ["spark"] * 8 + ["thor"]
