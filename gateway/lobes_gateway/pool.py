@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from . import errors
 from .catalog import AUDIO_STT, AUDIO_TTS
-from .config import GatewayConfig, RoleConfig
+from .config import GatewayConfig, Origin, RoleConfig
 from .errors import ApiError
 from .forward import Forwarder, encode_for, forward_headers
 from .http import Request, error_bytes
@@ -39,6 +39,27 @@ def replica_specs(rc: RoleConfig) -> tuple[ReplicaSpec, ...]:
     """The pool's replicas as config declared them (keys already inherited)."""
     return tuple(ReplicaSpec(origin=p.origin, api_key=p.api_key, prior_rate=p.rate)
                  for p in rc.peers)
+
+
+def peer_headers(headers: dict[str, str], api_key: str | None,
+                 markers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The caller's headers for a peer: its own key and markers stripped, ours attached."""
+    forwarded = [(n, v) for n, v in forward_headers(headers)
+                 if n != "authorization" and not n.startswith(("x-lobes-proxied",
+                                                               "x-lobes-forwarded"))]
+    if api_key:
+        forwarded.append(("Authorization", f"Bearer {api_key}"))
+    return forwarded + markers
+
+
+async def dial(connections: Connections, origin: Origin, target: str,
+               headers: list[tuple[str, str]], body: bytes, timeout_s: float) -> Response | None:
+    """POST to a peer on the caller's path; None when no response head came back."""
+    head = request_head("POST", target, origin, headers, len(body))
+    try:
+        return await exchange(connections, origin, head, body, timeout_s)
+    except UpstreamError:
+        return None
 
 
 def moves_on(status: int) -> bool:
@@ -90,7 +111,9 @@ class PooledRole:
 
 
 @dataclass
-class _Failure:
+class Failure:
+    """A replica or owner that did not answer the request: unreachable or the status."""
+
     origin: str
     status: int | None  # None: no answer at all
 
@@ -156,7 +179,7 @@ class Pools:
             writer.write(error_bytes(error, keep_alive=req.keep_alive))
             return req.keep_alive
         tried: set[str] = set()
-        failures: list[_Failure] = []
+        failures: list[Failure] = []
         want = expected_tokens(payload)
         while (placement := role.placer.place(role.candidates(tried), want)) is not None:
             tried.add(placement.origin)
@@ -166,36 +189,35 @@ class Pools:
                 return kept
         if not tried:
             return await fall_through()
-        return self._answer(req, writer, _exhausted(route.role, failures, self._retry_after))
+        who = f"every replica of the {route.role} pool"
+        return self._answer(req, writer, exhausted(who, failures, self._retry_after))
 
     async def _attempt(self, req: Request, role: PooledRole, placement: Placement,
                        payload: dict | None, writer: asyncio.StreamWriter,
-                       failures: list[_Failure]) -> bool | None:
+                       failures: list[Failure]) -> bool | None:
         """One replica: None when it failed before answering (recorded), else the relay."""
         spec = next(s for s in role.pool.specs if s.origin == placement.origin)
-        headers = [(n, v) for n, v in forward_headers(req.headers)
-                   if n != "authorization" and not n.startswith("x-lobes-proxied")]
-        if spec.api_key:
-            headers.append(("Authorization", f"Bearer {spec.api_key}"))
-        headers.append(("X-Lobes-Proxied", role.role))
+        headers = peer_headers(req.headers, spec.api_key, [("X-Lobes-Proxied", role.role)])
         body = encode_for(req.body, payload, role.pool.served_id if payload else None, False)
         started = time.monotonic()
-        try:
-            origin = self._forwarder.origin(spec.origin)
-            head = request_head("POST", req.target, origin, headers, len(body))
-            response = await exchange(self._connections, origin, head, body, self._timeout)
-        except UpstreamError:
-            failures.append(_Failure(spec.origin, None))
+        response = await self._dial(req, spec.origin, headers, body)
+        if response is None:
+            failures.append(Failure(spec.origin, None))
             return None
         if moves_on(response.status):
             response.conn.close()
-            failures.append(_Failure(spec.origin, response.status))
+            failures.append(Failure(spec.origin, response.status))
             return None
         extra = [b"X-Lobes-Proxied-By: " + spec.origin.encode(),
                  b"X-Lobes-Route-Reason: " + placement.reason.value.encode()]
         if response.length is None or response.status != 200:
             return await relay(self._connections, response, writer, extra, req.keep_alive)
         return await self._relay_learning(req, response, placement, started, extra, writer)
+
+    async def _dial(self, req: Request, url: str, headers: list[tuple[str, str]],
+                    body: bytes) -> Response | None:
+        return await dial(self._connections, self._forwarder.origin(url), req.target, headers,
+                          body, self._timeout)
 
     async def _relay_learning(self, req: Request, response: Response, placement: Placement,
                               started: float, extra: list[bytes],
@@ -219,13 +241,14 @@ class Pools:
         return req.keep_alive
 
 
-def _exhausted(role: str, failures: list[_Failure], retry_after: int) -> ApiError:
-    """Every replica tried failed: a 404 when all declined, else 503 (retryable)."""
+def exhausted(who: str, failures: list[Failure], retry_after: int) -> ApiError:
+    """Everyone tried failed: 404 when all declined (401/403/404), else a retryable 503.
+
+    who names them, e.g. "every replica of the cortex pool".
+    """
     named = ", ".join(f.describe() for f in failures)
     if all(f.status in _DECLINES for f in failures):
         return ApiError(404, "role_infeasible", "role_infeasible",
-                        f"every replica of the {role} pool declined the request: {named}; "
-                        "check the pairwise keys (P_PEER_API_KEYS) and that each replica "
-                        "hosts the role")
-    return errors.backend_unavailable(f"every replica of the {role} pool ({named})",
-                                      retry_after)
+                        f"{who} declined the request: {named}; check the keys "
+                        "(P_PEER_API_KEYS, GATEWAY_FLEET_KEY) and that each one hosts the role")
+    return errors.backend_unavailable(f"{who} ({named})", retry_after)
