@@ -35,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="file or directory whose content change restarts every service",
     )
+    parser.add_argument(
+        "--exclude", action="append", default=[], help="leave this service alone (repeatable)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="report what would change")
     parser.add_argument("command", choices=["up", "down", "restart", "status", "monitor"])
     parser.add_argument("names", nargs="*", help="only these services (default: all)")
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "monitor":
             return _monitor(args, layout)
         if args.command == "down":
-            result = control.down(layout, args.names, dry_run=args.dry_run)
+            result = control.down(layout, args.names, args.exclude, dry_run=args.dry_run)
         elif args.command == "status":
             specs = load_services(args.services, args.watch) if args.services else []
             result = control.status(layout, specs)
@@ -75,7 +78,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise SpecError(f"{args.command} needs --services")
             specs = load_services(args.services, args.watch)
             act = control.up if args.command == "up" else control.restart
-            result = act(layout, specs, args.services.resolve(), args.names, dry_run=args.dry_run)
+            result = act(
+                layout,
+                specs,
+                args.services.resolve(),
+                args.names,
+                args.exclude,
+                dry_run=args.dry_run,
+            )
     except (SpecError, control.SupervisorError) as exc:
         print(json.dumps({"failed": True, "msg": str(exc)}))
         return 2

@@ -137,12 +137,14 @@ def _stop(layout: Layout, path: Path, record: pidfile.PidRecord) -> None:
     pidfile.remove(path)
 
 
-def _selected(specs: list[ServiceSpec], names: Iterable[str]) -> list[ServiceSpec]:
-    chosen = set(names)
+def _selected(
+    specs: list[ServiceSpec], names: Iterable[str], exclude: Iterable[str] = ()
+) -> list[ServiceSpec]:
+    chosen, skipped = set(names), set(exclude)
     unknown = chosen - {s.name for s in specs}
     if unknown:
         raise SupervisorError(f"no service named {sorted(unknown)} in the services file")
-    return [s for s in specs if not chosen or s.name in chosen]
+    return [s for s in specs if (not chosen or s.name in chosen) and s.name not in skipped]
 
 
 def up(
@@ -150,6 +152,7 @@ def up(
     specs: list[ServiceSpec],
     services_file: Path,
     names: Iterable[str] = (),
+    exclude: Iterable[str] = (),
     *,
     dry_run: bool = False,
 ) -> list[Action]:
@@ -163,7 +166,7 @@ def up(
             if not dry_run:
                 _stop(layout, path, record)
             actions.append(Action(name, "stopped"))
-    for spec in _selected(specs, names):
+    for spec in _selected(specs, names, exclude):
         path, record = monitors.get(spec.name, (layout.monitor_pidfile(spec), None))
         if pidfile.alive(record) and record.fingerprint == fingerprint(spec):
             actions.append(Action(spec.name, "unchanged"))
@@ -177,10 +180,12 @@ def up(
     return actions
 
 
-def down(layout: Layout, names: Iterable[str] = (), *, dry_run: bool = False) -> list[Action]:
+def down(
+    layout: Layout, names: Iterable[str] = (), exclude: Iterable[str] = (), *, dry_run: bool = False
+) -> list[Action]:
     """Stop the named services (all found in the state directory when names is empty)."""
     monitors = _monitors(layout)
-    selected = list(names) or sorted(monitors)
+    selected = [n for n in (list(names) or sorted(monitors)) if n not in set(exclude)]
     actions = []
     for name in selected:
         path, record = monitors.get(name, (None, None))
@@ -200,12 +205,13 @@ def restart(
     specs: list[ServiceSpec],
     services_file: Path,
     names: Iterable[str] = (),
+    exclude: Iterable[str] = (),
     *,
     dry_run: bool = False,
 ) -> list[Action]:
     """Stop and start the selected services, whatever their fingerprint."""
     monitors = _monitors(layout)
-    selected = _selected(specs, names)
+    selected = _selected(specs, names, exclude)
     for spec in selected:
         path, record = monitors.get(spec.name, (None, None))
         if record is not None and not dry_run:

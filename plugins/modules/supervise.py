@@ -55,6 +55,11 @@ options:
     type: list
     elements: str
     default: []
+  exclude:
+    description: Leave these services alone (for example V(gateway) while the gears start).
+    type: list
+    elements: str
+    default: []
   watch:
     description: Files or directories whose content is part of every service's fingerprint
       (for example the deployed gateway source, so new code restarts the gateway).
@@ -127,6 +132,8 @@ def _supervisor(module, *args):
         argv += ["--services", params["services_file"]]
     for path in params["watch"]:
         argv += ["--watch", path]
+    for name in params["exclude"]:
+        argv += ["--exclude", name]
     argv += list(args)
     env = {"PYTHONPATH": params["source_dir"]}
     rc, out, err = module.run_command(argv, environ_update=env)
@@ -156,6 +163,7 @@ def main():
             state_dir=dict(type="path", required=True),
             source_dir=dict(type="path", required=True),
             names=dict(type="list", elements="str", default=[]),
+            exclude=dict(type="list", elements="str", default=[]),
             watch=dict(type="list", elements="path", default=[]),
         ),
         required_if=[
