@@ -172,6 +172,10 @@ def main():
         ],
         supports_check_mode=True,
     )
+    run_dir = os.path.join(module.params["state_dir"], "run")
+    if module.params["state"] == "stopped" and not os.path.isdir(run_dir):
+        # Never deployed (or already cleaned away): nothing runs, nothing to stop.
+        module.exit_json(changed=False, actions=[], running=[])
     if not os.path.isdir(os.path.join(module.params["source_dir"], "lobes_supervisor")):
         module.fail_json(
             msg=f"source_dir {module.params['source_dir']} holds no lobes_supervisor "

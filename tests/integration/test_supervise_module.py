@@ -79,8 +79,18 @@ def test_module_starts_in_order_and_is_idempotent_and_check_mode_changes_nothing
     )
 
 
+def test_stopping_a_box_never_deployed_changes_nothing(tmp_path):
+    result = _ansible(f"state_dir={tmp_path}/none", f"source_dir={tmp_path}", "state=stopped")
+
+    assert result["changed"] is False
+    assert result["running"] == []
+
+
 def test_module_fails_clearly_without_the_supervisor_source(tmp_path, state_dir):
-    result = _ansible(f"state_dir={state_dir}", f"source_dir={tmp_path}", "state=stopped")
+    services = tmp_path / "services.json"
+    services.write_text(json.dumps({"services": []}))
+    result = _ansible(f"services_file={services}", f"state_dir={state_dir}",
+                      f"source_dir={tmp_path}")
 
     assert result["failed"] is True
     assert "holds no lobes_supervisor package" in result["msg"]
