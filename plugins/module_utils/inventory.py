@@ -5,7 +5,7 @@ Only syntax and types are checked here; whether the mesh can work is plan.py's q
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ansible_collections.lobes.fleet.plugins.module_utils.catalog import (
     is_known_role,
@@ -95,7 +95,7 @@ class BoxDecl:
     python: str = "python3"
     hf_cache: str = "/var/lib/lobes/hf-cache"
     audio_image: str | None = None
-    extra: dict = field(default_factory=dict, compare=False)
+    gateway_image: str = "python:3.12-slim"
 
     def role(self, name: str) -> RoleDecl | None:
         for decl in self.roles:
@@ -184,6 +184,7 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
         python=read.get("fleet_python", str, "python3"),
         hf_cache=read.get("fleet_hf_cache", str, "/var/lib/lobes/hf-cache"),
         audio_image=read.get("fleet_audio_image", str),
+        gateway_image=read.get("fleet_gateway_image", str, "python:3.12-slim"),
     )
 
 
