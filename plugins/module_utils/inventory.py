@@ -161,8 +161,9 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
         raise read.fail("fleet_gateway_port", f"must be a TCP port, got {port}")
     address = read.get("ansible_host", str, host)
     origin = read.get("fleet_origin", str, f"http://{address}:{port}")
-    if not origin.startswith(("http://", "https://")) or origin.endswith("/"):
-        raise read.fail("fleet_origin", f"must be an origin like http://box:8000, got {origin!r}")
+    if not origin.startswith("http://") or origin.endswith("/"):
+        raise read.fail("fleet_origin", "must be a plain-HTTP origin like http://box:8000 (peers "
+                        f"are dialled over the private network), got {origin!r}")
     return BoxDecl(
         host=host,
         hardware=hardware,

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
+from contextlib import redirect_stdout
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
 
-def run_module(main, capsys, args: dict, *, check_mode: bool = False, diff: bool = False):
+def run_module(main, args: dict, *, check_mode: bool = False, diff: bool = False) -> dict:
     """Call main() with args; return the JSON result it printed."""
     full = {**args, "_ansible_check_mode": check_mode, "_ansible_diff": diff}
-    with patch_module_args(full), pytest.raises(SystemExit):
+    out = io.StringIO()
+    with patch_module_args(full), redirect_stdout(out), pytest.raises(SystemExit):
         main()
-    return json.loads(capsys.readouterr().out)
+    return json.loads(out.getvalue())

@@ -249,3 +249,13 @@ def test_the_plan_holds_no_secrets():
     mesh = seed_mesh()
     mesh["spark"]["fleet_gateway_api_key"] = "s3cret-spark-key"
     assert "s3cret" not in repr(plan_mesh(mesh))
+
+
+def test_collection_version_equals_galaxy_yml():
+    from pathlib import Path
+
+    import yaml
+    from ansible_collections.lobes.fleet.plugins.module_utils.version import COLLECTION_VERSION
+
+    galaxy = yaml.safe_load((Path(__file__).resolve().parents[2] / "galaxy.yml").read_text())
+    assert galaxy["version"] == COLLECTION_VERSION
