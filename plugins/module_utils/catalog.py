@@ -34,6 +34,8 @@ class RoleSpec:
     mtp_checkpoint: bool = False
     opt_in: bool = False
     vllm_args: tuple[str, ...] = ()
+    max_active: int = 2  # --max-num-seqs default; pooling gears batch many small requests
+    hf_overrides: str | None = None  # JSON, merged with a YaRN rope scaling when both apply
     sim_profile: str = "minor"
 
     @property
@@ -100,15 +102,16 @@ ROLES: tuple[RoleSpec, ...] = (
     RoleSpec(
         role="embedder", prefix="EMBED", tier_alias=None, compat_alias=None, extra_aliases=(),
         checkpoint="Qwen/Qwen3-Embedding-0.6B", context=8192, gpu_memory_utilization=0.06,
-        status=LOAD_TESTED, task="embed", vllm_args=("--runner", "pooling", "--convert", "embed"),
+        status=LOAD_TESTED, task="embed", max_active=16,
+        vllm_args=("--runner", "pooling", "--convert", "embed"),
         sim_profile="embedder",
     ),
     RoleSpec(
         role="reranker", prefix="RERANK", tier_alias=None, compat_alias=None, extra_aliases=(),
         checkpoint="Qwen/Qwen3-Reranker-0.6B", context=8192, gpu_memory_utilization=0.06,
-        status=LOAD_TESTED, task="rerank",
-        vllm_args=("--runner", "pooling", "--convert", "classify",
-                   "--hf-overrides", _RERANKER_OVERRIDES),
+        status=LOAD_TESTED, task="rerank", max_active=16,
+        vllm_args=("--runner", "pooling", "--convert", "classify"),
+        hf_overrides=_RERANKER_OVERRIDES,
         sim_profile="reranker",
     ),
     RoleSpec(

@@ -5,7 +5,7 @@ Only syntax and types are checked here; whether the mesh can work is plan.py's q
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ansible_collections.lobes.fleet.plugins.module_utils.catalog import (
     is_known_role,
@@ -95,7 +95,7 @@ class BoxDecl:
     python: str = "python3"
     hf_cache: str = "/var/lib/lobes/hf-cache"
     audio_image: str | None = None
-    extra: dict = field(default_factory=dict, compare=False)
+    gateway_image: str = "python:3.12-slim"
 
     def role(self, name: str) -> RoleDecl | None:
         for decl in self.roles:
@@ -161,8 +161,9 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
         raise read.fail("fleet_gateway_port", f"must be a TCP port, got {port}")
     address = read.get("ansible_host", str, host)
     origin = read.get("fleet_origin", str, f"http://{address}:{port}")
-    if not origin.startswith(("http://", "https://")) or origin.endswith("/"):
-        raise read.fail("fleet_origin", f"must be an origin like http://box:8000, got {origin!r}")
+    if not origin.startswith("http://") or origin.endswith("/"):
+        raise read.fail("fleet_origin", "must be a plain-HTTP origin like http://box:8000 (peers "
+                        f"are dialled over the private network), got {origin!r}")
     return BoxDecl(
         host=host,
         hardware=hardware,
@@ -184,6 +185,7 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
         python=read.get("fleet_python", str, "python3"),
         hf_cache=read.get("fleet_hf_cache", str, "/var/lib/lobes/hf-cache"),
         audio_image=read.get("fleet_audio_image", str),
+        gateway_image=read.get("fleet_gateway_image", str, "python:3.12-slim"),
     )
 
 

@@ -26,9 +26,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.inventory import (
 )
 
 PLAN_VERSION = 1
-DEFAULT_MAX_ACTIVE = 2
 DEFAULT_SPECULATIVE_TOKENS = 2
-GEAR_CONTAINER_PORT = 8000
 
 
 def plan_mesh(hostvars_by_host: dict) -> dict:
@@ -106,7 +104,7 @@ def _resolve_gear(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> di
     _check_window(box, decl, context, native)
     util = _utilization(box, decl, spec.gpu_memory_utilization)
     mtp = _mtp(box, hardware, decl, spec.mtp_checkpoint and not custom)
-    max_active = decl.max_active if decl.max_active is not None else DEFAULT_MAX_ACTIVE
+    max_active = decl.max_active if decl.max_active is not None else spec.max_active
     if max_active < 1:
         raise FleetError(box.host, decl.role, "max_active", "must be at least 1")
     return {
@@ -376,6 +374,7 @@ def _box_plan(box: BoxDecl, boxes: dict, local: dict) -> dict:
             "python": box.python,
             "hf_cache": box.hf_cache,
             "audio_image": box.audio_image,
+            "gateway_image": box.gateway_image,
         },
         "budget": budget(box, local[box.host]),
         "roles": roles,

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+import yaml
 from ansible_collections.lobes.fleet.plugins.module_utils import catalog, hardware
 from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetErrors
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
+from ansible_collections.lobes.fleet.plugins.module_utils.version import COLLECTION_VERSION
 
 from tests.unit.mesh import SPARK, THOR, seed_mesh
 
@@ -168,7 +171,7 @@ def test_unmeasured_utilization_must_be_declared():
     ("spark", {"fleet_roles": {"cortex": {"contxt": 1}}}, "role cortex, field contxt: is not"),
     ("spark", {"fleet_roles": {"cortex": {"context": "big"}}}, "field context: must be an int"),
     ("spark", {"fleet_gateway_tuning": {"LOBES_FOO": 1}}, "'LOBES_FOO' is not a tunable"),
-    ("spark", {"fleet_origin": "spark:8001"}, "field fleet_origin: must be an origin"),
+    ("spark", {"fleet_origin": "spark:8001"}, "field fleet_origin: must be a plain-HTTP origin"),
     ("thor", {"fleet_origin": SPARK}, "host thor, field fleet_origin: " + SPARK + " is also"),
     ("spark", {"fleet_hardware": "sim"}, "field fleet_runtime: compose runs real vLLM gears"),
 ])
@@ -249,3 +252,10 @@ def test_the_plan_holds_no_secrets():
     mesh = seed_mesh()
     mesh["spark"]["fleet_gateway_api_key"] = "s3cret-spark-key"
     assert "s3cret" not in repr(plan_mesh(mesh))
+
+
+def test_collection_version_equals_galaxy_yml():
+
+
+    galaxy = yaml.safe_load((Path(__file__).resolve().parents[2] / "galaxy.yml").read_text())
+    assert galaxy["version"] == COLLECTION_VERSION
