@@ -1,0 +1,355 @@
+"""Environment -> typed, frozen configuration; a bad variable stops start-up, named."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from .catalog import OPT_IN_ROLES, ROLES, Role
+
+DEFAULT_PORT = 8000
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_INFLIGHT_PER_KEY = 32
+POOL_POLICIES = ("rate", "queue", "pinned")
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+class ConfigError(ValueError):
+    """A variable of the environment contract is invalid; the message names it and the fix."""
+
+    def __init__(self, variable: str, problem: str, fix: str) -> None:
+        super().__init__(f"{variable}: {problem}; {fix}")
+        self.variable = variable
+
+
+@dataclass(frozen=True)
+class Origin:
+    """A plain-HTTP origin (scheme://host:port, no path), as dialled."""
+
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def host_header(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    """One declared replica of a pooled role: origin, pairwise key (after inheritance), prior."""
+
+    origin: str
+    api_key: str | None
+    rate: float | None
+
+
+@dataclass(frozen=True)
+class RoleConfig:
+    """What this box's environment says about one role."""
+
+    role: Role
+    base_url: Origin | None
+    served_name: str
+    max_model_len: int | None
+    max_active: int | None
+    feasible: bool
+    peer_origin: str | None
+    peer_proxy: bool
+    peer_api_key: str | None
+    peers: tuple[PeerSpec, ...]
+
+    @property
+    def name(self) -> str:
+        return self.role.name
+
+    @property
+    def wired(self) -> bool:
+        """A local backend is declared for this role."""
+        return self.base_url is not None
+
+
+@dataclass(frozen=True)
+class PressureConfig:
+    """The LOBES_* thresholds (percent, compared strictly greater) and the sampler settings."""
+
+    swap_degraded: float = 75.0
+    iowait_degraded: float = 50.0
+    swap_no_hard: float = 50.0
+    swap_prefer_cheap: float = 65.0
+    iowait_no_hard: float = 25.0
+    proc_root: str = "/proc"
+    sample_interval_s: float = 1.0
+    retry_after_s: int = 5
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Request limits and timeouts (seconds)."""
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_inflight_per_key: int = DEFAULT_MAX_INFLIGHT_PER_KEY
+    header_timeout_s: float = 30.0
+    body_timeout_s: float = 60.0
+    connect_timeout_s: float = 5.0
+    upstream_timeout_s: float = 600.0
+    probe_interval_s: float = 5.0
+    probe_timeout_s: float = 3.0
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """The whole, validated environment contract of one gateway."""
+
+    host: str = "0.0.0.0"
+    port: int = DEFAULT_PORT
+    default_model: str | None = None
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    api_key: str | None = None
+    fleet_key: str | None = None
+    self_origin: str | None = None
+    force_strict_tools: bool = False
+    audio_url: Origin | None = None
+    pool_policy: str = "rate"
+    roles: Mapping[str, RoleConfig] = field(default_factory=dict)
+    pressure: PressureConfig = field(default_factory=PressureConfig)
+    limits: Limits = field(default_factory=Limits)
+
+
+class _Env:
+    """Typed readers over the environment; empty values count as unset."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._env = environ
+
+    def str(self, name: str) -> str | None:
+        value = self._env.get(name, "").strip()
+        return value or None
+
+    def bool(self, name: str, default: bool | None) -> bool | None:
+        value = self.str(name)
+        if value is None:
+            return default
+        if value.lower() in _TRUE:
+            return True
+        if value.lower() in _FALSE:
+            return False
+        raise ConfigError(name, f"{value!r} is not a boolean", "use true or false")
+
+    def int(self, name: str, default: int | None, minimum: int = 0) -> int | None:
+        value = self.str(name)
+        if value is None:
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            raise ConfigError(name, f"{value!r} is not an integer", "use a whole number") from None
+        if number < minimum:
+            raise ConfigError(name, f"{number} is below {minimum}", f"use {minimum} or more")
+        return number
+
+    def float(self, name: str, default: float, minimum: float = 0.0) -> float:
+        value = self.str(name)
+        if value is None:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            raise ConfigError(name, f"{value!r} is not a number", "use a decimal number") from None
+        if not math.isfinite(number) or number < minimum:
+            raise ConfigError(name, f"{value} is out of range", f"use a number >= {minimum}")
+        return number
+
+    def origin(self, name: str) -> Origin | None:
+        value = self.str(name)
+        return None if value is None else parse_origin(name, value)
+
+    def list(self, name: str) -> list[str] | None:
+        value = self.str(name)
+        return None if value is None else [item.strip() for item in value.split(",")]
+
+
+def parse_origin(name: str, value: str) -> Origin:
+    """Parse http://host[:port] (no path, no /v1) or fail naming the variable."""
+    parts = urlsplit(value.rstrip("/"))
+    if parts.scheme != "http" or not parts.hostname:
+        raise ConfigError(name, f"{value!r} is not an http://host:port origin",
+                          "write it as http://host:port (plain HTTP over the private network)")
+    if parts.path or parts.query:
+        raise ConfigError(name, f"{value!r} carries a path",
+                          "give the origin only, without /v1 or any path")
+    try:
+        port = parts.port or 80
+    except ValueError:
+        raise ConfigError(name, f"{value!r} has an invalid port", "use a port 1-65535") from None
+    return Origin(parts.hostname, port)
+
+
+def _canonical_origin(name: str, value: str) -> str:
+    return parse_origin(name, value).url
+
+
+def _peers(env: _Env, prefix: str, peer_origin: str | None,
+           peer_key: str | None) -> tuple[PeerSpec, ...]:
+    origins = env.list(f"{prefix}_PEER_ORIGINS")
+    keys_var, rates_var = f"{prefix}_PEER_API_KEYS", f"{prefix}_PEER_RATES"
+    if not origins:
+        for var in (keys_var, rates_var):
+            if env.str(var) is not None:
+                raise ConfigError(var, "is set without a pool", f"set {prefix}_PEER_ORIGINS too")
+        return ()
+    urls = [_canonical_origin(f"{prefix}_PEER_ORIGINS", o) for o in origins]
+    keys = env.list(keys_var) or [""] * len(urls)
+    rates = env.list(rates_var) or [""] * len(urls)
+    for var, values in ((keys_var, keys), (rates_var, rates)):
+        if len(values) != len(urls):
+            raise ConfigError(var, f"has {len(values)} entries for {len(urls)} origins",
+                              f"give one entry per {prefix}_PEER_ORIGINS origin (empty is ok)")
+    specs = []
+    for url, key, rate in zip(urls, keys, rates, strict=True):
+        # An empty slot inherits the singular key only for the singular peer's own origin.
+        api_key = key or (peer_key if url == peer_origin else None)
+        specs.append(PeerSpec(url, api_key, _rate(rates_var, rate)))
+    return tuple(specs)
+
+
+def _rate(var: str, value: str) -> float | None:
+    if not value:
+        return None
+    try:
+        rate = float(value)
+    except ValueError:
+        raise ConfigError(var, f"{value!r} is not a rate", "give tokens per second") from None
+    if not math.isfinite(rate) or rate <= 0:
+        raise ConfigError(var, f"{value!r} is not positive", "give tokens per second > 0")
+    return rate
+
+
+def _role(env: _Env, role: Role) -> RoleConfig:
+    p = role.prefix
+    base = env.origin(f"{p}_BASE_URL")
+    if base is None and role.name == "fallback":
+        base = env.origin("FALLBACK_URL")
+    peer_origin_raw = env.str(f"{p}_PEER_ORIGIN")
+    peer_origin = (_canonical_origin(f"{p}_PEER_ORIGIN", peer_origin_raw)
+                   if peer_origin_raw else None)
+    peer_key = env.str(f"{p}_PEER_API_KEY")
+    # muse/worker invert the default: feasible only once wired; an explicit value always wins.
+    default_feasible = base is not None if role.name in OPT_IN_ROLES else True
+    return RoleConfig(
+        role=role,
+        base_url=base,
+        served_name=env.str(f"{p}_SERVED_NAME") or role.checkpoint,
+        max_model_len=env.int(f"{p}_MAX_MODEL_LEN", role.context, minimum=1),
+        max_active=env.int(f"{p}_MAX_ACTIVE", None, minimum=1),
+        feasible=bool(env.bool(f"{p}_FEASIBLE", default_feasible)),
+        peer_origin=peer_origin,
+        peer_proxy=bool(env.bool(f"{p}_PEER_PROXY", False)),
+        peer_api_key=peer_key,
+        peers=_peers(env, p, peer_origin, peer_key),
+    )
+
+
+_ALIAS = re.compile(r"^\s*([^=\s][^=]*?)\s*=\s*(\S.*?)\s*$")
+
+
+def _aliases(env: _Env) -> dict[str, str]:
+    pairs = env.list("GATEWAY_ALIASES") or []
+    aliases = {}
+    for pair in pairs:
+        if not pair:
+            continue
+        match = _ALIAS.match(pair)
+        if not match:
+            raise ConfigError("GATEWAY_ALIASES", f"{pair!r} is not alias=target",
+                              "write comma-separated alias=target pairs")
+        aliases[match.group(1)] = match.group(2)
+    return aliases
+
+
+def _pressure(env: _Env) -> PressureConfig:
+    def pct(name: str, default: float) -> float:
+        value = env.float(name, default)
+        if value > 100:
+            raise ConfigError(name, f"{value} is above 100", "give a percentage 0-100")
+        return value
+
+    return PressureConfig(
+        swap_degraded=pct("LOBES_SWAP_DEGRADED_THRESHOLD", 75.0),
+        iowait_degraded=pct("LOBES_IOWAIT_DEGRADED_THRESHOLD", 50.0),
+        swap_no_hard=pct("LOBES_SWAP_NO_HARD_THRESHOLD", 50.0),
+        swap_prefer_cheap=pct("LOBES_SWAP_PREFER_CHEAP_THRESHOLD", 65.0),
+        iowait_no_hard=pct("LOBES_IOWAIT_NO_HARD_THRESHOLD", 25.0),
+        proc_root=env.str("LOBES_PROC_ROOT") or "/proc",
+        sample_interval_s=env.float("LOBES_PRESSURE_SAMPLE_S", 1.0, minimum=0.01),
+        retry_after_s=env.int("GATEWAY_RETRY_AFTER_S", 5, minimum=1) or 5,
+    )
+
+
+def _limits(env: _Env) -> Limits:
+    return Limits(
+        max_body_bytes=env.int("GATEWAY_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, minimum=1)
+        or DEFAULT_MAX_BODY_BYTES,
+        max_inflight_per_key=env.int("GATEWAY_MAX_INFLIGHT_PER_KEY",
+                                     DEFAULT_MAX_INFLIGHT_PER_KEY) or 0,
+        header_timeout_s=env.float("GATEWAY_HEADER_TIMEOUT_S", 30.0, minimum=0.01),
+        body_timeout_s=env.float("GATEWAY_BODY_TIMEOUT_S", 60.0, minimum=0.01),
+        connect_timeout_s=env.float("GATEWAY_CONNECT_TIMEOUT_S", 5.0, minimum=0.01),
+        upstream_timeout_s=env.float("GATEWAY_UPSTREAM_TIMEOUT_S", 600.0, minimum=0.01),
+        probe_interval_s=env.float("GATEWAY_PROBE_INTERVAL_S", 5.0, minimum=0.01),
+        probe_timeout_s=env.float("GATEWAY_PROBE_TIMEOUT_S", 3.0, minimum=0.01),
+    )
+
+
+def load_config(environ: Mapping[str, str]) -> GatewayConfig:
+    """Build the validated config from an environment; raises ConfigError naming the variable."""
+    env = _Env(environ)
+    self_origin = env.str("GATEWAY_SELF_ORIGIN")
+    policy = (env.str("GATEWAY_POOL_POLICY") or "rate").lower()
+    if policy not in POOL_POLICIES:
+        raise ConfigError("GATEWAY_POOL_POLICY", f"{policy!r} is not a policy",
+                          f"use one of {', '.join(POOL_POLICIES)}")
+    return GatewayConfig(
+        host=env.str("GATEWAY_HOST") or "0.0.0.0",
+        port=env.int("GATEWAY_PORT", DEFAULT_PORT) or 0,
+        default_model=env.str("GATEWAY_DEFAULT_MODEL"),
+        aliases=_aliases(env),
+        api_key=env.str("GATEWAY_API_KEY") or env.str("CULTURE_VLLM_API_KEY"),
+        fleet_key=env.str("GATEWAY_FLEET_KEY"),
+        self_origin=_canonical_origin("GATEWAY_SELF_ORIGIN", self_origin) if self_origin else None,
+        force_strict_tools=bool(env.bool("GATEWAY_FORCE_STRICT_TOOLS", False)),
+        audio_url=env.origin("AUDIO_URL"),
+        pool_policy=policy,
+        roles={role.name: _role(env, role) for role in ROLES},
+        pressure=_pressure(env),
+        limits=_limits(env),
+    )
+
+
+_ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
+
+
+def parse_env_file(text: str) -> dict[str, str]:
+    """Parse the dotenv subset: KEY=VALUE lines, # comments, optional single/double quotes."""
+    result: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        match = _ENV_LINE.match(line)
+        if not match:
+            raise ValueError(f"line {number}: {stripped!r} is not KEY=VALUE")
+        key, value = match.groups()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        elif " #" in value:
+            value = value.split(" #", 1)[0].rstrip()
+        result[key] = value
+    return result

@@ -1,0 +1,116 @@
+"""OpenAI-shaped error bodies and the status each one travels with."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ApiError:
+    """An error the gateway answers itself: status, OpenAI error type/code, message, headers."""
+
+    status: int
+    type: str
+    code: str
+    message: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def body(self) -> bytes:
+        error = {"type": self.type, "code": self.code, "message": self.message}
+        return json.dumps({"error": error}).encode()
+
+
+def bad_request(message: str) -> ApiError:
+    return ApiError(400, "invalid_request_error", "invalid_request", message)
+
+
+def invalid_json(detail: str) -> ApiError:
+    return ApiError(400, "invalid_request_error", "invalid_json",
+                    f"request body is not valid JSON ({detail}); send a JSON object")
+
+
+def invalid_api_key() -> ApiError:
+    return ApiError(401, "invalid_api_key", "invalid_api_key",
+                    "missing or invalid API key; send Authorization: Bearer <this gateway's key>",
+                    (("WWW-Authenticate", "Bearer"),))
+
+
+def not_found(path: str) -> ApiError:
+    return ApiError(404, "invalid_request_error", "not_found",
+                    f"no route for {path}; see /v1/models and the gateway documentation")
+
+
+def method_not_allowed(method: str, path: str, allowed: str) -> ApiError:
+    return ApiError(405, "invalid_request_error", "method_not_allowed",
+                    f"{method} is not allowed on {path}; use {allowed}",
+                    (("Allow", allowed),))
+
+
+def role_infeasible(role: str, hosted_by: str | None) -> ApiError:
+    if hosted_by:
+        message = f"role {role} is not feasible on this box; it is hosted by {hosted_by}"
+    else:
+        message = f"role {role} is not feasible on this box and no peer is declared for it"
+    return ApiError(404, "role_infeasible", "role_infeasible", message)
+
+
+def peer_declined(role: str, peer: str) -> ApiError:
+    return ApiError(404, "role_infeasible", "role_infeasible",
+                    f"role {role} was proxied to {peer}, which declined it as infeasible too; "
+                    "fix the peer declaration of this box")
+
+
+def request_timeout() -> ApiError:
+    return ApiError(408, "invalid_request_error", "request_timeout",
+                    "the request did not arrive in time; send headers and body promptly")
+
+
+def payload_too_large(limit: int) -> ApiError:
+    return ApiError(413, "invalid_request_error", "payload_too_large",
+                    f"request body exceeds {limit} bytes (GATEWAY_MAX_BODY_BYTES); send less")
+
+
+def upgrade_required() -> ApiError:
+    return ApiError(426, "invalid_request_error", "upgrade_required",
+                    "/v1/realtime is a WebSocket; send GET with Upgrade: websocket",
+                    (("Upgrade", "websocket"),))
+
+
+def server_busy(retry_after: int, tier: str) -> ApiError:
+    return ApiError(429, "server_busy", "busy",
+                    f"the box is under memory/IO pressure and sheds the {tier} tier; "
+                    f"retry after {retry_after}s, request model=minor, "
+                    "or send X-Lobes-Override: true",
+                    (("Retry-After", str(retry_after)), ("X-Lobes-Tier-Reason", "busy")))
+
+
+def rate_limited(limit: int) -> ApiError:
+    return ApiError(429, "rate_limit_exceeded", "rate_limit_exceeded",
+                    f"this key already has {limit} requests in flight "
+                    "(GATEWAY_MAX_INFLIGHT_PER_KEY); wait for one to finish",
+                    (("Retry-After", "1"),))
+
+
+def upstream_unavailable(role: str) -> ApiError:
+    return ApiError(502, "upstream_unavailable", "upstream_unavailable",
+                    f"every backend for role {role} is down; check the gears on this box")
+
+
+def backend_unavailable(what: str, retry_after: int) -> ApiError:
+    return ApiError(503, "backend_unavailable", "backend_unavailable",
+                    f"{what} is unavailable; retry after {retry_after}s",
+                    (("Retry-After", str(retry_after)),))
+
+
+def not_wired(role: str, variable: str) -> ApiError:
+    return ApiError(503, "backend_unavailable", "backend_not_wired",
+                    f"role {role} has no backend on this box; set {variable}",
+                    (("Retry-After", "5"),))
+
+
+def proxy_loop(role: str, arrived_from: str, next_hop: str) -> ApiError:
+    return ApiError(508, "proxy_loop", "proxy_loop",
+                    f"role {role} arrived already proxied (X-Lobes-Proxied: {arrived_from}) and "
+                    f"would be proxied again to {next_hop}; proxying is single-hop, "
+                    "fix the peer declarations so the role is served where it lands")

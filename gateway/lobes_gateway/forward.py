@@ -1,0 +1,186 @@
+"""Send a routed request upstream: local targets with failover, or the one declared peer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from . import errors
+from .config import GatewayConfig, Origin, parse_origin
+from .errors import ApiError
+from .http import Request, error_bytes, response_bytes
+from .relay import relay
+from .routing import LocalRoute, ProxyRoute, Target
+from .upstream import Pool, Response, UpstreamError, exchange, finish, read_body, request_head
+
+# Request headers that describe the client hop; the gateway sets its own.
+_REQUEST_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer",
+                          "transfer-encoding", "upgrade", "host", "content-length", "expect"})
+# Markers of vLLM's 400 when strict tool schemas cannot be compiled into a grammar.
+_COMPILE_FAILURE = (b"grammar", b"schema")
+
+
+def forward_headers(headers: dict[str, str]) -> list[tuple[str, str]]:
+    """The caller's end-to-end headers, as forwarded to a local backend."""
+    return [(name, value) for name, value in headers.items() if name not in _REQUEST_HOP]
+
+
+def inject_strict(payload: dict) -> dict | None:
+    """A copy with strict:true on each function tool lacking its own strict; None if unchanged."""
+    tools = payload.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return None
+    changed = False
+    new_tools = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and "strict" not in function:
+            tool = {**tool, "function": {**function, "strict": True}}
+            changed = True
+        new_tools.append(tool)
+    return {**payload, "tools": new_tools} if changed else None
+
+
+def encode_for(raw: bytes, payload: dict | None, model: str | None, modified: bool) -> bytes:
+    """The body to send: the caller's bytes unless the model or the payload must change."""
+    if payload is None:
+        return raw
+    if model is not None and payload.get("model") != model:
+        payload = {**payload, "model": model}
+        modified = True
+    if not modified:
+        return raw
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def is_compile_failure(status: int, body: bytes) -> bool:
+    lowered = body.lower()
+    return status == 400 and any(marker in lowered for marker in _COMPILE_FAILURE)
+
+
+class Forwarder:
+    """Dials upstream for routed requests and relays what comes back."""
+
+    def __init__(self, config: GatewayConfig, pool: Pool) -> None:
+        self._pool = pool
+        self._timeout = config.limits.upstream_timeout_s
+        self._retry_after = config.pressure.retry_after_s
+        self._origins: dict[str, Origin] = {}
+
+    def origin(self, url: str) -> Origin:
+        origin = self._origins.get(url)
+        if origin is None:
+            origin = self._origins[url] = parse_origin("peer origin", url)
+        return origin
+
+    async def _send(self, req: Request, origin: Origin, headers: list[tuple[str, str]],
+                    body: bytes) -> Response:
+        head = request_head("POST", req.target, origin, headers, len(body))
+        return await exchange(self._pool, origin, head, body, self._timeout)
+
+    async def local(self, req: Request, route: LocalRoute, payload: dict | None,
+                    headers: list[tuple[str, str]], extra: list[bytes],
+                    writer: asyncio.StreamWriter) -> bool:
+        """Try the targets in order: refused or 5xx-before-body moves on; a 4xx is final."""
+        strict = inject_strict(payload) if route.strict_lane and payload is not None else None
+        targets = route.targets
+        for index, target in enumerate(targets):
+            response = await self._attempt(req, route, target, payload, strict, headers,
+                                           writer, extra)
+            if response is None:
+                continue
+            if isinstance(response, bool):
+                return response
+            if response.status >= 500 and index + 1 < len(targets):
+                response.conn.close()
+                continue
+            return await relay(self._pool, response, writer, extra, req.keep_alive)
+        if len(targets) == 1:
+            error = errors.backend_unavailable(f"the {route.role} backend", self._retry_after)
+        else:
+            error = errors.upstream_unavailable(route.role)
+        writer.write(error_bytes(error, keep_alive=req.keep_alive))
+        return req.keep_alive
+
+    async def _attempt(self, req: Request, route: LocalRoute, target: Target,
+                       payload: dict | None, strict: dict | None,
+                       headers: list[tuple[str, str]], writer: asyncio.StreamWriter,
+                       extra: list[bytes]) -> Response | bool | None:
+        """One target: its response, None when it cannot be reached, or a finished answer."""
+        model = target.served_name if route.rewrite_model else None
+        sent = strict if strict is not None else payload
+        body = encode_for(req.body, sent, model, strict is not None)
+        try:
+            response = await self._send(req, target.origin, headers, body)
+            if strict is None or response.status != 400:
+                return response
+            error_body = await read_body(response)
+            finish(self._pool, response)
+            if not is_compile_failure(response.status, error_body):
+                writer.write(_buffered(response, error_body, extra, req.keep_alive))
+                return req.keep_alive
+            # One retry with the injected strict stripped back out, whatever it returns.
+            plain = encode_for(req.body, payload, model, False)
+            return await self._send(req, target.origin, headers, plain)
+        except UpstreamError:
+            return None
+
+    async def proxy(self, req: Request, route: ProxyRoute, payload: dict | None,
+                    writer: asyncio.StreamWriter) -> bool:
+        """Forward to the declared peer: single hop, pairwise key, attributed answers."""
+        arrived = req.headers.get("x-lobes-proxied")
+        if arrived is not None:
+            error = errors.proxy_loop(route.role, arrived, route.origin)
+            writer.write(error_bytes(error, keep_alive=req.keep_alive))
+            return req.keep_alive
+        attribution = [b"X-Lobes-Proxied-By: " + route.origin.encode()]
+        headers = [(n, v) for n, v in forward_headers(req.headers)
+                   if n != "authorization" and not n.startswith("x-lobes-proxied")]
+        if route.api_key:
+            headers.append(("Authorization", f"Bearer {route.api_key}"))
+        headers.append(("X-Lobes-Proxied", route.role))
+        body = encode_for(req.body, payload, route.peer_model, False)
+        try:
+            response = await self._send(req, self.origin(route.origin), headers, body)
+        except UpstreamError:
+            return self._peer_down(req, route, writer)
+        if response.status >= 500:
+            response.conn.close()
+            return self._peer_down(req, route, writer)
+        if response.status == 404:
+            return await self._peer_404(req, route, response, attribution, writer)
+        return await relay(self._pool, response, writer, attribution, req.keep_alive)
+
+    def _peer_down(self, req: Request, route: ProxyRoute, writer: asyncio.StreamWriter) -> bool:
+        error = errors.backend_unavailable(f"peer {route.origin} (role {route.role})",
+                                           self._retry_after)
+        writer.write(error_bytes(error, (("X-Lobes-Proxied-By", route.origin),),
+                                 keep_alive=req.keep_alive))
+        return req.keep_alive
+
+    async def _peer_404(self, req: Request, route: ProxyRoute, response: Response,
+                        attribution: list[bytes], writer: asyncio.StreamWriter) -> bool:
+        try:
+            body = await read_body(response)
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            response.conn.close()
+            return self._peer_down(req, route, writer)
+        finish(self._pool, response)
+        if b"role_infeasible" in body:
+            error: ApiError = errors.peer_declined(route.role, route.origin)
+            writer.write(error_bytes(error, (("X-Lobes-Proxied-By", route.origin),),
+                                     keep_alive=req.keep_alive))
+        else:
+            writer.write(_buffered(response, body, attribution, req.keep_alive))
+        return req.keep_alive
+
+
+def _buffered(response: Response, body: bytes, extra: list[bytes], keep_alive: bool) -> bytes:
+    """An already-read upstream response, relayed verbatim with the gateway's headers."""
+    headers = [tuple(line.decode("latin-1").split(":", 1)) for line in response.relayed_headers()]
+    headers = [(name.strip(), value.strip()) for name, value in headers]
+    headers += [tuple(h.decode().split(": ", 1)) for h in extra]
+    content_type = next((v for n, v in headers if n.lower() == "content-type"), "application/json")
+    headers = [(n, v) for n, v in headers if n.lower() != "content-type"]
+    return response_bytes(response.status, body, content_type=content_type, headers=headers,
+                          keep_alive=keep_alive)

@@ -1,0 +1,219 @@
+"""Request (lane, model) -> a typed route: local backend(s), peer(s), or a refusal.
+
+Routes depend only on the static configuration, so every route is computed once at start-up
+and a request costs one or two dict look-ups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import errors
+from .catalog import (
+    AUDIO_STT,
+    AUDIO_TTS,
+    EMBED,
+    FALLBACK_ROLE,
+    GENERATE,
+    PRIMARY_ROLE,
+    RERANK,
+)
+from .config import ConfigError, GatewayConfig, Origin, RoleConfig
+
+# Lanes: the generate lane is model-routed, the others are routed by path.
+CHAT = "chat"
+COMPLETIONS = "completions"
+EMBEDDINGS = "embeddings"
+RERANKING = "rerank"
+TRANSCRIPTION = "transcriptions"
+SPEECH = "speech"
+REALTIME = "realtime"
+
+GENERATE_LANES = frozenset({CHAT, COMPLETIONS})
+_LANE_ROLE = {EMBEDDINGS: "embedder", RERANKING: "reranker", TRANSCRIPTION: "stt",
+              SPEECH: "tts", REALTIME: "stt"}
+# Generate roles that fall upward to the primary when their own gear is not wired.
+_UPWARD_TO_PRIMARY = frozenset({"minor", "senses", "middle", FALLBACK_ROLE})
+
+
+@dataclass(frozen=True)
+class Target:
+    """One local backend a request can be sent to."""
+
+    name: str
+    origin: Origin
+    served_name: str
+
+
+@dataclass(frozen=True)
+class LocalRoute:
+    """Serve on this box: targets in failover order; the model is rewritten unless verbatim."""
+
+    role: str
+    tier: str | None
+    targets: tuple[Target, ...]
+    rewrite_model: bool
+    strict_lane: bool
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Answer with an error and dial nothing (role_infeasible, not wired)."""
+
+    role: str
+    error: errors.ApiError
+
+
+@dataclass(frozen=True)
+class ProxyRoute:
+    """Forward to the one declared peer (P_PEER_PROXY=true on an infeasible role)."""
+
+    role: str
+    tier: str | None
+    origin: str
+    api_key: str | None
+    peer_model: str | None
+
+
+@dataclass(frozen=True)
+class PoolRoute:
+    """Place across the declared replicas (P_PEER_ORIGINS); issue 5's pool dispatch fills it."""
+
+    role: str
+    tier: str | None
+    config: RoleConfig
+    fall_through: ProxyRoute | LocalRoute | Refusal
+
+
+@dataclass(frozen=True)
+class OwnerRoute:
+    """Forward to the owners of a model in routing order (seed 003); filled by issue 5."""
+
+    role: str
+    owners: tuple[str, ...]
+    fall_through: LocalRoute | Refusal
+
+
+Route = LocalRoute | Refusal | ProxyRoute | PoolRoute | OwnerRoute
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A generate-lane resolution: the route plus the tier the caller asked for."""
+
+    route: Route
+    requested_tier: str | None
+
+
+class Router:
+    """Precomputed routing tables for one configuration."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self._config = config
+        self._roles = config.roles
+        self._names = self._model_names()
+        self._default_role = self._resolve_default()
+        self.generate_routes = {name: self._generate_route(name, CHAT)
+                                for name, rc in self._roles.items() if rc.role.task == GENERATE}
+        self.completion_routes = {name: self._generate_route(name, COMPLETIONS)
+                                  for name in self.generate_routes}
+        self.lane_routes = {lane: self._lane_route(lane) for lane in _LANE_ROLE}
+
+    @property
+    def default_role(self) -> str:
+        return self._default_role
+
+    def _model_names(self) -> dict[str, str]:
+        names: dict[str, str] = {}
+        for rc in self._roles.values():
+            if rc.role.task != GENERATE:
+                continue
+            names.setdefault(rc.role.checkpoint, rc.name)
+            names.setdefault(rc.name, rc.name)
+        for rc in self._roles.values():
+            if rc.role.task == GENERATE and rc.wired:
+                names[rc.served_name] = rc.name  # a live served name outranks a catalog default
+        for rc in self._roles.values():
+            for alias in rc.role.aliases:
+                names[alias] = rc.name
+        for alias, target in self._config.aliases.items():
+            if target not in names:
+                raise ConfigError("GATEWAY_ALIASES", f"{alias}={target} names no generate role",
+                                  "target a tier alias, role name or served model name")
+            names[alias] = names[target]
+        return names
+
+    def _resolve_default(self) -> str:
+        default = self._config.default_model
+        if default is None:
+            return PRIMARY_ROLE
+        if default not in self._names:
+            raise ConfigError("GATEWAY_DEFAULT_MODEL", f"{default!r} names no generate role",
+                              "use a tier alias (main), a role name or a served model name")
+        return self._names[default]
+
+    def role_for_model(self, model: object) -> str:
+        """The generate role a model name selects; missing or unknown -> the default."""
+        if isinstance(model, str):
+            return self._names.get(model, self._default_role)
+        return self._default_role
+
+    def resolve(self, lane: str, model: object) -> Resolved:
+        """The route of a generate-lane request by its model name."""
+        role = self.role_for_model(model)
+        table = self.generate_routes if lane == CHAT else self.completion_routes
+        return Resolved(table[role], self._roles[role].role.tier)
+
+    def _generate_route(self, name: str, lane: str) -> Route:
+        rc = self._roles[name]
+        if not rc.feasible:
+            return self._elsewhere(rc)
+        if rc.wired:
+            return self._local(rc, lane)
+        if name in _UPWARD_TO_PRIMARY and name != PRIMARY_ROLE:
+            return self._generate_route(PRIMARY_ROLE, lane)
+        return Refusal(name, errors.not_wired(name, f"{rc.role.prefix}_BASE_URL"))
+
+    def _local(self, rc: RoleConfig, lane: str) -> LocalRoute:
+        targets = [Target(rc.name, rc.base_url, rc.served_name)] if rc.base_url else []
+        fallback = self._roles[FALLBACK_ROLE]
+        if rc.name == PRIMARY_ROLE and fallback.wired and fallback.feasible:
+            targets.append(Target(fallback.name, fallback.base_url, fallback.served_name))
+        strict = lane == CHAT and rc.name == PRIMARY_ROLE and self._config.force_strict_tools
+        return LocalRoute(rc.name, rc.role.tier, tuple(targets), True, strict)
+
+    def _elsewhere(self, rc: RoleConfig, proxiable: bool = True) -> Route:
+        """An infeasible role: pool, proxy or refusal (referral names hosted_by)."""
+        refusal = Refusal(rc.name, errors.role_infeasible(rc.name, rc.peer_origin))
+        if not proxiable:
+            return refusal
+        single: ProxyRoute | Refusal = refusal
+        if rc.peer_proxy and rc.peer_origin:
+            single = ProxyRoute(rc.name, rc.role.tier, rc.peer_origin, rc.peer_api_key,
+                                _peer_model(rc))
+        if rc.peers and rc.peer_proxy:
+            return PoolRoute(rc.name, rc.role.tier, rc, single)
+        return single
+
+    def _lane_route(self, lane: str) -> Route:
+        rc = self._roles[_LANE_ROLE[lane]]
+        if not rc.feasible:
+            return self._elsewhere(rc, proxiable=lane != REALTIME)
+        if rc.role.task in (AUDIO_STT, AUDIO_TTS):
+            origin = rc.base_url or self._config.audio_url
+            if origin is None:
+                return Refusal(rc.name, errors.not_wired(rc.name, "AUDIO_URL"))
+            return LocalRoute(rc.name, None, (Target(rc.name, origin, rc.served_name),),
+                              False, False)
+        if rc.base_url is None:
+            return Refusal(rc.name, errors.not_wired(rc.name, f"{rc.role.prefix}_BASE_URL"))
+        assert rc.role.task in (EMBED, RERANK)
+        return LocalRoute(rc.name, None, (Target(rc.name, rc.base_url, rc.served_name),),
+                          True, False)
+
+
+def _peer_model(rc: RoleConfig) -> str | None:
+    """The model name a proxied generate request carries: the role name the peer resolves."""
+    if rc.role.task != GENERATE:
+        return None
+    return rc.name if rc.name in rc.role.aliases else (rc.role.tier or rc.served_name)

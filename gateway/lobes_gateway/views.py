@@ -1,0 +1,238 @@
+"""The gateway's own answers: /health, /status, /capabilities, /v1/models(/supported)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import __version__
+from .catalog import CANDIDATES, GENERATE, ROLES
+from .config import GatewayConfig, Origin
+from .pressure import PressureMonitor
+from .routing import (
+    LocalRoute,
+    PoolRoute,
+    ProxyRoute,
+    Refusal,
+    Route,
+    Router,
+)
+from .upstream import Pool, UpstreamError, fetch
+
+_METRICS = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc": "kv_cache_usage_perc",
+    "vllm:prompt_tokens_total": "prompt_tokens_total",
+    "vllm:generation_tokens_total": "generation_tokens_total",
+    "vllm:request_success_total": "request_success_total",
+}
+
+
+@dataclass(frozen=True)
+class PeerView:
+    """What the background prober last saw of a peer-served role."""
+
+    ready: bool
+    listed: bool
+    context: int | None
+    extra: dict[str, object] | None = None
+
+
+PeerViews = Callable[[str], "PeerView | None"]
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Sum the vLLM metrics the status aggregate reports across their label sets."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        key = _METRICS.get(name)
+        if key is None:
+            continue
+        try:
+            value = float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        totals[key] = totals.get(key, 0.0) + value
+    return totals
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A local backend the status fan-out visits."""
+
+    name: str
+    task: str
+    served_name: str
+    origin: Origin
+
+
+class Views:
+    """Builds the JSON of the gateway's own endpoints."""
+
+    def __init__(self, config: GatewayConfig, router: Router, pool: Pool,
+                 pressure: PressureMonitor, peer_views: PeerViews) -> None:
+        self._config = config
+        self._router = router
+        self._pool = pool
+        self._pressure = pressure
+        self._peer_views = peer_views
+        self._created = int(time.time())
+        self.health_body = json.dumps({"status": "ok", "version": __version__}).encode()
+        self._backends = self._local_backends()
+
+    def _local_backends(self) -> list[Backend]:
+        backends = [Backend(rc.name, rc.role.task, rc.served_name, rc.base_url)
+                    for rc in self._config.roles.values() if rc.feasible and rc.base_url]
+        if self._config.audio_url is not None:
+            backends.append(Backend("audio", "audio", "audio", self._config.audio_url))
+        return backends
+
+    def _model_entry(self, model_id: str, role: str, context: int | None,
+                     **extra: object) -> dict[str, object]:
+        entry: dict[str, object] = {"id": model_id, "object": "model", "created": self._created,
+                                    "owned_by": "lobes", "root": model_id, "lobes_role": role}
+        if context:
+            entry["max_model_len"] = context
+        entry.update(extra)
+        return entry
+
+    def models(self) -> bytes:
+        """/v1/models: the loaded local backends, plus peer-served roles a peer now lists."""
+        data = [self._model_entry(rc.served_name, rc.name, rc.max_model_len)
+                for rc in self._config.roles.values()
+                if rc.feasible and rc.base_url and rc.role.task != "stt" and rc.role.task != "tts"]
+        for rc in self._config.roles.values():
+            route = self._role_route(rc.name)
+            if isinstance(route, ProxyRoute | PoolRoute) and rc.role.task not in ("stt", "tts"):
+                view = self._peer_views(rc.name)
+                if view is not None and view.listed:
+                    data.append(self._model_entry(rc.name, rc.name, view.context, proxied=True))
+        return json.dumps({"object": "list", "data": data}).encode()
+
+    def supported(self) -> bytes:
+        """/v1/models/supported: the static catalog with loaded/default flags."""
+        loaded = {rc.served_name for rc in self._config.roles.values()
+                  if rc.feasible and rc.base_url}
+        default_rc = self._config.roles[self._router.default_role]
+        default_ids = {default_rc.served_name, default_rc.role.checkpoint}
+        data = []
+        for role in ROLES:
+            rc = self._config.roles[role.name]
+            ids = {role.checkpoint, rc.served_name}
+            data.append({"id": role.checkpoint, "object": "model", "role": role.name,
+                         "task": role.task, "tier": role.tier, "status": role.status,
+                         "tags": [role.status], "context": role.context,
+                         "gpu_util": role.gpu_util, "loaded": bool(ids & loaded),
+                         "default": role.checkpoint in default_ids})
+        for checkpoint, status in CANDIDATES:
+            data.append({"id": checkpoint, "object": "model", "role": None, "task": GENERATE,
+                         "tier": None, "status": status, "tags": [status], "context": None,
+                         "gpu_util": None, "loaded": checkpoint in loaded, "default": False})
+        return json.dumps({"object": "list", "data": data}).encode()
+
+    def _role_route(self, name: str) -> Route:
+        rc = self._config.roles[name]
+        if rc.role.task == GENERATE:
+            return self._router.generate_routes[name]
+        lane = {"embed": "embeddings", "rerank": "rerank", "stt": "transcriptions",
+                "tts": "speech"}[rc.role.task]
+        return self._router.lane_routes[lane]
+
+    async def _health_of(self, origins: set[Origin]) -> dict[Origin, bool]:
+        timeout = self._config.limits.probe_timeout_s
+
+        async def probe(origin: Origin) -> bool:
+            try:
+                status, _ = await fetch(self._pool, origin, "/health", [], timeout)
+            except UpstreamError:
+                return False
+            return status == 200
+
+        results = await asyncio.gather(*(probe(o) for o in origins))
+        return dict(zip(origins, results, strict=True))
+
+    async def capabilities(self) -> bytes:
+        """/capabilities: per role feasible, ready, context, proxied, hosted_by (keyless)."""
+        routes = {rc.name: self._role_route(rc.name) for rc in self._config.roles.values()}
+        origins = {r.targets[0].origin for r in routes.values()
+                   if isinstance(r, LocalRoute) and r.targets}
+        health = await self._health_of(origins)
+        roles = {name: self._capability(name, route, health) for name, route in routes.items()}
+        return json.dumps({"object": "lobes.capabilities", "version": __version__,
+                           "self_origin": self._config.self_origin, "roles": roles}).encode()
+
+    def _capability(self, name: str, route: Route,
+                    health: dict[Origin, bool]) -> dict[str, object]:
+        rc = self._config.roles[name]
+        entry: dict[str, object] = {
+            "task": rc.role.task, "tier": rc.role.tier, "feasible": rc.feasible,
+            "ready": False, "context": rc.max_model_len, "proxied": False,
+            "hosted_by": rc.peer_origin if not rc.feasible else None,
+            "served_name": rc.served_name,
+        }
+        if isinstance(route, LocalRoute) and route.targets:
+            target = route.targets[0]
+            entry["ready"] = health.get(target.origin, False)
+            entry["served_by"] = target.name
+            served = self._config.roles.get(target.name)
+            if served is not None and target.name != name:
+                entry["context"] = served.max_model_len
+        elif isinstance(route, ProxyRoute | PoolRoute):
+            view = self._peer_views(name)
+            entry["proxied"] = True
+            entry["ready"] = bool(view and view.ready)
+            entry["context"] = view.context if view else None
+            if view and view.extra:
+                entry.update(view.extra)
+        elif isinstance(route, Refusal):
+            entry["reason"] = json.loads(route.error.body())["error"]["code"]
+        return entry
+
+    async def status(self) -> bytes:
+        """/status: fan out to each backend's /health and /metrics (keyless)."""
+        rows = await asyncio.gather(*(self._backend_status(b) for b in self._backends))
+        running = sum(row["metrics"].get("running", 0) for row in rows)
+        waiting = sum(row["metrics"].get("waiting", 0) for row in rows)
+        default_rc = self._config.roles[self._router.default_role]
+        return json.dumps({
+            "object": "lobes.fleet_status", "version": __version__,
+            "default_model": default_rc.served_name,
+            "busy": {"running": int(running), "waiting": int(waiting)},
+            "backends": rows, "endpoints": self.endpoints(),
+            "pressure": self._pressure.block(),
+        }).encode()
+
+    async def _backend_status(self, backend: Backend) -> dict:
+        timeout = self._config.limits.probe_timeout_s
+        row: dict = {"name": backend.name, "task": backend.task,
+                     "served_name": backend.served_name, "url": backend.origin.url,
+                     "health": "down", "metrics": {}}
+        try:
+            status, _ = await fetch(self._pool, backend.origin, "/health", [], timeout)
+            row["health"] = "ok" if status == 200 else f"http {status}"
+            if backend.task != "audio":
+                status, body = await fetch(self._pool, backend.origin, "/metrics", [], timeout)
+                if status == 200:
+                    row["metrics"] = parse_metrics(body.decode("utf-8", "replace"))
+        except UpstreamError:
+            pass
+        return row
+
+    def endpoints(self) -> list[str]:
+        """The data-plane paths this box answers (not refusals)."""
+        paths = ["/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/supported"]
+        lane_paths = {"embeddings": ["/v1/embeddings"], "rerank": ["/v1/rerank", "/v1/score"],
+                      "transcriptions": ["/v1/audio/transcriptions"],
+                      "speech": ["/v1/audio/speech"], "realtime": ["/v1/realtime"]}
+        for lane, route in self._router.lane_routes.items():
+            if not isinstance(route, Refusal):
+                paths.extend(lane_paths[lane])
+        return paths

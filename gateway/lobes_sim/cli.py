@@ -1,0 +1,137 @@
+"""Command line: ``python3 -m lobes_sim --profile NAME --port P [...]``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import signal
+from collections.abc import Sequence
+
+from .faults import Faults
+from .profiles import AUDIO, EMBED, GENERATE, PROFILES, SCORE, Profile
+from .server import GENERATE_ROUTES, AdminPort, ServingPort, serving_routes
+from .state import SimState
+
+DESCRIPTION = """\
+A vLLM OpenAI-server stand-in for machines without a GPU. It serves /health, /v1/models,
+/metrics and the profile's task (chat and text completions, embeddings, rerank/score, or the
+audio bridge) with continuous batching: --max-num-seqs running slots, a waiting queue, and
+per-step decode time that grows with the batch. Profiles are calibrated against measured boxes.
+Faults can be set at start (--fault-*) or at run time: POST /admin/faults on --admin-port.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m lobes_sim",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="serving port (0: pick a free one)")
+    parser.add_argument(
+        "--profile", default="instant", choices=sorted(PROFILES),
+        help="calibrated gear to simulate; supplies defaults for every option below",
+    )
+    parser.add_argument("--served-name", help="model id to serve (default: the profile's)")
+    parser.add_argument("--max-model-len", type=int, help="context window in tokens")
+    parser.add_argument("--max-num-seqs", type=int, help="running slots of the engine")
+    parser.add_argument(
+        "--time-scale", type=float, default=1.0,
+        help="run the same schedule this many times faster (default 1: real time)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of all generated output")
+    parser.add_argument("--embed-dim", type=int, help="embedding dimension (embedder profile)")
+    parser.add_argument("--quantization", help="quantization reported by the gear")
+    parser.add_argument(
+        "--admin-port", type=int, default=0,
+        help="port of the admin API (faults, request recorder); 0 picks a free one",
+    )
+    faults = parser.add_argument_group("faults (also settable at run time: POST /admin/faults)")
+    faults.add_argument("--fault-refuse", action="store_true",
+                        help="do not listen on the serving port (connection refused)")
+    faults.add_argument("--fault-status", type=int, default=0, metavar="STATUS",
+                        help="answer every serving request with this 5xx status")
+    faults.add_argument("--fault-hang", action="store_true",
+                        help="accept each request and never send a byte")
+    faults.add_argument("--fault-hang-s", type=float, default=0.0, metavar="SECONDS",
+                        help="wait this many simulated seconds before the first byte")
+    faults.add_argument("--fault-die-after-chunks", type=int, default=0, metavar="N",
+                        help="close the socket after N SSE chunks of every stream")
+    faults.add_argument("--fault-slow", type=float, default=1.0, metavar="FACTOR",
+                        help="make every engine step FACTOR times longer")
+    faults.add_argument("--fault-reject-strict-tools", action="store_true",
+                        help="answer chat requests whose tools carry strict: true with vLLM's "
+                             "400 for a schema that does not compile")
+    parser.add_argument("--log-level", default="WARNING", help="Python logging level")
+    return parser
+
+
+def profile_from_args(args: argparse.Namespace) -> Profile:
+    """The chosen profile with the command line's overrides applied."""
+    return PROFILES[args.profile].with_overrides(
+        served_name=args.served_name,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        embed_dim=args.embed_dim,
+        quantization=args.quantization,
+    )
+
+
+def faults_from_args(args: argparse.Namespace) -> Faults:
+    return Faults(
+        refuse=args.fault_refuse,
+        error_status=args.fault_status,
+        hang=args.fault_hang,
+        hang_s=args.fault_hang_s,
+        die_after_chunks=args.fault_die_after_chunks,
+        slow_factor=args.fault_slow,
+        reject_strict_tools=args.fault_reject_strict_tools,
+    )
+
+
+def task_routes(task: str) -> dict:
+    """The serving routes of the profile's task (imported lazily: each task its own module)."""
+    if task == GENERATE:
+        return GENERATE_ROUTES
+    if task in (EMBED, SCORE):
+        from .pooling import EMBED_ROUTES, SCORE_ROUTES
+
+        return EMBED_ROUTES if task == EMBED else SCORE_ROUTES
+    if task == AUDIO:
+        from .audio import AUDIO_ROUTES
+
+        return AUDIO_ROUTES
+    raise ValueError(f"profile task {task!r} has no routes")
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """Start both listeners and the engine; run until SIGTERM or SIGINT."""
+    state = SimState(profile_from_args(args), args.time_scale, args.seed, faults_from_args(args))
+    serving = ServingPort(state, serving_routes(task_routes(state.profile.task)),
+                          args.host, args.port)
+    await serving.apply_refuse(state.faults.refuse)
+    admin = AdminPort(state, serving, args.host, args.admin_port)
+    await admin.start()
+    engine_task = asyncio.create_task(state.engine.run())
+    # Start-up objects live for the whole run; freezing them keeps GC pauses short.
+    gc.freeze()
+    print(f"lobes_sim {state.profile.name} serving {state.profile.served_name} on "
+          f"{args.host}:{serving.port} admin {admin.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    engine_task.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.time_scale <= 0:
+        parser.error("--time-scale must be positive")
+    logging.basicConfig(level=args.log_level.upper())
+    asyncio.run(serve(args))

@@ -1,0 +1,161 @@
+"""The continuous-batching engine: one scheduler loop of steps, like vLLM's engine core.
+
+Each step admits waiting sequences into free slots (up to ``max_num_seqs``), then advances every
+running sequence by one token. A step lasts the profile's decode time for the batch size, plus
+the prefill time of the sequences it admitted, stretched by the slow fault and shrunk by the
+time scale. Sequences never sleep on their own: only the loop keeps time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter, deque
+from collections.abc import Callable
+
+from .profiles import Profile
+
+# If the loop falls behind its schedule (CPU saturated), it catches up at most this much, so a
+# stall does not turn into a burst of zero-length steps.
+MAX_CATCH_UP_S = 0.25
+
+STOP = "stop"
+LENGTH = "length"
+ABORT = "abort"
+
+
+class Sequence:
+    """One request inside the engine: its prompt, its output budget, and how far it got."""
+
+    __slots__ = (
+        "_waiter",
+        "finish_reason",
+        "generated",
+        "max_tokens",
+        "prompt_tokens",
+        "stop_at",
+        "stops_naturally",
+    )
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, natural: int | None) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        # natural=None: generate until max_tokens (ignore_eos, or a pooling request with 0).
+        self.stops_naturally = natural is not None and natural <= max_tokens
+        self.stop_at = natural if natural is not None and self.stops_naturally else max_tokens
+        self.generated = 0
+        self.finish_reason: str | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    async def progress(self) -> None:
+        """Wait until the sequence gains a token or finishes (returns at once if finished)."""
+        if self.finished:
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _notify(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class Engine:
+    """The scheduler: a waiting queue, ``max_num_seqs`` running slots, and one stepping loop."""
+
+    def __init__(
+        self, profile: Profile, time_scale: float, slowdown: Callable[[], float]
+    ) -> None:
+        self.profile = profile
+        self.time_scale = time_scale
+        self._slowdown = slowdown
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._wake = asyncio.Event()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.finished_total: Counter[str] = Counter()
+
+    def submit(self, sequence: Sequence) -> None:
+        """Queue a sequence; the loop admits it when a slot is free."""
+        self.waiting.append(sequence)
+        self._wake.set()
+
+    def abort(self, sequence: Sequence) -> None:
+        """Drop a sequence whose client went away, freeing its slot (vLLM aborts on disconnect)."""
+        if sequence.finished:
+            return
+        if sequence in self.running:
+            self.running.remove(sequence)
+        else:
+            with contextlib.suppress(ValueError):
+                self.waiting.remove(sequence)
+        self._finish(sequence, ABORT)
+
+    def kv_cache_usage(self) -> float:
+        """Fraction of the KV cache the running sequences hold (vllm:kv_cache_usage_perc)."""
+        capacity = self.profile.kv_cache_tokens
+        if capacity <= 0:
+            return 0.0
+        held = sum(seq.prompt_tokens + seq.generated for seq in self.running)
+        return min(1.0, held / capacity)
+
+    async def run(self) -> None:
+        """The engine loop; runs until cancelled."""
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        while True:
+            if not self.running and not self.waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = None
+            admitted_tokens = self._admit()
+            now = loop.time()
+            if deadline is None or deadline < now - MAX_CATCH_UP_S:
+                deadline = now
+            deadline += self._step_seconds(admitted_tokens)
+            # sleep(0) still yields, so clients can read between zero-length steps.
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            self._advance()
+
+    def _admit(self) -> int | None:
+        """Move waiting sequences into free slots; the prompt tokens admitted, None if none."""
+        admitted: int | None = None
+        while self.waiting and len(self.running) < self.profile.max_num_seqs:
+            sequence = self.waiting.popleft()
+            self.running.append(sequence)
+            self.prompt_tokens_total += sequence.prompt_tokens
+            admitted = (admitted or 0) + sequence.prompt_tokens
+        return admitted
+
+    def _step_seconds(self, admitted_tokens: int | None) -> float:
+        seconds = self.profile.step_seconds(len(self.running))
+        if admitted_tokens is not None:
+            seconds += self.profile.prefill_seconds(admitted_tokens)
+        return seconds * self._slowdown() / self.time_scale
+
+    def _advance(self) -> None:
+        """One token for every running sequence; finished ones leave their slot."""
+        still_running: list[Sequence] = []
+        for sequence in self.running:
+            if sequence.generated < sequence.stop_at:
+                sequence.generated += 1
+                self.generation_tokens_total += 1
+            if sequence.generated >= sequence.stop_at:
+                self._finish(sequence, STOP if sequence.stops_naturally else LENGTH)
+            else:
+                still_running.append(sequence)
+                sequence._notify()
+        self.running = still_running
+
+    def _finish(self, sequence: Sequence, reason: str) -> None:
+        sequence.finish_reason = reason
+        self.finished_total[reason] += 1
+        sequence._notify()

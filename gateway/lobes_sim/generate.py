@@ -1,0 +1,285 @@
+"""POST /v1/chat/completions and /v1/completions, streamed (SSE) or not, through the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from . import errors
+from .engine import ABORT, Sequence
+from .httpio import Connection, Request, stop_watching
+from .state import ClientGone, SimState
+from .textgen import (
+    TokenStream,
+    count_chat_tokens,
+    count_prompt_tokens,
+    digest_seed,
+    natural_length,
+)
+
+# vLLM's /v1/completions default when the caller names no max_tokens (as OpenAI's).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    """A validated generate request: what to run and how to answer."""
+
+    chat: bool
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    natural: int | None
+    seed: int
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+
+
+def request_json(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object, or vLLM's 400."""
+    try:
+        body = request.json()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise errors.bad_request(f"Invalid JSON in request body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise errors.bad_request("The request body must be a JSON object.")
+    return body
+
+
+def checked_model(state: SimState, body: dict[str, Any]) -> str:
+    """The served name the request addresses; an unknown model is vLLM's 404."""
+    model = body.get("model") or state.profile.served_name
+    if model != state.profile.served_name:
+        raise errors.unknown_model(str(model))
+    return model
+
+
+def _has_strict_tool(body: dict[str, Any]) -> bool:
+    tools = body.get("tools") or []
+    return any(
+        isinstance(tool, dict)
+        and (tool.get("strict") is True or (tool.get("function") or {}).get("strict") is True)
+        for tool in tools
+    )
+
+
+def _prompt(body: dict[str, Any], chat: bool) -> tuple[int, str]:
+    """Prompt tokens and a canonical text of the prompt (for the output seed)."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise errors.bad_request("'messages' must be a non-empty list.", param="messages")
+        return count_chat_tokens(messages), json.dumps(messages, sort_keys=True)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str | list) or not prompt:
+        raise errors.bad_request("'prompt' must be a string or a list.", param="prompt")
+    return count_prompt_tokens(prompt), json.dumps(prompt, sort_keys=True)
+
+
+def _max_tokens(body: dict[str, Any], chat: bool) -> int | None:
+    value = body.get("max_completion_tokens") if chat else None
+    if value is None:
+        value = body.get("max_tokens")
+    if value is None:
+        return None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise errors.bad_request(f"max_tokens must be at least 1, got {value}.", "max_tokens")
+    return value
+
+
+def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCall:
+    """Validate a generate request the way vLLM does, in vLLM's order."""
+    model = checked_model(state, body)
+    if chat and state.faults.reject_strict_tools and _has_strict_tool(body):
+        raise errors.bad_request(errors.GRAMMAR_COMPILE_FAILURE)
+    prompt_tokens, prompt_text = _prompt(body, chat)
+    window = state.profile.max_model_len
+    requested = _max_tokens(body, chat)
+    if prompt_tokens >= window or (requested is not None and prompt_tokens + requested > window):
+        raise errors.over_window(window, prompt_tokens, requested)
+    max_tokens = requested if requested is not None else window - prompt_tokens
+    seed = digest_seed(state.seed, body.get("seed"), prompt_text)
+    natural: int | None = None
+    if not body.get("ignore_eos"):
+        natural = max(natural_length(seed, state.profile.natural_length), 1)
+        natural = max(natural, int(body.get("min_tokens") or 0))
+    options = body.get("stream_options") or {}
+    return GenerateCall(
+        chat=chat,
+        model=model,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        natural=natural,
+        seed=seed,
+        stream=bool(body.get("stream")),
+        include_usage=bool(options.get("include_usage")),
+        continuous_usage=bool(options.get("continuous_usage_stats")),
+    )
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+    }
+
+
+class _Answer:
+    """Builds the response objects of one call (ids, envelopes, choices)."""
+
+    def __init__(self, call: GenerateCall) -> None:
+        self.call = call
+        prefix = "chatcmpl" if call.chat else "cmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.call.model,
+            "choices": choices,
+        }
+
+    def full(self, text: str, sequence: Sequence) -> dict[str, Any]:
+        if self.call.chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "logprobs": None,
+                "finish_reason": sequence.finish_reason,
+                "stop_reason": None,
+            }
+            answer = self.envelope("chat.completion", [choice])
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": sequence.finish_reason,
+                "stop_reason": None,
+            }
+            answer = self.envelope("text_completion", [choice])
+        answer["usage"] = _usage(self.call.prompt_tokens, sequence.generated)
+        return answer
+
+    def chunk(self, piece: str | None, finish_reason: str | None) -> dict[str, Any]:
+        """One stream chunk; piece=None on a chat stream is the opening role delta."""
+        if self.call.chat:
+            delta = {"role": "assistant", "content": ""} if piece is None else {"content": piece}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": piece or "", "logprobs": None}
+            obj = "text_completion"
+        choice["finish_reason"] = finish_reason
+        if finish_reason is not None:
+            choice["stop_reason"] = None
+        return self.envelope(obj, [choice])
+
+    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
+        chunk = self.envelope(
+            "chat.completion.chunk" if self.call.chat else "text_completion", []
+        )
+        chunk["usage"] = _usage(self.call.prompt_tokens, completion_tokens)
+        return chunk
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def handle_generate(
+    state: SimState, conn: Connection, request: Request, chat: bool
+) -> None:
+    """Run one chat or text completion through the engine and answer it."""
+    call = parse_call(state, request_json(request), chat)
+    sequence = Sequence(call.prompt_tokens, call.max_tokens, call.natural)
+    state.engine.submit(sequence)
+    watcher = asyncio.create_task(conn.watch_disconnect(lambda: state.engine.abort(sequence)))
+    try:
+        if call.stream:
+            await _stream(state, conn, call, sequence, request.keep_alive)
+        else:
+            await _respond_whole(conn, call, sequence, request.keep_alive)
+    except (ConnectionError, OSError) as exc:
+        state.engine.abort(sequence)
+        raise ClientGone from exc
+    finally:
+        await stop_watching(watcher)
+
+
+async def _respond_whole(
+    conn: Connection, call: GenerateCall, sequence: Sequence, keep_alive: bool
+) -> None:
+    while not sequence.finished:
+        await sequence.progress()
+    if sequence.finish_reason == ABORT:
+        raise ClientGone
+    text = TokenStream(call.seed).text(sequence.generated)
+    await conn.send_json(200, _Answer(call).full(text, sequence), keep_alive)
+
+
+async def _stream(
+    state: SimState, conn: Connection, call: GenerateCall, sequence: Sequence, keep_alive: bool
+) -> None:
+    answer = _Answer(call)
+    tokens = TokenStream(call.seed)
+    writer = _ChunkBudget(state, conn, sequence)
+    await conn.start_chunked(200, "text/event-stream; charset=utf-8", keep_alive)
+    if call.chat:
+        await writer.send([answer.chunk(None, None)])
+    sent = 0
+    while True:
+        await sequence.progress()
+        if sequence.finish_reason == ABORT:
+            raise ClientGone
+        events = []
+        while sent < sequence.generated:
+            last = sequence.finished and sent + 1 == sequence.generated
+            chunk = answer.chunk(tokens.token(sent), sequence.finish_reason if last else None)
+            sent += 1
+            if call.include_usage and call.continuous_usage:
+                chunk["usage"] = _usage(call.prompt_tokens, sent)
+            events.append(chunk)
+        await writer.send(events)
+        if sequence.finished:
+            break
+    if call.include_usage:
+        await writer.send([answer.usage_chunk(sequence.generated)])
+    await writer.send_raw(b"data: [DONE]\n\n")
+    await conn.end_chunked()
+
+
+class _ChunkBudget:
+    """Writes SSE events, dropping the connection after the die_after_chunks fault's count."""
+
+    def __init__(self, state: SimState, conn: Connection, sequence: Sequence) -> None:
+        self.state = state
+        self.conn = conn
+        self.sequence = sequence
+        self.sent = 0
+
+    async def send(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            await self.send_raw(_sse(event), flush=False)
+        await self.conn.writer.drain()
+
+    async def send_raw(self, data: bytes, flush: bool = True) -> None:
+        limit = self.state.faults.die_after_chunks
+        if limit and self.sent >= limit:
+            self.state.engine.abort(self.sequence)
+            self.conn.drop()
+            raise ClientGone
+        self.conn.writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.sent += 1
+        if flush:
+            await self.conn.writer.drain()

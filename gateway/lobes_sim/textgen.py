@@ -1,0 +1,120 @@
+"""Deterministic stand-ins for a tokenizer and a model: token counts, output text, vectors."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import re
+import struct
+from typing import Any
+
+# A rough tokenizer: one token per four characters of text, as BPE vocabularies average.
+CHARS_PER_TOKEN = 4
+# Chat templates wrap each message in role markers; vLLM counts those as prompt tokens.
+TOKENS_PER_MESSAGE = 4
+TOKENS_PER_NON_TEXT_PART = 64
+
+_WORDS = (
+    "the", "model", "answers", "with", "measured", "care", "and", "names", "each", "step", "it",
+    "takes", "while", "the", "mesh", "routes", "every", "request", "to", "a", "box", "that",
+    "holds", "the", "role", "and", "the", "gateway", "keeps", "the", "stream", "open", "until",
+    "the", "last", "token", "arrives", "so", "callers", "read", "a", "steady", "flow", "of",
+    "words", "about", "placement", "queues", "slots", "windows", "budgets", "replicas", "peers",
+    "rates", "and", "the", "time", "each", "takes",
+)
+_WORD_RE = re.compile(r"[a-z0-9]+")
+
+
+def count_text_tokens(text: str) -> int:
+    """Prompt tokens of a plain text (at least one for a non-empty text)."""
+    if not text:
+        return 0
+    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def _content_tokens(content: Any) -> int:
+    if isinstance(content, str):
+        return count_text_tokens(content)
+    if isinstance(content, list):
+        total = 0
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                total += count_text_tokens(str(part.get("text", "")))
+            else:
+                total += TOKENS_PER_NON_TEXT_PART
+        return total
+    return 0
+
+
+def count_chat_tokens(messages: list[dict[str, Any]]) -> int:
+    """Prompt tokens of a chat: message contents plus the template's per-message markers."""
+    return sum(_content_tokens(m.get("content")) + TOKENS_PER_MESSAGE for m in messages) + 2
+
+
+def count_prompt_tokens(prompt: Any) -> int:
+    """Prompt tokens of a /v1/completions prompt: a text, a token-id list, or a list of texts."""
+    if isinstance(prompt, str):
+        return count_text_tokens(prompt)
+    if isinstance(prompt, list):
+        if all(isinstance(item, int) for item in prompt):
+            return len(prompt)
+        return sum(count_prompt_tokens(item) for item in prompt)
+    return 0
+
+
+def digest_seed(*parts: object) -> int:
+    """A stable 64-bit seed from any printable parts (Python's hash() is salted per process)."""
+    raw = "\x1f".join(repr(part) for part in parts).encode()
+    return int.from_bytes(hashlib.sha256(raw).digest()[:8], "big")
+
+
+def natural_length(seed: int, bounds: tuple[int, int]) -> int:
+    """Where the model would stop on its own for this seed, within the profile's bounds."""
+    low, high = bounds
+    return low + seed % (high - low + 1)
+
+
+class TokenStream:
+    """The deterministic output words of one sequence; token i is always the same text."""
+
+    __slots__ = ("_rng", "_words")
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self._words: list[str] = []
+
+    def token(self, index: int) -> str:
+        """Text of output token ``index`` (0-based)."""
+        while len(self._words) <= index:
+            word = self._rng.choice(_WORDS)
+            self._words.append(word if not self._words else " " + word)
+        return self._words[index]
+
+    def text(self, count: int) -> str:
+        """The first ``count`` tokens joined."""
+        return "".join(self.token(i) for i in range(count))
+
+
+def embedding(text: str, dim: int, seed: int) -> list[float]:
+    """A unit vector of ``dim`` floats that depends only on ``text`` and ``seed``."""
+    rng = random.Random(digest_seed("embed", seed, text))
+    vector = [rng.gauss(0.0, 1.0) for _ in range(dim)]
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [v / norm for v in vector]
+
+
+def pack_base64_floats(vector: list[float]) -> bytes:
+    """The little-endian float32 bytes vLLM base64-encodes for encoding_format=base64."""
+    return struct.pack(f"<{len(vector)}f", *vector)
+
+
+def relevance(query: str, document: str) -> float:
+    """A deterministic relevance in (0, 1): word overlap, so related texts rank higher."""
+    query_words = set(_WORD_RE.findall(query.lower()))
+    doc_words = set(_WORD_RE.findall(document.lower()))
+    union = query_words | doc_words
+    overlap = len(query_words & doc_words) / len(union) if union else 0.0
+    # A small text-dependent jitter breaks ties between equally overlapping documents.
+    jitter = (digest_seed("score", query, document) % 1000) / 100000.0
+    return 1.0 / (1.0 + math.exp(-(8.0 * overlap - 3.0))) * 0.99 + jitter

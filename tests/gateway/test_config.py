@@ -1,0 +1,151 @@
+"""config.py: the environment contract parses into typed, validated, frozen config."""
+
+import dataclasses
+
+import pytest
+from lobes_gateway import __version__
+from lobes_gateway.config import ConfigError, Origin, load_config, parse_env_file
+
+
+def test_defaults_without_environment():
+    config = load_config({})
+    assert config.port == 8000
+    assert config.api_key is None
+    assert config.limits.max_body_bytes == 32 * 1024 * 1024
+    assert config.limits.max_inflight_per_key == 32
+    assert config.pressure.swap_degraded == 75.0
+    assert config.pressure.iowait_degraded == 50.0
+    assert config.pressure.proc_root == "/proc"
+    cortex = config.roles["cortex"]
+    assert cortex.feasible and not cortex.wired
+    assert cortex.served_name == "sakamakismile/Qwen3.6-27B-Text-NVFP4-MTP"
+    assert cortex.max_model_len == 131072
+
+
+def test_config_is_frozen():
+    config = load_config({})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.port = 1  # type: ignore[misc]
+
+
+def test_version_matches_galaxy():
+    galaxy = (pytest.importorskip("pathlib").Path(__file__).parents[2] / "galaxy.yml").read_text()
+    assert f"version: {__version__}" in galaxy
+
+
+def test_role_variables():
+    config = load_config({
+        "PRIMARY_BASE_URL": "http://10.0.0.5:8001/", "PRIMARY_SERVED_NAME": "qwen",
+        "PRIMARY_MAX_MODEL_LEN": "65536", "PRIMARY_MAX_ACTIVE": "2",
+        "FALLBACK_URL": "http://fb:8000",
+    })
+    cortex = config.roles["cortex"]
+    assert cortex.base_url == Origin("10.0.0.5", 8001)
+    assert (cortex.served_name, cortex.max_model_len, cortex.max_active) == ("qwen", 65536, 2)
+    assert config.roles["fallback"].base_url == Origin("fb", 8000)
+
+
+def test_inverted_feasibility_of_opt_in_roles():
+    config = load_config({"WORKER_BASE_URL": "http://w:8000", "MUSE_FEASIBLE": "true"})
+    assert not load_config({}).roles["muse"].feasible
+    assert config.roles["worker"].feasible
+    assert config.roles["muse"].feasible  # an explicit value always wins
+    assert not load_config({"WORKER_BASE_URL": "http://w:8000",
+                            "WORKER_FEASIBLE": "false"}).roles["worker"].feasible
+    assert load_config({}).roles["stt"].feasible  # absent = feasible for core roles
+
+
+def test_peer_pool_with_key_inheritance_and_rates():
+    config = load_config({
+        "PRIMARY_FEASIBLE": "false", "PRIMARY_PEER_PROXY": "true",
+        "PRIMARY_PEER_ORIGIN": "http://spark:8001",
+        "PRIMARY_PEER_API_KEY": "spark-key",
+        "PRIMARY_PEER_ORIGINS": "http://spark:8001, http://thor:8000",
+        "PRIMARY_PEER_API_KEYS": ",",
+        "PRIMARY_PEER_RATES": "48.9,",
+    })
+    cortex = config.roles["cortex"]
+    assert cortex.peer_proxy and cortex.peer_origin == "http://spark:8001"
+    spark, thor = cortex.peers
+    # The empty slot of the singular peer's own origin inherits its key; the other stays keyless.
+    assert (spark.origin, spark.api_key, spark.rate) == ("http://spark:8001", "spark-key", 48.9)
+    assert (thor.origin, thor.api_key, thor.rate) == ("http://thor:8000", None, None)
+
+
+def test_explicit_pool_key_wins_over_inheritance():
+    config = load_config({
+        "EMBED_PEER_ORIGIN": "http://a:1", "EMBED_PEER_API_KEY": "k1",
+        "EMBED_PEER_ORIGINS": "http://a:1,http://b:2", "EMBED_PEER_API_KEYS": "own,k2",
+    })
+    assert [p.api_key for p in config.roles["embedder"].peers] == ["own", "k2"]
+
+
+def test_globals():
+    config = load_config({
+        "GATEWAY_HOST": "127.0.0.1", "GATEWAY_PORT": "9000", "GATEWAY_DEFAULT_MODEL": "main",
+        "GATEWAY_ALIASES": "gpt-4=main, fast = minor", "CULTURE_VLLM_API_KEY": "culture",
+        "GATEWAY_FLEET_KEY": "fleet", "GATEWAY_SELF_ORIGIN": "http://orin:8000",
+        "GATEWAY_FORCE_STRICT_TOOLS": "1", "AUDIO_URL": "http://bridge:9000",
+        "LOBES_SWAP_DEGRADED_THRESHOLD": "80", "LOBES_PROC_ROOT": "/tmp/proc",
+        "GATEWAY_MAX_BODY_BYTES": "1024", "GATEWAY_MAX_INFLIGHT_PER_KEY": "4",
+        "GATEWAY_POOL_POLICY": "queue",
+    })
+    assert (config.host, config.port, config.default_model) == ("127.0.0.1", 9000, "main")
+    assert dict(config.aliases) == {"gpt-4": "main", "fast": "minor"}
+    assert config.api_key == "culture"
+    assert config.fleet_key == "fleet" and config.self_origin == "http://orin:8000"
+    assert config.force_strict_tools
+    assert config.audio_url == Origin("bridge", 9000)
+    assert config.pressure.swap_degraded == 80.0 and config.pressure.proc_root == "/tmp/proc"
+    assert config.limits.max_body_bytes == 1024 and config.limits.max_inflight_per_key == 4
+    assert config.pool_policy == "queue"
+
+
+def test_gateway_api_key_wins_over_culture_key():
+    config = load_config({"GATEWAY_API_KEY": "g", "CULTURE_VLLM_API_KEY": "c"})
+    assert config.api_key == "g"
+
+
+@pytest.mark.parametrize(("env", "variable", "fix"), [
+    ({"PRIMARY_BASE_URL": "spark:8000"}, "PRIMARY_BASE_URL", "http://host:port"),
+    ({"PRIMARY_BASE_URL": "http://spark:8000/v1"}, "PRIMARY_BASE_URL", "without /v1"),
+    ({"MUSE_FEASIBLE": "maybe"}, "MUSE_FEASIBLE", "true or false"),
+    ({"GATEWAY_PORT": "eighty"}, "GATEWAY_PORT", "whole number"),
+    ({"PRIMARY_MAX_MODEL_LEN": "0"}, "PRIMARY_MAX_MODEL_LEN", "1 or more"),
+    ({"LOBES_SWAP_DEGRADED_THRESHOLD": "120"}, "LOBES_SWAP_DEGRADED_THRESHOLD", "0-100"),
+    ({"GATEWAY_ALIASES": "broken"}, "GATEWAY_ALIASES", "alias=target"),
+    ({"PRIMARY_PEER_ORIGINS": "http://a:1,http://b:2", "PRIMARY_PEER_RATES": "1"},
+     "PRIMARY_PEER_RATES", "one entry per"),
+    ({"PRIMARY_PEER_ORIGINS": "http://a:1", "PRIMARY_PEER_RATES": "-3"},
+     "PRIMARY_PEER_RATES", "> 0"),
+    ({"PRIMARY_PEER_API_KEYS": "k"}, "PRIMARY_PEER_API_KEYS", "PRIMARY_PEER_ORIGINS"),
+    ({"GATEWAY_POOL_POLICY": "random"}, "GATEWAY_POOL_POLICY", "rate"),
+])
+def test_bad_variable_names_itself_and_the_fix(env, variable, fix):
+    with pytest.raises(ConfigError) as info:
+        load_config(env)
+    assert info.value.variable == variable
+    assert str(info.value).startswith(variable)
+    assert fix in str(info.value)
+
+
+def test_parse_env_file_subset():
+    text = """
+# a comment
+PRIMARY_BASE_URL=http://127.0.0.1:8001
+export GATEWAY_PORT = 8000
+GATEWAY_API_KEY="quoted # not a comment"
+GATEWAY_FLEET_KEY='single'
+EMPTY=
+TRAILING=value # comment
+"""
+    assert parse_env_file(text) == {
+        "PRIMARY_BASE_URL": "http://127.0.0.1:8001", "GATEWAY_PORT": "8000",
+        "GATEWAY_API_KEY": "quoted # not a comment", "GATEWAY_FLEET_KEY": "single",
+        "EMPTY": "", "TRAILING": "value",
+    }
+
+
+def test_parse_env_file_rejects_garbage():
+    with pytest.raises(ValueError, match="line 2"):
+        parse_env_file("A=1\nnot a pair\n")

@@ -1,0 +1,181 @@
+"""The vLLM serving surface for generate gears: health, models, chat and text completions."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.support.sim_proc import start_sim
+
+from .client import chat_payload, post, request, stream
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with start_sim("spark-cortex", time_scale=200) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def instant():
+    with start_sim("instant", served_name="sim-a", extra_args=["--max-model-len", "4096"]) as s:
+        yield s
+
+
+def test_health_answers_200(sim):
+    assert request(sim.url, "GET", "/health").status == 200
+
+
+def test_models_lists_the_served_name_and_window(sim):
+    listing = request(sim.url, "GET", "/v1/models").json()
+    assert listing["object"] == "list"
+    [model] = listing["data"]
+    assert model["id"] == "unsloth/Qwen3.8-27B-NVFP4"
+    assert model["max_model_len"] == 262144
+    assert model["owned_by"] == "vllm"
+
+
+def test_served_name_and_window_overrides_reach_the_listing(instant):
+    [model] = request(instant.url, "GET", "/v1/models").json()["data"]
+    assert (model["id"], model["max_model_len"]) == ("sim-a", 4096)
+
+
+def test_chat_stops_naturally_near_seed_000_length(sim):
+    answer = post(sim.url, CHAT, chat_payload(max_tokens=160)).json()
+    choice = answer["choices"][0]
+    assert answer["object"] == "chat.completion"
+    assert choice["finish_reason"] == "stop"
+    assert choice["message"]["role"] == "assistant"
+    assert answer["usage"]["completion_tokens"] in (154, 155)
+    assert answer["usage"]["total_tokens"] == (
+        answer["usage"]["prompt_tokens"] + answer["usage"]["completion_tokens"]
+    )
+
+
+def test_max_tokens_caps_output_with_finish_reason_length(sim):
+    answer = post(sim.url, CHAT, chat_payload(max_tokens=7)).json()
+    assert answer["choices"][0]["finish_reason"] == "length"
+    assert answer["usage"]["completion_tokens"] == 7
+    assert len(answer["choices"][0]["message"]["content"].split()) == 7
+
+
+def test_output_is_deterministic_for_a_seed_and_differs_across_seeds(sim):
+    first = post(sim.url, CHAT, chat_payload(max_tokens=20, seed=7)).json()
+    again = post(sim.url, CHAT, chat_payload(max_tokens=20, seed=7)).json()
+    other = post(sim.url, CHAT, chat_payload(max_tokens=20, seed=8)).json()
+    text = first["choices"][0]["message"]["content"]
+    assert text == again["choices"][0]["message"]["content"]
+    assert text != other["choices"][0]["message"]["content"]
+
+
+def test_ignore_eos_generates_to_max_tokens(sim):
+    answer = post(sim.url, CHAT, chat_payload(max_tokens=200, ignore_eos=True)).json()
+    assert answer["usage"]["completion_tokens"] == 200
+    assert answer["choices"][0]["finish_reason"] == "length"
+
+
+def test_completions_default_to_16_tokens(sim):
+    answer = post(sim.url, COMPLETIONS, {"prompt": "Once upon a time"}).json()
+    assert answer["object"] == "text_completion"
+    assert answer["usage"]["completion_tokens"] == 16
+    assert answer["choices"][0]["finish_reason"] == "length"
+    assert answer["choices"][0]["text"]
+
+
+def test_chat_stream_has_role_tokens_finish_usage_and_done(sim):
+    payload = chat_payload(max_tokens=12, seed=3, stream_options={"include_usage": True})
+    reply = stream(sim.url, CHAT, payload)
+    assert reply.status == 200 and reply.done
+    first, *tokens, usage = reply.events
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert len(tokens) == 12
+    assert all(e["object"] == "chat.completion.chunk" for e in reply.events)
+    assert [e["choices"][0]["finish_reason"] for e in tokens] == [None] * 11 + ["length"]
+    assert usage["choices"] == []
+    assert usage["usage"]["completion_tokens"] == 12
+    whole = post(sim.url, CHAT, chat_payload(max_tokens=12, seed=3)).json()
+    streamed = "".join(e["choices"][0]["delta"]["content"] for e in tokens)
+    assert streamed == whole["choices"][0]["message"]["content"]
+
+
+def test_stream_without_include_usage_sends_no_usage_chunk(sim):
+    reply = stream(sim.url, COMPLETIONS, {"prompt": "abc", "max_tokens": 5})
+    assert reply.done
+    assert len(reply.events) == 5
+    assert all("usage" not in e for e in reply.events)
+    assert reply.events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_continuous_usage_stats_count_up(sim):
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    reply = stream(sim.url, COMPLETIONS, {"prompt": "abc", "max_tokens": 4,
+                                          "stream_options": options})
+    counts = [e["usage"]["completion_tokens"] for e in reply.events]
+    assert counts == [1, 2, 3, 4, 4]
+
+
+def test_unknown_model_is_vllms_404(sim):
+    reply = post(sim.url, CHAT, chat_payload(model="no/such-model"))
+    assert reply.status == 404
+    assert reply.json() == {
+        "error": {
+            "message": "The model `no/such-model` does not exist.",
+            "type": "NotFoundError",
+            "param": "model",
+            "code": 404,
+        }
+    }
+
+
+def test_prompt_plus_max_tokens_over_the_window_is_400(instant):
+    reply = post(instant.url, CHAT, chat_payload(max_tokens=4090))
+    assert reply.status == 400
+    error = reply.json()["error"]
+    assert error["type"] == "BadRequestError" and error["code"] == 400
+    assert "maximum context length is 4096 tokens" in error["message"]
+    assert "4090" in error["message"]
+
+
+def test_prompt_alone_over_the_window_is_400(instant):
+    reply = post(instant.url, COMPLETIONS, {"prompt": "word " * 5000, "max_tokens": 1})
+    assert reply.status == 400
+    assert "maximum context length is 4096 tokens" in reply.json()["error"]["message"]
+
+
+def test_without_max_tokens_the_window_remainder_is_allowed(instant):
+    answer = post(instant.url, CHAT, chat_payload(ignore_eos=True, content="x" * 16000)).json()
+    usage = answer["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 4096
+
+
+def test_malformed_json_is_400(sim):
+    reply = request(sim.url, "POST", CHAT, raw=b"{not json")
+    assert reply.status == 400
+    assert reply.json()["error"]["type"] == "BadRequestError"
+
+
+def test_unknown_route_is_fastapis_404_and_wrong_method_405(sim):
+    assert request(sim.url, "GET", "/v1/nothing").json() == {"detail": "Not Found"}
+    assert request(sim.url, "GET", CHAT).status == 405
+
+
+def test_embeddings_route_does_not_exist_on_a_generate_gear(sim):
+    assert post(sim.url, "/v1/embeddings", {"input": "x"}).status == 404
+
+
+def test_the_openai_sdk_streams_from_the_simulator(instant):
+    client = openai.OpenAI(base_url=f"{instant.url}/v1", api_key="unused")
+    pieces = client.chat.completions.create(
+        model="sim-a",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=9,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(pieces)
+    assert chunks[-1].usage.completion_tokens == 9
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(text.split()) == 9
