@@ -88,8 +88,13 @@ def percentile_ms(samples_ns: list[int], pct: float) -> float:
     return ordered[index] / 1e6
 
 
-def start_gateway(backend_port: int, gateway_dir: Path, workdir: Path) -> procs.Service:
-    """The gateway with auth on and the in-flight cap above the stream count."""
+def start_gateway(
+    backend_port: int, gateway_dir: Path, workdir: Path, runner: list[str] | None = None
+) -> procs.Service:
+    """The gateway with auth on and the in-flight cap above the stream count.
+
+    `runner` replaces the plain interpreter (profile_gateway.py runs it under cProfile).
+    """
     port = procs.free_port()
     env = {
         **os.environ,
@@ -102,7 +107,7 @@ def start_gateway(backend_port: int, gateway_dir: Path, workdir: Path) -> procs.
         "GATEWAY_API_KEY": API_KEY,
         "GATEWAY_MAX_INFLIGHT_PER_KEY": "100000",
     }
-    argv = [sys.executable, "-m", "lobes_gateway"]
+    argv = [*(runner or [sys.executable]), "-m", "lobes_gateway"]
     return procs.spawn("gateway", argv, port, PROXY_CORE, workdir, env)
 
 
@@ -177,6 +182,8 @@ async def held_streams(target: Target, cfg: Settings) -> dict:
     held_kib = result.sample
     return {
         "failed": result.failed,
+        "failures": dict(result.failures),
+        "open_s": result.open_s,
         "open_at_sample": result.open_at_sample,
         "kib_per_stream": (held_kib - idle_kib) / cfg.streams if idle_kib is not None else None,
     }
@@ -264,7 +271,7 @@ def parse_args(argv: list[str]) -> Settings:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short smoke run (not for the docs)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per phase (default 3)")
-    parser.add_argument("--window", type=float, help="seconds per measured window (default 2)")
+    parser.add_argument("--window", type=float, help="seconds per measured window (default 3)")
     parser.add_argument("--streams", type=int, help="SSE streams held at once (default 4000)")
     parser.add_argument(
         "--gateway-dir",
@@ -287,9 +294,9 @@ def parse_args(argv: list[str]) -> Settings:
     chosen = tuple(name for name in TARGETS if name in asked or name == "direct")
     return Settings(
         rounds=args.rounds or (1 if quick else 3),
-        window_s=args.window or (0.5 if quick else 2.0),
+        window_s=args.window or (0.5 if quick else 3.0),
         streams=args.streams or (500 if quick else 4000),
-        stream_chunks=6 if quick else 20,
+        stream_chunks=6 if quick else 30,
         stream_interval_ms=500 if quick else 1000,
         sse_concurrency=16,
         sse_chunks=50,

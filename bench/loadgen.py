@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -227,19 +228,27 @@ class _StreamConnection(ResponseReader):
         super().__init__(request)
         self.expected_events = expected_events
         self.finished = asyncio.get_running_loop().create_future()
-        self.ok = False
+        self.failure: str | None = "timed out"  # until the stream ends one way or another
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.send()
 
     def response_done(self, latency_ns: int) -> None:
-        self.ok = self.status == 200 and self.done_event and self.events == self.expected_events
-        if not self.finished.done():
-            self.finished.set_result(None)
+        if self.status != 200:
+            self.failure = f"status {self.status}"
+        elif not self.done_event or self.events != self.expected_events:
+            self.failure = f"ended after {self.events} of {self.expected_events} events"
+        else:
+            self.failure = None
+        self._finish()
         self.transport.close()
 
     def response_failed(self) -> None:
+        self.failure = "connection closed mid-stream"
+        self._finish()
+
+    def _finish(self) -> None:
         if not self.finished.done():
             self.finished.set_result(None)
 
@@ -250,12 +259,39 @@ class _StreamConnection(ResponseReader):
 
 @dataclass
 class StreamsResult:
-    """Outcome of holding many streams at once."""
+    """Outcome of holding many streams at once; `failures` counts each way a stream failed."""
 
     opened: int
-    failed: int
     open_at_sample: int
+    open_s: float
+    failures: Counter[str]
     sample: object
+
+    @property
+    def failed(self) -> int:
+        return sum(self.failures.values())
+
+
+async def _open_streams(
+    host: str, port: int, request: bytes, count: int, expected_events: int, batch: int
+) -> tuple[list[_StreamConnection], Counter[str]]:
+    """Connect in batches (each sends its request at once) so no listen queue overflows."""
+    conns: list[_StreamConnection] = []
+    failures: Counter[str] = Counter()
+    for first in range(0, count, batch):
+        outcomes = await asyncio.gather(
+            *(
+                _connect(lambda: _StreamConnection(request, expected_events), host, port)
+                for _ in range(min(batch, count - first))
+            ),
+            return_exceptions=True,
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                failures[f"connect: {type(outcome).__name__}"] += 1
+            else:
+                conns.append(outcome)
+    return conns, failures
 
 
 async def hold_streams(
@@ -269,33 +305,25 @@ async def hold_streams(
     connect_batch: int = 250,
 ) -> StreamsResult:
     """Open `count` streams, call `while_open` once all have their first event, await the end."""
-    conns: list[_StreamConnection] = []
-    connect_failures = 0
-    for first in range(0, count, connect_batch):
-        batch = min(connect_batch, count - first)
-        outcomes = await asyncio.gather(
-            *(
-                _connect(lambda: _StreamConnection(request, expected_events), host, port)
-                for _ in range(batch)
-            ),
-            return_exceptions=True,
-        )
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                connect_failures += 1
-            else:
-                conns.append(outcome)
-    give_up = time.monotonic() + timeout_s
+    start = time.monotonic()
+    conns, failures = await _open_streams(
+        host, port, request, count, expected_events, connect_batch
+    )
+    give_up = start + timeout_s
     while time.monotonic() < give_up and any(not c.events and not c.finished.done() for c in conns):
         await asyncio.sleep(0.05)
+    open_s = time.monotonic() - start
     open_at_sample = sum(c.open_now for c in conns)
     sample = await while_open()
-    remaining = max(1.0, give_up - time.monotonic())
-    await asyncio.wait([c.finished for c in conns], timeout=remaining)
+    await asyncio.wait([c.finished for c in conns], timeout=max(1.0, give_up - time.monotonic()))
+    failures.update(c.failure for c in conns if c.failure is not None)
     for conn in conns:
         if not conn.finished.done():
             conn.transport.abort()
-    failed = connect_failures + sum(not c.ok for c in conns)
     return StreamsResult(
-        opened=len(conns), failed=failed, open_at_sample=open_at_sample, sample=sample
+        opened=len(conns),
+        open_at_sample=open_at_sample,
+        open_s=open_s,
+        failures=failures,
+        sample=sample,
     )
