@@ -189,14 +189,6 @@ class Connection:
         self.writer.write(self._head(status, headers))
         await self.writer.drain()
 
-    async def write_chunk(self, data: bytes) -> None:
-        self.writer.write(b"%x\r\n%s\r\n" % (len(data), data))
-        await self.writer.drain()
-
-    async def end_chunked(self) -> None:
-        self.writer.write(b"0\r\n\r\n")
-        await self.writer.drain()
-
     def drop(self) -> None:
         """End the connection mid-response: flush what was written, then close (no last chunk)."""
         self.writer.transport.close()

@@ -1,0 +1,331 @@
+"""Gateway benchmark: direct-to-backend vs nginx vs lobes_gateway, side by side, one run.
+
+Prints a markdown table (requests/s and added p50/p99 latency at c=1/64/256, CPU per request
+and per SSE chunk as a ratio to nginx, time-to-first-chunk overhead, RSS per stream with 4,000
+SSE streams held open) plus PASS/MISS per target, and writes it between the gateway-bench
+markers of docs/benchmarks.md. A benchmark, not a test: it asserts nothing, it reports.
+
+    python3 bench/gateway_bench.py             # the full run (about 5 minutes)
+    python3 bench/gateway_bench.py --quick     # a smoke run with short windows, 500 streams
+
+Each proxy is pinned to core 1; the load generator (this process) and the backend share core 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import gc
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import loadgen
+import procs
+import report
+
+REPO = Path(__file__).resolve().parent.parent
+CLIENT_CORE, PROXY_CORE = 0, 1
+SERVED_NAME = "bench-model"
+API_KEY = "bench-key"
+CONCURRENCIES = (1, 64, 256)
+TARGETS = ("direct", "nginx", "gateway")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long and how hard each phase runs."""
+
+    rounds: int
+    window_s: float
+    streams: int
+    stream_chunks: int
+    stream_interval_ms: int
+    sse_concurrency: int
+    sse_chunks: int
+    sse_interval_ms: int
+    gateway_dir: Path
+    targets: tuple[str, ...]
+    write_docs: bool
+
+
+@dataclass
+class Target:
+    """One endpoint the client drives; `service` is the proxy whose CPU and RSS are read."""
+
+    name: str
+    port: int
+    service: procs.Service | None
+
+
+def chat_body(**extra: object) -> bytes:
+    body = {
+        "model": SERVED_NAME,
+        "messages": [{"role": "user", "content": "Say something short."}],
+        "max_tokens": 16,
+        **extra,
+    }
+    return json.dumps(body).encode()
+
+
+def post(body: bytes) -> bytes:
+    return loadgen.encode_post("/v1/chat/completions", body, "127.0.0.1", API_KEY)
+
+
+def percentile_ms(samples_ns: list[int], pct: float) -> float:
+    if not samples_ns:
+        return float("nan")
+    ordered = sorted(samples_ns)
+    index = min(len(ordered) - 1, int(len(ordered) * pct / 100))
+    return ordered[index] / 1e6
+
+
+def start_gateway(
+    backend_port: int, gateway_dir: Path, workdir: Path, runner: list[str] | None = None
+) -> procs.Service:
+    """The gateway with auth on and the in-flight cap above the stream count.
+
+    `runner` replaces the plain interpreter (profile_gateway.py runs it under cProfile).
+    """
+    port = procs.free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(gateway_dir),
+        "GATEWAY_HOST": "127.0.0.1",
+        "GATEWAY_PORT": str(port),
+        "PRIMARY_BASE_URL": f"http://127.0.0.1:{backend_port}",
+        "PRIMARY_SERVED_NAME": SERVED_NAME,
+        "GATEWAY_DEFAULT_MODEL": SERVED_NAME,
+        "GATEWAY_API_KEY": API_KEY,
+        "GATEWAY_MAX_INFLIGHT_PER_KEY": "100000",
+    }
+    argv = [*(runner or [sys.executable]), "-m", "lobes_gateway"]
+    return procs.spawn("gateway", argv, port, PROXY_CORE, workdir, env)
+
+
+async def measure_window(target: Target, request: bytes, concurrency: int, window_s: float):
+    """One warmed, measured closed-loop window: throughput, latency and proxy CPU."""
+    await loadgen.closed_loop("127.0.0.1", target.port, request, concurrency, min(0.3, window_s))
+    cpu_before = procs.cpu_seconds(target.service.pid) if target.service else 0.0
+    result = await loadgen.closed_loop("127.0.0.1", target.port, request, concurrency, window_s)
+    cpu = procs.cpu_seconds(target.service.pid) - cpu_before if target.service else None
+    return {
+        "rps": result.requests / result.elapsed_s,
+        "p50": percentile_ms(result.latencies_ns, 50),
+        "p99": percentile_ms(result.latencies_ns, 99),
+        "ttfc_p50": percentile_ms(result.first_event_ns, 50),
+        "cpu_per_req_us": cpu / result.requests * 1e6 if cpu is not None else None,
+        "cpu_per_event_us": cpu / result.events * 1e6
+        if cpu is not None and result.events
+        else None,
+        "errors": result.errors,
+        "requests": result.requests,
+    }
+
+
+def median_of(rounds: list[dict]) -> dict:
+    """Per-metric median over interleaved rounds; error counts are summed."""
+    merged = {}
+    for key in rounds[0]:
+        values = [r[key] for r in rounds if r[key] is not None]
+        if key in ("errors", "requests"):
+            merged[key] = sum(values)
+        else:
+            merged[key] = statistics.median(values) if values else None
+    return merged
+
+
+async def interleaved(targets: list[Target], request: bytes, concurrency: int, cfg: Settings):
+    """Rounds of direct, nginx, gateway in turn, so load drifts on the host hit all alike."""
+    per_target: dict[str, list[dict]] = {t.name: [] for t in targets}
+    for _ in range(cfg.rounds):
+        for target in targets:
+            per_target[target.name].append(
+                await measure_window(target, request, concurrency, cfg.window_s)
+            )
+    return {name: median_of(rounds) for name, rounds in per_target.items()}
+
+
+async def held_streams(target: Target, cfg: Settings) -> dict:
+    """Hold cfg.streams SSE streams open at once; RSS per stream = (held - idle) / streams."""
+    request = post(
+        chat_body(
+            stream=True, bench_chunks=cfg.stream_chunks, bench_interval_ms=cfg.stream_interval_ms
+        )
+    )
+    warm = post(chat_body(stream=True, bench_chunks=2))
+    await loadgen.closed_loop("127.0.0.1", target.port, warm, 8, 0.3)
+    gc.collect()
+    idle_kib = procs.rss_kib(target.service.pid) if target.service else None
+
+    async def sample_rss() -> int | None:
+        return procs.rss_kib(target.service.pid) if target.service else None
+
+    hold_s = cfg.stream_chunks * cfg.stream_interval_ms / 1000
+    result = await loadgen.hold_streams(
+        "127.0.0.1",
+        target.port,
+        request,
+        cfg.streams,
+        expected_events=cfg.stream_chunks + 1,
+        while_open=sample_rss,
+        timeout_s=hold_s + 60,
+    )
+    held_kib = result.sample
+    return {
+        "failed": result.failed,
+        "failures": dict(result.failures),
+        "open_s": result.open_s,
+        "open_at_sample": result.open_at_sample,
+        "kib_per_stream": (held_kib - idle_kib) / cfg.streams if idle_kib is not None else None,
+    }
+
+
+async def run(cfg: Settings, workdir: Path, log) -> dict:
+    """Every phase against every target; returns results[phase][target] -> metrics."""
+    nofile = procs.raise_fd_limit()
+    os.sched_setaffinity(0, {CLIENT_CORE})
+    backend_port = procs.free_port()
+    backend = procs.spawn(
+        "backend",
+        [sys.executable, str(REPO / "bench" / "fast_backend.py"), "--port", str(backend_port)],
+        backend_port,
+        CLIENT_CORE,
+        workdir,
+    )
+    services = [backend]
+    results: dict[str, dict] = {"streams": {}}
+    try:
+        targets = [Target("direct", backend_port, None)]
+        starters = {
+            "nginx": lambda: procs.start_nginx(backend_port, PROXY_CORE, workdir, nofile),
+            "gateway": lambda: start_gateway(backend_port, cfg.gateway_dir, workdir),
+        }
+        # Streams first: each proxy is fresh, so its idle RSS is the start-up footprint.
+        for name in cfg.targets:
+            if name != "direct":
+                service = starters[name]()
+                services.append(service)
+                targets.append(Target(name, service.port, service))
+            log(f"[{name}] holding {cfg.streams} streams")
+            results["streams"][name] = await held_streams(targets[-1], cfg)
+        for concurrency in CONCURRENCIES:
+            log(f"non-streaming c={concurrency}: {cfg.rounds} rounds x {cfg.window_s} s")
+            results[f"c{concurrency}"] = await interleaved(
+                targets, post(chat_body()), concurrency, cfg
+            )
+        log(f"SSE chunks: c={cfg.sse_concurrency}, {cfg.sse_chunks} chunks/stream")
+        sse = post(
+            chat_body(
+                stream=True, bench_chunks=cfg.sse_chunks, bench_interval_ms=cfg.sse_interval_ms
+            )
+        )
+        results["sse"] = await interleaved(targets, sse, cfg.sse_concurrency, cfg)
+        log("time to first chunk, c=1")
+        results["ttfc"] = await interleaved(
+            targets, post(chat_body(stream=True, bench_chunks=2)), 1, cfg
+        )
+    finally:
+        for service in reversed(services):
+            service.stop()
+    return results
+
+
+def describe_run(cfg: Settings, argv: list[str]) -> dict:
+    """Machine, date, versions and command line for the table's header."""
+    cpu_model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    commit = subprocess.run(
+        ["git", "-C", str(cfg.gateway_dir), "log", "-1", "--format=%h %cI %s"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return {
+        "machine": f"{cpu_model}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, "
+        f"Linux {platform.release()}",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python3 " + shlex.join(["bench/gateway_bench.py", *argv]),
+        "python": platform.python_version(),
+        "nginx": procs.nginx_version(procs.ensure_nginx()),
+        "gateway": commit or str(cfg.gateway_dir),
+        "settings": cfg,
+    }
+
+
+def parse_args(argv: list[str]) -> Settings:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short smoke run (not for the docs)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds per phase (default 3)")
+    parser.add_argument("--window", type=float, help="seconds per measured window (default 3)")
+    parser.add_argument("--streams", type=int, help="SSE streams held at once (default 4000)")
+    parser.add_argument(
+        "--gateway-dir",
+        type=Path,
+        default=REPO / "gateway",
+        help="directory holding lobes_gateway (default: this checkout's gateway/)",
+    )
+    parser.add_argument(
+        "--targets",
+        default=",".join(TARGETS),
+        help="comma list out of direct,nginx,gateway (default all; direct always runs)",
+    )
+    parser.add_argument("--no-docs", action="store_true", help="print only; leave the docs alone")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    asked = {name.strip() for name in args.targets.split(",")}
+    unknown = asked - set(TARGETS)
+    if unknown:
+        parser.error(f"unknown targets {sorted(unknown)}: choose from {', '.join(TARGETS)}")
+    chosen = tuple(name for name in TARGETS if name in asked or name == "direct")
+    return Settings(
+        rounds=args.rounds or (1 if quick else 3),
+        window_s=args.window or (0.5 if quick else 3.0),
+        streams=args.streams or (500 if quick else 4000),
+        stream_chunks=6 if quick else 30,
+        stream_interval_ms=500 if quick else 1000,
+        sse_concurrency=16,
+        sse_chunks=50,
+        sse_interval_ms=4,
+        gateway_dir=args.gateway_dir.resolve(),
+        targets=chosen,
+        write_docs=not (args.no_docs or quick) and chosen == TARGETS,
+    )
+
+
+def main(argv: list[str]) -> int:
+    cfg = parse_args(argv)
+    if (
+        "gateway" in cfg.targets
+        and not (cfg.gateway_dir / "lobes_gateway" / "__main__.py").exists()
+    ):
+        print(
+            f"no lobes_gateway under {cfg.gateway_dir}: merge the gw branch or pass --gateway-dir"
+        )
+        return 2
+    run_info = describe_run(cfg, argv)
+    with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
+        results = asyncio.run(run(cfg, Path(tmp), lambda line: print(line, file=sys.stderr)))
+    text = report.render(results, run_info)
+    print(text)
+    if cfg.write_docs:
+        report.write_docs(REPO / "docs" / "benchmarks.md", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,220 @@
+"""The benchmark's markdown: the side-by-side table, the targets with PASS/MISS, the docs splice."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+START_MARKER = "<!-- gateway-bench:start -->"
+END_MARKER = "<!-- gateway-bench:end -->"
+COLUMNS = ("direct", "nginx", "gateway")
+
+# The bar from issue 2, checked against the gateway's figures of the same run.
+MAX_ADDED_P50_MS_C1 = 0.35
+MAX_CPU_PER_REQUEST_X_NGINX = 3.0
+MAX_CPU_PER_CHUNK_X_NGINX = 2.5
+MAX_KIB_PER_STREAM = 16.0
+
+
+def _get(results: dict, phase: str, target: str, key: str) -> float | None:
+    value = results.get(phase, {}).get(target, {}).get(key)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value
+
+
+def _added(results: dict, phase: str, target: str, key: str) -> float | None:
+    """What a proxy adds over direct-to-backend for a latency figure."""
+    proxied, direct = _get(results, phase, target, key), _get(results, phase, "direct", key)
+    return None if proxied is None or direct is None else proxied - direct
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    return None if value is None or not reference else value / reference
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def _row(label: str, cells: list[str], ratio: float | None) -> str:
+    return f"| {label} | " + " | ".join(cells) + f" | {_fmt(ratio, '{:.2f}x')} |"
+
+
+def _latency_rows(results: dict, concurrency: int) -> list[str]:
+    phase = f"c{concurrency}"
+    rows = []
+    for key in ("p50", "p99"):
+        cells = [_fmt(_get(results, phase, "direct", key), "{:.3f} ms (base)")]
+        added = {t: _added(results, phase, t, key) for t in COLUMNS[1:]}
+        cells += [_fmt(added[t], "{:+.3f} ms") for t in COLUMNS[1:]]
+        label = f"{key} latency, c={concurrency}: direct / added by proxy"
+        rows.append(_row(label, cells, _ratio(added["gateway"], added["nginx"])))
+    return rows
+
+
+def _throughput_and_cpu_rows(results: dict, concurrencies: list[int]) -> list[str]:
+    rows = []
+    for concurrency in concurrencies:
+        phase = f"c{concurrency}"
+        rps = {t: _get(results, phase, t, "rps") for t in COLUMNS}
+        rows.append(
+            _row(
+                f"requests/s, c={concurrency}",
+                [_fmt(rps[t], "{:,.0f}") for t in COLUMNS],
+                _ratio(rps["gateway"], rps["nginx"]),
+            )
+        )
+    for concurrency in concurrencies:
+        phase = f"c{concurrency}"
+        cpu = {t: _get(results, phase, t, "cpu_per_req_us") for t in COLUMNS}
+        rows.append(
+            _row(
+                f"proxy CPU per request, c={concurrency}",
+                [_fmt(cpu[t], "{:.0f} us") for t in COLUMNS],
+                _ratio(cpu["gateway"], cpu["nginx"]),
+            )
+        )
+    return rows
+
+
+def _stream_rows(results: dict, streams: int) -> list[str]:
+    cpu = {t: _get(results, "sse", t, "cpu_per_event_us") for t in COLUMNS}
+    ttfc_added = {t: _added(results, "ttfc", t, "ttfc_p50") for t in COLUMNS[1:]}
+    kib = {t: _get(results, "streams", t, "kib_per_stream") for t in COLUMNS}
+    failed = {t: _get(results, "streams", t, "failed") for t in COLUMNS}
+    held = {t: _get(results, "streams", t, "open_at_sample") for t in COLUMNS}
+    return [
+        _row(
+            "proxy CPU per SSE chunk",
+            [_fmt(cpu[t], "{:.0f} us") for t in COLUMNS],
+            _ratio(cpu["gateway"], cpu["nginx"]),
+        ),
+        _row(
+            "time to first chunk p50, c=1: direct / added",
+            [_fmt(_get(results, "ttfc", "direct", "ttfc_p50"), "{:.3f} ms (base)")]
+            + [_fmt(ttfc_added[t], "{:+.3f} ms") for t in COLUMNS[1:]],
+            _ratio(ttfc_added["gateway"], ttfc_added["nginx"]),
+        ),
+        _row(
+            f"{streams:,} SSE streams: open at once / failed",
+            ["-" if held[t] is None else f"{held[t]:,.0f} / {failed[t]:,.0f}" for t in COLUMNS],
+            None,
+        ),
+        _row(
+            "RSS per held stream",
+            [_fmt(kib[t], "{:.1f} KiB") for t in COLUMNS],
+            _ratio(kib["gateway"], kib["nginx"]),
+        ),
+    ]
+
+
+def targets(results: dict, streams: int) -> list[tuple[str, str, bool]]:
+    """(target, measured, met) for each of issue 2's bars."""
+    added_p50 = _added(results, "c1", "gateway", "p50")
+    req_x = _ratio(
+        _get(results, "c64", "gateway", "cpu_per_req_us"),
+        _get(results, "c64", "nginx", "cpu_per_req_us"),
+    )
+    chunk_x = _ratio(
+        _get(results, "sse", "gateway", "cpu_per_event_us"),
+        _get(results, "sse", "nginx", "cpu_per_event_us"),
+    )
+    failed = _get(results, "streams", "gateway", "failed")
+    held = _get(results, "streams", "gateway", "open_at_sample")
+    kib = _get(results, "streams", "gateway", "kib_per_stream")
+    streams_ok = failed == 0 and held == streams and kib is not None and kib <= MAX_KIB_PER_STREAM
+    return [
+        (
+            f"added median latency at c=1 <= {MAX_ADDED_P50_MS_C1} ms",
+            _fmt(added_p50, "{:.3f} ms"),
+            added_p50 is not None and added_p50 <= MAX_ADDED_P50_MS_C1,
+        ),
+        (
+            f"CPU per request (c=64) <= {MAX_CPU_PER_REQUEST_X_NGINX:g}x nginx",
+            _fmt(req_x, "{:.2f}x"),
+            req_x is not None and req_x <= MAX_CPU_PER_REQUEST_X_NGINX,
+        ),
+        (
+            f"CPU per SSE chunk <= {MAX_CPU_PER_CHUNK_X_NGINX:g}x nginx",
+            _fmt(chunk_x, "{:.2f}x"),
+            chunk_x is not None and chunk_x <= MAX_CPU_PER_CHUNK_X_NGINX,
+        ),
+        (
+            f"{streams:,} concurrent streams, 0 failed, <= {MAX_KIB_PER_STREAM:g} KiB each",
+            f"{_fmt(held, '{:,.0f}')} open, {_fmt(failed, '{:,.0f}')} failed, "
+            f"{_fmt(kib, '{:.1f}')} KiB",
+            streams_ok,
+        ),
+    ]
+
+
+def _error_note(results: dict) -> str:
+    errors = {
+        t: sum(results[p].get(t, {}).get("errors", 0) for p in results if p != "streams")
+        for t in COLUMNS
+    }
+    listed = ", ".join(f"{t} {n}" for t, n in errors.items())
+    return f"Non-200 or broken responses in the timed phases: {listed}."
+
+
+def _streams_note(results: dict) -> str:
+    """How long opening all streams took, and why any failed."""
+    parts = []
+    for target, held in results.get("streams", {}).items():
+        reasons = "; ".join(f"{n} {why}" for why, n in sorted(held["failures"].items()))
+        parts.append(
+            f"{target} opened all in {held['open_s']:.1f} s"
+            + (f" (failed: {reasons})" if reasons else "")
+        )
+    return "Held streams: " + ", ".join(parts) + "." if parts else ""
+
+
+def _verdict(met: bool, measured: bool) -> str:
+    if not measured:
+        return "NOT RUN"
+    return "PASS" if met else "MISS"
+
+
+def render(results: dict, info: dict) -> str:
+    cfg = info["settings"]
+    concurrencies = sorted(int(p[1:]) for p in results if p.startswith("c") and p[1:].isdigit())
+    lines = [
+        f"Measured {info['date']} on {info['machine']}; Python {info['python']}, "
+        f"nginx {info['nginx']}, gateway at `{info['gateway']}`.",
+        "",
+        f"Command: `{info['command']}`. Backend: `bench/fast_backend.py` (stdlib asyncio, "
+        "pre-encoded responses); each proxy pinned to core 1, client and backend to core 0. "
+        f"Figures are medians of {cfg.rounds} interleaved rounds of {cfg.window_s:g} s windows. "
+        "CPU is the proxy process tree's utime+stime over the window. SSE chunks: "
+        f"{cfg.sse_concurrency} concurrent streams of {cfg.sse_chunks} chunks "
+        f"{cfg.sse_interval_ms} ms apart (CPU per chunk includes each stream's request, spread "
+        f"over its chunks). Held streams: one chunk every {cfg.stream_interval_ms} ms for "
+        f"{cfg.stream_chunks} chunks; RSS per stream = (RSS with all open - RSS idle) / "
+        f"{cfg.streams:,}, each proxy fresh.",
+        "",
+        "| figure | direct | nginx | gateway | gateway / nginx |",
+        "|---|---|---|---|---|",
+        *_throughput_and_cpu_rows(results, concurrencies),
+        *(row for c in concurrencies for row in _latency_rows(results, c)),
+        *_stream_rows(results, cfg.streams),
+        "",
+        _error_note(results),
+        _streams_note(results),
+        "",
+        "| target (issue 2) | gateway | result |",
+        "|---|---|---|",
+        *(
+            f"| {name} | {measured} | {_verdict(met, 'gateway' in results.get('streams', {}))} |"
+            for name, measured, met in targets(results, cfg.streams)
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def write_docs(path: Path, table: str) -> None:
+    """Replace the text between the gateway-bench markers, leaving the rest of the page."""
+    page = path.read_text()
+    head, rest = page.split(START_MARKER, 1)
+    _, tail = rest.split(END_MARKER, 1)
+    path.write_text(f"{head}{START_MARKER}\n{table}\n{END_MARKER}{tail}")

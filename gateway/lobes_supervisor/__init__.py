@@ -1,0 +1,8 @@
+"""A small stdlib process supervisor for boxes without Docker or systemd.
+
+Each service in a ``services.json`` gets one monitor process that keeps its child running
+(restart on exit, with backoff), writes pidfiles, and appends the child's output to a log.
+Processes are identified by their pidfiles (pid plus kernel start time), never by name.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,220 @@
+"""up / down / status over a state directory: what the CLI and the Ansible module call."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import pidfile
+from .layout import Layout
+from .monitor import STOP_GRACE_S, terminate_group
+from .spec import ServiceSpec, fingerprint
+
+START_TIMEOUT_S = 15.0
+_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+
+
+class SupervisorError(RuntimeError):
+    """A service could not be started or stopped; the message names it."""
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """One service as the supervisor sees it."""
+
+    name: str
+    running: bool
+    pid: int | None = None
+    child_pid: int | None = None
+    child_running: bool = False
+    fingerprint: str = ""
+    restarts: int = 0
+    last_exit: int | None = None
+    log: str = ""
+
+
+@dataclass(frozen=True)
+class Action:
+    """What up/down did (or, in a dry run, would do) to one service."""
+
+    name: str
+    action: str  # started, restarted, stopped, unchanged, absent
+
+
+def _monitors(layout: Layout) -> dict[str, tuple[Path, pidfile.PidRecord]]:
+    """Monitor pidfiles found in the run directory, by service name."""
+    found: dict[str, tuple[Path, pidfile.PidRecord]] = {}
+    if not layout.run_dir.is_dir():
+        return found
+    for path in sorted(layout.run_dir.glob("*.pid")):
+        record = pidfile.read(path)
+        if record is not None and record.kind == "monitor":
+            found[record.name] = (path, record)
+    return found
+
+
+def status(layout: Layout, specs: Iterable[ServiceSpec] = ()) -> list[ServiceStatus]:
+    """Every service named in specs or found running in the state directory."""
+    monitors = _monitors(layout)
+    by_name = {s.name: s for s in specs}
+    rows = []
+    for name in sorted(set(by_name) | set(monitors)):
+        _path, record = monitors.get(name, (None, None))
+        child = pidfile.read(layout.run_dir / f"{name}.child.pid")
+        state = layout.read_state(name)
+        spec = by_name.get(name)
+        rows.append(
+            ServiceStatus(
+                name=name,
+                running=pidfile.alive(record),
+                pid=record.pid if pidfile.alive(record) else None,
+                child_pid=child.pid if pidfile.alive(child) else None,
+                child_running=pidfile.alive(child),
+                fingerprint=record.fingerprint if record else "",
+                restarts=state.get("restarts", 0),
+                last_exit=state.get("last_exit"),
+                log=str(layout.log(spec)) if spec else "",
+            )
+        )
+    return rows
+
+
+def _start(spec: ServiceSpec, layout: Layout, services_file: Path) -> None:
+    layout.ensure()
+    env = {"PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": _PACKAGE_PARENT}
+    argv = [
+        sys.executable,
+        "-m",
+        "lobes_supervisor",
+        "--state-dir",
+        str(layout.state_dir),
+        "--services",
+        str(services_file),
+        "monitor",
+        spec.name,
+    ]
+    with layout.log(spec).open("a") as log:
+        # The monitor double-forks: this call returns once it is detached.
+        subprocess.run(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=True,
+            timeout=START_TIMEOUT_S,
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        record = pidfile.read(layout.monitor_pidfile(spec))
+        child = pidfile.read(layout.child_pidfile(spec))
+        if pidfile.alive(record) and child is not None:
+            return
+        time.sleep(0.05)
+    raise SupervisorError(f"service {spec.name!r}: monitor did not start; see {layout.log(spec)}")
+
+
+def _stop(layout: Layout, path: Path, record: pidfile.PidRecord) -> None:
+    child_path = layout.run_dir / f"{record.name}.child.pid"
+    if pidfile.alive(record):
+        os.kill(record.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S + 5
+        while pidfile.alive(record) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if pidfile.alive(record):
+            os.kill(record.pid, signal.SIGKILL)
+    child = pidfile.read(child_path)
+    if pidfile.alive(child):
+        # The monitor was killed before it could stop its child: stop the child's group here.
+        terminate_group(child.pid)
+    pidfile.remove(child_path)
+    pidfile.remove(path)
+
+
+def _selected(
+    specs: list[ServiceSpec], names: Iterable[str], exclude: Iterable[str] = ()
+) -> list[ServiceSpec]:
+    chosen, skipped = set(names), set(exclude)
+    unknown = chosen - {s.name for s in specs}
+    if unknown:
+        raise SupervisorError(f"no service named {sorted(unknown)} in the services file")
+    return [s for s in specs if (not chosen or s.name in chosen) and s.name not in skipped]
+
+
+def up(
+    layout: Layout,
+    specs: list[ServiceSpec],
+    services_file: Path,
+    names: Iterable[str] = (),
+    exclude: Iterable[str] = (),
+    *,
+    dry_run: bool = False,
+) -> list[Action]:
+    """Make the selected specs run (start missing, restart changed) and stop services that
+    the services file no longer lists."""
+    monitors = _monitors(layout)
+    listed = {s.name for s in specs}
+    actions = []
+    for name, (path, record) in monitors.items():
+        if name not in listed and pidfile.alive(record):
+            if not dry_run:
+                _stop(layout, path, record)
+            actions.append(Action(name, "stopped"))
+    for spec in _selected(specs, names, exclude):
+        path, record = monitors.get(spec.name, (layout.monitor_pidfile(spec), None))
+        if pidfile.alive(record) and record.fingerprint == fingerprint(spec):
+            actions.append(Action(spec.name, "unchanged"))
+            continue
+        verb = "restarted" if pidfile.alive(record) else "started"
+        if not dry_run:
+            if record is not None:
+                _stop(layout, path, record)
+            _start(spec, layout, services_file)
+        actions.append(Action(spec.name, verb))
+    return actions
+
+
+def down(
+    layout: Layout, names: Iterable[str] = (), exclude: Iterable[str] = (), *, dry_run: bool = False
+) -> list[Action]:
+    """Stop the named services (all found in the state directory when names is empty)."""
+    monitors = _monitors(layout)
+    selected = [n for n in (list(names) or sorted(monitors)) if n not in set(exclude)]
+    actions = []
+    for name in selected:
+        path, record = monitors.get(name, (None, None))
+        if record is None or not pidfile.alive(record):
+            if record is not None and not dry_run:
+                _stop(layout, path, record)
+            actions.append(Action(name, "absent"))
+            continue
+        if not dry_run:
+            _stop(layout, path, record)
+        actions.append(Action(name, "stopped"))
+    return actions
+
+
+def restart(
+    layout: Layout,
+    specs: list[ServiceSpec],
+    services_file: Path,
+    names: Iterable[str] = (),
+    exclude: Iterable[str] = (),
+    *,
+    dry_run: bool = False,
+) -> list[Action]:
+    """Stop and start the selected services, whatever their fingerprint."""
+    monitors = _monitors(layout)
+    selected = _selected(specs, names, exclude)
+    for spec in selected:
+        path, record = monitors.get(spec.name, (None, None))
+        if record is not None and not dry_run:
+            _stop(layout, path, record)
+    done = up(layout, specs, services_file, [s.name for s in selected], dry_run=dry_run)
+    return [Action(a.name, "restarted") for a in done if a.action != "stopped"]

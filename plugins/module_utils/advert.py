@@ -1,0 +1,88 @@
+"""A box's plan vs what its gateway advertises on /health and /capabilities.
+
+expected_roles(plan) says, per declared role, what the gateway must advertise;
+compare() lists the differences; table() prints declared vs advertised per role.
+"""
+
+from __future__ import annotations
+
+FIELDS = ("feasible", "ready", "proxied", "hosted_by", "served_name", "context", "replicas")
+ANY = object()  # a field whose advertised value the plan does not constrain
+
+
+def expected_roles(plan: dict, peers_must_be_ready: bool = True) -> dict:
+    """role -> field -> the value the gateway must advertise (ANY when unconstrained)."""
+    return {name: _expected(role, peers_must_be_ready) for name, role in plan["roles"].items()}
+
+
+def _expected(role: dict, peers_must_be_ready: bool) -> dict:
+    mode = role["mode"]
+    remote = mode in ("proxy", "pool") and not role["feasible"]
+    served = mode in ("local", "pool", "proxy")
+    expected = {
+        "feasible": role["feasible"],
+        "ready": True if served and (peers_must_be_ready or not remote) else ANY,
+        "proxied": remote,
+        "hosted_by": role["hosted_by"],
+        "served_name": role["served_name"] if role["served_name"] else ANY,
+        "context": role["context"] if role["context"] and mode != "off" else ANY,
+        "replicas": sorted(peer["origin"] for peer in role["peers"]) if mode == "pool" else ANY,
+    }
+    if role["task"].startswith("audio"):
+        # Audio lanes have no served id or window on the gateway.
+        expected.update(served_name=ANY, context=ANY)
+    return expected
+
+
+def advertised_roles(capabilities: dict, self_origin: str) -> dict:
+    """role -> field -> value, from a /capabilities body; replicas as peer origins."""
+    roles = capabilities.get("roles") or {}
+    advertised = {}
+    for name, entry in roles.items():
+        replicas = entry.get("replicas")
+        peer_origins = (sorted(item.get("origin") for item in replicas
+                               if item.get("origin") != self_origin)
+                        if isinstance(replicas, list) else None)
+        advertised[name] = {field: entry.get(field) for field in FIELDS if field != "replicas"}
+        advertised[name]["replicas"] = peer_origins
+    return advertised
+
+
+def compare(expected: dict, advertised: dict) -> dict:
+    """role -> [mismatching fields]; a declared role the gateway does not list mismatches all."""
+    differences = {}
+    for role, fields in expected.items():
+        seen = advertised.get(role)
+        wrong = [field for field, value in fields.items()
+                 if value is not ANY and (seen is None or seen.get(field) != value)]
+        if wrong:
+            differences[role] = wrong
+    return differences
+
+
+def _cell(value) -> str:
+    if value is ANY:
+        return "*"
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return f"{len(value)} peer(s)" if value else "none"
+    return str(value)
+
+
+def table(expected: dict, advertised: dict, differences: dict) -> str:
+    """Per role: a declared row and an advertised row; mismatching fields are flagged."""
+    header = ["role", "side", *FIELDS]
+    rows = [header]
+    for role, fields in expected.items():
+        seen = advertised.get(role) or {}
+        rows.append([role, "declared", *(_cell(fields[field]) for field in FIELDS)])
+        flagged = differences.get(role, [])
+        rows.append(["", "advertised",
+                     *(_cell(seen.get(field)) + ("  <-" if field in flagged else "")
+                       for field in FIELDS)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(row[i].ljust(widths[i]) for i in range(len(row))).rstrip()
+                     for row in rows)

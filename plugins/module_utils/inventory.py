@@ -1,0 +1,270 @@
+"""Inventory variables (fleet_*) of each host -> typed, frozen declarations.
+
+Only syntax and types are checked here; whether the mesh can work is plan.py's question.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ansible_collections.lobes.fleet.plugins.module_utils.catalog import (
+    is_known_role,
+    role_index,
+)
+from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.lobes.fleet.plugins.module_utils.hardware import PROFILES
+
+RUNTIMES = ("compose", "process")
+DEFAULT_GATEWAY_PORT = 8000
+DEFAULT_GEAR_PORT_BASE = 18100
+
+# The LOBES_* thresholds and gateway limits an inventory may tune (DESIGN.md section 3).
+TUNABLE_GATEWAY_ENV = (
+    "LOBES_SWAP_NO_HARD_THRESHOLD",
+    "LOBES_SWAP_PREFER_CHEAP_THRESHOLD",
+    "LOBES_SWAP_DEGRADED_THRESHOLD",
+    "LOBES_IOWAIT_NO_HARD_THRESHOLD",
+    "LOBES_IOWAIT_DEGRADED_THRESHOLD",
+    "GATEWAY_MAX_BODY_BYTES",
+    "GATEWAY_MAX_INFLIGHT_PER_KEY",
+)
+
+ROLE_FIELDS = (
+    "feasible", "checkpoint", "served_name", "context", "native_context", "yarn_factor",
+    "gpu_memory_utilization", "max_active", "mtp", "num_speculative_tokens", "tool_parser",
+    "quantization", "sim_profile", "referral", "proxy", "pool", "rates",
+)
+
+
+@dataclass(frozen=True)
+class RoleDecl:
+    """One role as a host declares it: served here, or which peers serve it and how."""
+
+    role: str
+    feasible: bool
+    checkpoint: str | None = None
+    served_name: str | None = None
+    context: int | None = None
+    native_context: int | None = None
+    yarn_factor: float | None = None
+    gpu_memory_utilization: float | None = None
+    max_active: int | None = None
+    mtp: bool | None = None
+    num_speculative_tokens: int | None = None
+    tool_parser: str | None = None
+    quantization: str | None = None
+    sim_profile: str | None = None
+    referral: str | None = None
+    proxy: str | None = None
+    pool: tuple = ()
+    rates: tuple = ()  # ((peer hostname, tok/s), ...) in declaration order
+
+    @property
+    def peer_mode(self) -> str | None:
+        """How peers take part: referral, proxy, pool, or None."""
+        if self.referral:
+            return "referral"
+        if self.proxy:
+            return "proxy"
+        if self.pool:
+            return "pool"
+        return None
+
+
+@dataclass(frozen=True)
+class BoxDecl:
+    """One host's fleet_* variables, typed."""
+
+    host: str
+    hardware: str
+    runtime: str
+    gateway_port: int
+    gateway_host: str
+    origin: str
+    has_api_key: bool
+    has_mesh_key: bool = False
+    roles: tuple = ()  # RoleDecl, in catalog order
+    aliases: tuple = ()  # ((alias, target), ...)
+    force_strict_tools: bool = False
+    tuning: tuple = ()  # ((ENV_NAME, value), ...)
+    default_model: str | None = None
+    headroom_gib: float | None = None
+    gear_image: str | None = None
+    gear_port_base: int = DEFAULT_GEAR_PORT_BASE
+    sim_time_scale: float = 1.0
+    python: str = "python3"
+    hf_cache: str = "/var/lib/lobes/hf-cache"
+    audio_image: str | None = None
+    gateway_image: str = "python:3.12-slim"
+
+    def role(self, name: str) -> RoleDecl | None:
+        for decl in self.roles:
+            if decl.role == name:
+                return decl
+        return None
+
+
+class _Reader:
+    """Reads typed values from one mapping, raising FleetError that names where."""
+
+    def __init__(self, host: str, role: str | None, values: dict, prefix: str = "") -> None:
+        self.host = host
+        self.role = role
+        self.values = values
+        self.prefix = prefix
+
+    def fail(self, key: str, message: str) -> FleetError:
+        return FleetError(self.host, self.role, self.prefix + key, message)
+
+    def get(self, key: str, kind: type, default=None, *, required: bool = False):
+        value = self.values.get(key)
+        if value is None:
+            if required:
+                raise self.fail(key, "is required")
+            return default
+        return self._coerce(key, value, kind)
+
+    def _coerce(self, key: str, value, kind: type):
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            raise self.fail(key, f"must be true or false, got {value!r}")
+        if kind is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise self.fail(key, f"must be an integer, got {value!r}")
+            return value
+        if kind is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise self.fail(key, f"must be a number, got {value!r}")
+            return float(value)
+        if kind is str:
+            if not isinstance(value, str) or not value:
+                raise self.fail(key, f"must be a non-empty string, got {value!r}")
+            return value
+        if not isinstance(value, kind):
+            raise self.fail(key, f"must be a {kind.__name__}, got {value!r}")
+        return value
+
+
+def parse_box(host: str, hostvars: dict) -> BoxDecl:
+    """Read one host's fleet_* variables into a BoxDecl."""
+    read = _Reader(host, None, hostvars)
+    hardware = read.get("fleet_hardware", str, required=True)
+    if hardware not in PROFILES:
+        raise read.fail("fleet_hardware", f"unknown hardware {hardware!r}; one of "
+                        + ", ".join(sorted(PROFILES)))
+    runtime = read.get("fleet_runtime", str, "compose")
+    if runtime not in RUNTIMES:
+        raise read.fail("fleet_runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    port = read.get("fleet_gateway_port", int, DEFAULT_GATEWAY_PORT)
+    if not 0 < port < 65536:
+        raise read.fail("fleet_gateway_port", f"must be a TCP port, got {port}")
+    address = read.get("ansible_host", str, host)
+    origin = read.get("fleet_origin", str, f"http://{address}:{port}")
+    if not origin.startswith("http://") or origin.endswith("/"):
+        raise read.fail("fleet_origin", "must be a plain-HTTP origin like http://box:8000 (peers "
+                        f"are dialled over the private network), got {origin!r}")
+    return BoxDecl(
+        host=host,
+        hardware=hardware,
+        runtime=runtime,
+        gateway_port=port,
+        gateway_host=read.get("fleet_gateway_host", str, "0.0.0.0"),
+        origin=origin,
+        has_api_key=bool(hostvars.get("fleet_gateway_api_key")),
+        has_mesh_key=bool(hostvars.get("fleet_mesh_key")),
+        roles=_parse_roles(host, read.get("fleet_roles", dict, {})),
+        aliases=_parse_aliases(read),
+        force_strict_tools=read.get("fleet_gateway_force_strict_tools", bool, False),
+        tuning=_parse_tuning(read),
+        default_model=read.get("fleet_default_model", str),
+        headroom_gib=read.get("fleet_memory_headroom_gib", float),
+        gear_image=read.get("fleet_gear_image", str),
+        gear_port_base=read.get("fleet_gear_port_base", int, DEFAULT_GEAR_PORT_BASE),
+        sim_time_scale=read.get("fleet_sim_time_scale", float, 1.0),
+        python=read.get("fleet_python", str, "python3"),
+        hf_cache=read.get("fleet_hf_cache", str, "/var/lib/lobes/hf-cache"),
+        audio_image=read.get("fleet_audio_image", str),
+        gateway_image=read.get("fleet_gateway_image", str, "python:3.12-slim"),
+    )
+
+
+def _parse_aliases(read: _Reader) -> tuple:
+    aliases = read.get("fleet_gateway_aliases", dict, {})
+    for alias, target in aliases.items():
+        if not isinstance(target, str) or not target or "," in str(alias) or "=" in str(alias):
+            raise read.fail("fleet_gateway_aliases",
+                            f"alias {alias!r} must map a plain name to a model name")
+    return tuple(sorted((str(alias), target) for alias, target in aliases.items()))
+
+
+def _parse_tuning(read: _Reader) -> tuple:
+    tuning = read.get("fleet_gateway_tuning", dict, {})
+    for name, value in tuning.items():
+        if name not in TUNABLE_GATEWAY_ENV:
+            raise read.fail("fleet_gateway_tuning", f"{name!r} is not a tunable gateway "
+                            "variable; one of " + ", ".join(TUNABLE_GATEWAY_ENV))
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise read.fail("fleet_gateway_tuning", f"{name} must be a number, got {value!r}")
+    return tuple(sorted(tuning.items()))
+
+
+def _parse_roles(host: str, roles: dict) -> tuple:
+    decls = []
+    for name, values in roles.items():
+        if not is_known_role(name):
+            raise FleetError(host, name, "fleet_roles", "is not a catalog role")
+        decls.append(parse_role(host, name, values or {}))
+    return tuple(sorted(decls, key=lambda decl: role_index(decl.role)))
+
+
+def parse_role(host: str, role: str, values: dict) -> RoleDecl:
+    """Read one fleet_roles entry into a RoleDecl."""
+    read = _Reader(host, role, values)
+    if not isinstance(values, dict):
+        raise FleetError(host, role, "fleet_roles", "must be a mapping of role fields")
+    unknown = sorted(set(values) - set(ROLE_FIELDS))
+    if unknown:
+        raise read.fail(unknown[0], "is not a role field; one of " + ", ".join(ROLE_FIELDS))
+    referral = read.get("referral", str)
+    proxy = read.get("proxy", str)
+    pool = _parse_pool(read)
+    feasible = read.get("feasible", bool, not (referral or proxy or pool))
+    return RoleDecl(
+        role=role,
+        feasible=feasible,
+        checkpoint=read.get("checkpoint", str),
+        served_name=read.get("served_name", str),
+        context=read.get("context", int),
+        native_context=read.get("native_context", int),
+        yarn_factor=read.get("yarn_factor", float),
+        gpu_memory_utilization=read.get("gpu_memory_utilization", float),
+        max_active=read.get("max_active", int),
+        mtp=read.get("mtp", bool),
+        num_speculative_tokens=read.get("num_speculative_tokens", int),
+        tool_parser=read.get("tool_parser", str),
+        quantization=read.get("quantization", str),
+        sim_profile=read.get("sim_profile", str),
+        referral=referral,
+        proxy=proxy,
+        pool=pool,
+        rates=_parse_rates(read),
+    )
+
+
+def _parse_pool(read: _Reader) -> tuple:
+    pool = read.get("pool", list, [])
+    if not all(isinstance(member, str) and member for member in pool):
+        raise read.fail("pool", f"must be a list of inventory hostnames, got {pool!r}")
+    if len(set(pool)) != len(pool):
+        raise read.fail("pool", f"names a peer twice: {pool!r}")
+    return tuple(pool)
+
+
+def _parse_rates(read: _Reader) -> tuple:
+    rates = read.get("rates", dict, {})
+    for peer, rate in rates.items():
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
+            raise read.fail("rates", f"rate of {peer} must be a positive tok/s, got {rate!r}")
+    return tuple((str(peer), float(rate)) for peer, rate in rates.items())
+

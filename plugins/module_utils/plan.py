@@ -1,0 +1,463 @@
+"""The mesh plan: every box's declarations resolved against the catalog, the hardware and
+its peers, and rejected before anything is deployed when the mesh cannot work.
+
+plan_mesh(hostvars_by_host) -> {"boxes": {host: box plan}, "hosts": [...]}; the box plan
+shape is documented in docs/inventory.md and in mesh_plan's RETURN. It carries no secrets:
+keys stay in hostvars and reach render through its no_log `secrets` option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ansible_collections.lobes.fleet.plugins.module_utils.catalog import (
+    role_index,
+    role_spec,
+)
+from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetError, FleetErrors
+from ansible_collections.lobes.fleet.plugins.module_utils.hardware import (
+    HardwareProfile,
+    hardware_profile,
+)
+from ansible_collections.lobes.fleet.plugins.module_utils.inventory import (
+    BoxDecl,
+    RoleDecl,
+    parse_box,
+)
+
+PLAN_VERSION = 1
+DEFAULT_SPECULATIVE_TOKENS = 2
+
+
+def plan_mesh(hostvars_by_host: dict) -> dict:
+    """Validate the whole mesh and return each box's resolved plan; raise FleetErrors."""
+    boxes, errors = _parse_boxes(hostvars_by_host)
+    if errors:
+        raise FleetErrors(errors)
+    local = {host: _resolve_local_roles(box, errors) for host, box in boxes.items()}
+    errors.extend(_check_origins(boxes))
+    errors.extend(_check_budgets(boxes, local))
+    cycles = _check_proxy_cycles(boxes)
+    errors.extend(cycles)
+    if not cycles:
+        for box in boxes.values():
+            errors.extend(_check_peers(box, boxes, local))
+    if errors:
+        raise FleetErrors(errors)
+    return {
+        "version": PLAN_VERSION,
+        "hosts": sorted(boxes),
+        "boxes": {host: _box_plan(box, boxes, local) for host, box in sorted(boxes.items())},
+    }
+
+
+def _parse_boxes(hostvars_by_host: dict) -> tuple:
+    boxes, errors = {}, []
+    for host, hostvars in sorted(hostvars_by_host.items()):
+        try:
+            boxes[host] = parse_box(host, dict(hostvars or {}))
+        except FleetError as error:
+            errors.append(error)
+    return boxes, errors
+
+
+def box_hardware(box: BoxDecl) -> HardwareProfile:
+    """The box's hardware profile, with the inventory's headroom override applied."""
+    profile = hardware_profile(box.hardware)
+    if box.headroom_gib is None:
+        return profile
+    return replace(profile, headroom_gib=box.headroom_gib)
+
+
+# ---------------------------------------------------------------- local gears
+
+def _resolve_local_roles(box: BoxDecl, errors: list) -> dict:
+    """role -> served-here parameters for every role the box declares feasible."""
+    resolved = {}
+    hardware = box_hardware(box)
+    if box.runtime == "compose" and not hardware.has_gpu:
+        errors.append(FleetError(box.host, None, "fleet_runtime",
+                                 f"compose runs real vLLM gears; hardware {box.hardware} has "
+                                 "no GPU, use fleet_runtime: process"))
+    for decl in box.roles:
+        if not decl.feasible:
+            continue
+        try:
+            resolved[decl.role] = _resolve_gear(box, hardware, decl)
+        except FleetError as error:
+            errors.append(error)
+    return resolved
+
+
+def _resolve_gear(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> dict:
+    spec = role_spec(decl.role)
+    if decl.peer_mode in ("referral", "proxy"):
+        raise FleetError(box.host, decl.role, decl.peer_mode,
+                         "a role served here takes no referral or proxy; set feasible: false "
+                         "to hand it to the peer")
+    if spec.is_audio:
+        return _resolve_audio(box, decl)
+    checkpoint = decl.checkpoint or spec.checkpoint
+    custom = checkpoint != spec.checkpoint
+    context = decl.context or spec.context
+    native = decl.native_context or (None if custom else spec.native_window) or context
+    _check_window(box, decl, context, native)
+    util = _utilization(box, decl, spec.gpu_memory_utilization)
+    mtp = _mtp(box, hardware, decl, spec.mtp_checkpoint and not custom)
+    max_active = decl.max_active if decl.max_active is not None else spec.max_active
+    if max_active < 1:
+        raise FleetError(box.host, decl.role, "max_active", "must be at least 1")
+    return {
+        "checkpoint": checkpoint,
+        "served_name": decl.served_name or checkpoint,
+        "context": context,
+        "native_context": native,
+        "yarn_factor": decl.yarn_factor if context > native else None,
+        "gpu_memory_utilization": util,
+        "max_active": max_active,
+        "mtp": mtp,
+        "num_speculative_tokens": (decl.num_speculative_tokens or DEFAULT_SPECULATIVE_TOKENS)
+        if mtp else None,
+        "tool_parser": decl.tool_parser or spec.tool_parser,
+        "quantization": decl.quantization or (None if custom else spec.quantization),
+        "sim_profile": decl.sim_profile or _default_sim_profile(box, decl.role),
+    }
+
+
+def _resolve_audio(box: BoxDecl, decl: RoleDecl) -> dict:
+    if decl.pool:
+        raise FleetError(box.host, decl.role, "pool",
+                         "audio lanes are served here or proxied to one peer, never pooled")
+    if box.runtime == "compose" and not box.audio_image:
+        raise FleetError(box.host, decl.role, "fleet_audio_image",
+                         "is required to serve an audio lane under compose (the realtime "
+                         "bridge image)")
+    return {"checkpoint": decl.checkpoint or role_spec(decl.role).checkpoint,
+            "sim_profile": decl.sim_profile or "audio"}
+
+
+def _check_window(box: BoxDecl, decl: RoleDecl, context: int, native: int) -> None:
+    if decl.yarn_factor is not None and decl.yarn_factor <= 1.0:
+        raise FleetError(box.host, decl.role, "yarn_factor",
+                         f"must be above 1.0 to extend the window, got {decl.yarn_factor}")
+    if context <= native:
+        return
+    if decl.yarn_factor is None:
+        raise FleetError(box.host, decl.role, "context",
+                         f"{context} exceeds the checkpoint's native window {native}; lower it "
+                         f"or declare yarn_factor >= {context / native:g}")
+    if context > native * decl.yarn_factor:
+        raise FleetError(box.host, decl.role, "context",
+                         f"{context} exceeds the YaRN window {native} x {decl.yarn_factor:g} = "
+                         f"{int(native * decl.yarn_factor)}; raise yarn_factor to "
+                         f"{context / native:g}")
+
+
+def _utilization(box: BoxDecl, decl: RoleDecl, default: float | None) -> float:
+    util = decl.gpu_memory_utilization if decl.gpu_memory_utilization is not None else default
+    if util is None:
+        raise FleetError(box.host, decl.role, "gpu_memory_utilization",
+                         "is unmeasured in the catalog; declare the value measured on this box")
+    if not 0.0 < util < 1.0:
+        raise FleetError(box.host, decl.role, "gpu_memory_utilization",
+                         f"must be a fraction between 0 and 1, got {util}")
+    return util
+
+
+def _mtp(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl, checkpoint_mtp: bool) -> bool:
+    if decl.mtp is None:
+        return checkpoint_mtp and hardware.mtp_kernel
+    if decl.mtp and not hardware.mtp_kernel:
+        raise FleetError(box.host, decl.role, "mtp",
+                         f"{hardware.name} ({hardware.arch}) has no MTP kernel for this "
+                         "checkpoint; set mtp: false")
+    return decl.mtp
+
+
+def _default_sim_profile(box: BoxDecl, role: str) -> str:
+    if role == "cortex" and box.hardware == "thor":
+        return "thor-cortex"
+    return role_spec(role).sim_profile
+
+
+# ---------------------------------------------------------------- mesh checks
+
+def budget(box: BoxDecl, local: dict) -> dict:
+    """Seed 004 "Memory": sum of the gears' utilization fractions against usable memory."""
+    hardware = box_hardware(box)
+    gears = {role: gear["gpu_memory_utilization"] for role, gear in local.items()
+             if "gpu_memory_utilization" in gear}
+    utilization = round(sum(gears.values()), 4)
+    reserved = round(utilization * hardware.memory_gib, 2)
+    return {
+        "gears": gears,
+        "utilization": utilization,
+        "reserved_gib": reserved,
+        "headroom_gib": hardware.headroom_gib,
+        "usable_gib": hardware.usable_gib,
+        "max_utilization": round(hardware.max_utilization, 4),
+        "fits": reserved + hardware.headroom_gib <= hardware.usable_gib,
+    }
+
+
+def _check_budgets(boxes: dict, local: dict) -> list:
+    errors = []
+    for host, box in boxes.items():
+        summary = budget(box, local[host])
+        if summary["fits"]:
+            continue
+        parts = " + ".join(f"{role} {util:g}" for role, util in summary["gears"].items())
+        errors.append(FleetError(
+            host, ",".join(summary["gears"]), "gpu_memory_utilization",
+            f"budget over usable memory: {parts} = {summary['utilization']:g} x "
+            f"{box_hardware(box).memory_gib:g} GiB = {summary['reserved_gib']:g} GiB, plus "
+            f"{summary['headroom_gib']:g} GiB headroom, exceeds {summary['usable_gib']:g} GiB "
+            f"usable (at most {summary['max_utilization']:g} in total); lower a gear's "
+            "utilization or drop a role"))
+    return errors
+
+
+def _check_origins(boxes: dict) -> list:
+    seen, errors = {}, []
+    for host, box in sorted(boxes.items()):
+        if box.origin in seen:
+            errors.append(FleetError(host, None, "fleet_origin",
+                                     f"{box.origin} is also {seen[box.origin]}'s origin"))
+        seen.setdefault(box.origin, host)
+    return errors
+
+
+def _proxy_targets(decl: RoleDecl) -> tuple:
+    """Peers a box forwards this role to (a peer-only pool forwards to each member)."""
+    if decl.feasible:
+        return ()
+    return (decl.proxy,) if decl.proxy else decl.pool
+
+
+def _check_proxy_cycles(boxes: dict) -> list:
+    errors = []
+    roles = sorted({decl.role for box in boxes.values() for decl in box.roles}, key=role_index)
+    for role in roles:
+        cycle = _find_cycle(boxes, role)
+        if cycle:
+            errors.append(FleetError(cycle[0], role, "proxy",
+                                     "proxy cycle " + " -> ".join(cycle) + "; one box must "
+                                     "serve the role (feasible: true)"))
+    return errors
+
+
+def _find_cycle(boxes: dict, role: str) -> list:
+    def edges(host: str) -> tuple:
+        box = boxes.get(host)
+        decl = box.role(role) if box else None
+        return _proxy_targets(decl) if decl else ()
+
+    done: set = set()
+    for start in sorted(boxes):
+        stack, path = [(start, iter(edges(start)))], [start]
+        while stack:
+            host, targets = stack[-1]
+            nxt = next(targets, None)
+            if nxt is None:
+                done.add(host)
+                stack.pop()
+                path.pop()
+            elif nxt in path:
+                return [*path[path.index(nxt):], nxt]
+            elif nxt not in done and nxt in boxes:
+                stack.append((nxt, iter(edges(nxt))))
+                path.append(nxt)
+    return []
+
+
+def _check_peers(box: BoxDecl, boxes: dict, local: dict) -> list:
+    errors = []
+    for decl in box.roles:
+        try:
+            _check_role_peers(box, decl, boxes, local)
+        except FleetError as error:
+            errors.append(error)
+    return errors
+
+
+def _check_role_peers(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) -> None:
+    modes = [mode for mode, value in (("referral", decl.referral), ("proxy", decl.proxy),
+                                       ("pool", decl.pool)) if value]
+    if len(modes) > 1:
+        raise FleetError(box.host, decl.role, modes[1],
+                         f"declare one of referral, proxy or pool, not {' and '.join(modes)}")
+    for field, peer in _named_peers(decl):
+        _check_hosts_role(box, decl, field, peer, boxes, local)
+    if decl.pool:
+        _check_pool_agreement(box, decl, local)
+    _check_rates(box, decl)
+
+
+def _named_peers(decl: RoleDecl) -> list:
+    named = [("referral", decl.referral), ("proxy", decl.proxy)]
+    named += [("pool", member) for member in decl.pool]
+    return [(field, peer) for field, peer in named if peer]
+
+
+def _check_hosts_role(box, decl, field, peer, boxes, local) -> None:
+    if peer == box.host:
+        raise FleetError(box.host, decl.role, field, "names this box itself; name a peer")
+    if peer not in boxes:
+        raise FleetError(box.host, decl.role, field,
+                         f"{peer!r} is not a fleet host of this inventory")
+    if decl.role not in local[peer]:
+        raise FleetError(box.host, decl.role, field,
+                         f"{peer} does not host {decl.role} (not feasible there); name a box "
+                         "that serves it")
+
+
+def _fingerprint(gear: dict) -> tuple:
+    return gear["served_name"], gear["context"], gear["quantization"]
+
+
+def _check_pool_agreement(box: BoxDecl, decl: RoleDecl, local: dict) -> None:
+    members = [(peer, local[peer][decl.role]) for peer in decl.pool]
+    if decl.feasible:
+        members.insert(0, (box.host, local[box.host][decl.role]))
+    reference_host, reference = members[0]
+    for host, gear in members[1:]:
+        if _fingerprint(gear) == _fingerprint(reference):
+            continue
+        ours, theirs = _fingerprint(reference), _fingerprint(gear)
+        diffs = [f"{label} {reference_host}={ours[i]!r} vs {host}={theirs[i]!r}"
+                 for i, label in enumerate(("served model", "window", "quantization"))
+                 if ours[i] != theirs[i]]
+        raise FleetError(box.host, decl.role, "pool",
+                         "pool members disagree: " + "; ".join(diffs)
+                         + "; a pool needs one served id, window and quantization")
+
+
+def _check_rates(box: BoxDecl, decl: RoleDecl) -> None:
+    if not decl.rates:
+        return
+    rated = [peer for peer, _ in decl.rates]
+    if not decl.pool:
+        raise FleetError(box.host, decl.role, "rates", "rates are priors for pool members; "
+                         "declare a pool")
+    stray = [peer for peer in rated if peer not in decl.pool]
+    missing = [peer for peer in decl.pool if peer not in rated]
+    if stray or missing:
+        raise FleetError(box.host, decl.role, "rates",
+                         f"declare a rate for every pool member and no other (missing: "
+                         f"{', '.join(missing) or '-'}; not in pool: {', '.join(stray) or '-'})")
+
+
+# ---------------------------------------------------------------- the plan
+
+def _box_plan(box: BoxDecl, boxes: dict, local: dict) -> dict:
+    hardware = box_hardware(box)
+    roles = {decl.role: _role_plan(box, decl, boxes, local) for decl in box.roles}
+    return {
+        "host": box.host,
+        "hardware": hardware.as_dict(),
+        "runtime": box.runtime,
+        "origin": box.origin,
+        "gateway": {
+            "host": box.gateway_host,
+            "port": box.gateway_port,
+            "auth": box.has_api_key,
+            "fleet_key": box.has_mesh_key,
+            "default_model": box.default_model or _default_model(roles),
+            "aliases": dict(box.aliases),
+            "force_strict_tools": box.force_strict_tools,
+            "tuning": dict(box.tuning),
+        },
+        "gears": {
+            "image": box.gear_image or hardware.gear_image,
+            "port_base": box.gear_port_base,
+            "sim_time_scale": box.sim_time_scale,
+            "python": box.python,
+            "hf_cache": box.hf_cache,
+            "audio_image": box.audio_image,
+            "gateway_image": box.gateway_image,
+        },
+        "budget": budget(box, local[box.host]),
+        "roles": roles,
+        "key_hosts": _key_hosts(roles),
+    }
+
+
+def _default_model(roles: dict) -> str | None:
+    """The primary's served id when the box reaches cortex at all, else the first generate."""
+    generate = [plan for plan in roles.values()
+                if plan["task"] == "generate" and plan["served_name"]
+                and plan["mode"] not in ("referral", "off")]
+    for plan in generate:
+        if plan["role"] == "cortex":
+            return plan["served_name"]
+    return generate[0]["served_name"] if generate else None
+
+
+def _role_plan(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) -> dict:
+    spec = role_spec(decl.role)
+    plan = {
+        "role": decl.role,
+        "prefix": spec.prefix,
+        "task": spec.task,
+        "feasible": decl.feasible,
+        "mode": _mode(decl),
+        "aliases": list(spec.aliases),
+        "gear": None,
+        "served_name": None,
+        "context": None,
+        "peers": [_peer_plan(decl, peer, boxes) for peer in _plan_peers(decl)],
+        "hosted_by": None,
+        "replicas": 0,
+    }
+    if decl.feasible:
+        gear = dict(local[box.host][decl.role])
+        gear["port"] = box.gear_port_base + role_index(decl.role)
+        gear["service"] = f"vllm-{decl.role}" if not spec.is_audio else "audio"
+        plan["gear"] = gear
+        plan["served_name"] = gear.get("served_name")
+        plan["context"] = gear.get("context")
+    elif plan["peers"]:
+        upstream = local[plan["peers"][0]["host"]][decl.role]
+        plan["served_name"] = upstream.get("served_name")
+        plan["context"] = upstream.get("context")
+        plan["hosted_by"] = plan["peers"][0]["origin"]
+    if decl.pool:
+        plan["replicas"] = len(decl.pool) + (1 if decl.feasible else 0)
+    return plan
+
+
+def _mode(decl: RoleDecl) -> str:
+    """local, pool (local or peer-only), proxy, referral, or off (not served, no peer)."""
+    if decl.pool:
+        return "pool"
+    if decl.feasible:
+        return "local"
+    return decl.peer_mode or "off"
+
+
+def _plan_peers(decl: RoleDecl) -> tuple:
+    if decl.pool:
+        return decl.pool
+    return tuple(peer for peer in (decl.referral, decl.proxy) if peer)
+
+
+def _peer_plan(decl: RoleDecl, peer: str, boxes: dict) -> dict:
+    rates = dict(decl.rates)
+    return {
+        "host": peer,
+        "origin": boxes[peer].origin,
+        "auth": boxes[peer].has_api_key,
+        "rate": rates.get(peer),
+    }
+
+
+def _key_hosts(roles: dict) -> list:
+    """Peers whose inbound key this box must carry (proxied or pooled roles only)."""
+    hosts = []
+    for plan in roles.values():
+        if plan["mode"] not in ("proxy", "pool"):
+            continue
+        for peer in plan["peers"]:
+            if peer["auth"] and peer["host"] not in hosts:
+                hosts.append(peer["host"])
+    return sorted(hosts)

@@ -1,0 +1,373 @@
+"""One box's plan -> its files: the gateway .env, compose.yaml (compose runtime) and
+services.json (process runtime). Pure functions; the render module writes the files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ansible_collections.lobes.fleet.plugins.module_utils.catalog import role_spec
+
+GEAR_PORT = 8000  # every vLLM gear listens on it inside its container
+GATEWAY_SOURCE_MOUNT = "/opt/lobes/gateway"
+SECRET_ENV = ("GATEWAY_API_KEY", "GATEWAY_FLEET_KEY")
+ENV_HEADER = "# Rendered by lobes.fleet.render from the mesh plan: edit the inventory, not this."
+
+
+class RenderError(ValueError):
+    """A plan that cannot be rendered with the secrets given; names host and field."""
+
+
+# ---------------------------------------------------------------- .env
+
+def render_env(plan: dict, secrets: dict) -> list:
+    """The gateway's environment as ordered (NAME, value) pairs: globals, then roles."""
+    env = _global_env(plan, secrets)
+    for role in plan["roles"].values():
+        env.extend(_role_env(plan, role, secrets))
+    return env
+
+
+def _global_env(plan: dict, secrets: dict) -> list:
+    gateway = plan["gateway"]
+    compose = plan["runtime"] == "compose"
+    env = [
+        ("GATEWAY_HOST", "0.0.0.0" if compose else gateway["host"]),
+        ("GATEWAY_PORT", str(gateway["port"])),
+    ]
+    if gateway["default_model"]:
+        env.append(("GATEWAY_DEFAULT_MODEL", gateway["default_model"]))
+    if gateway["aliases"]:
+        env.append(("GATEWAY_ALIASES",
+                    ",".join(f"{alias}={target}" for alias, target in gateway["aliases"].items())))
+    if gateway["auth"]:
+        env.append(("GATEWAY_API_KEY", _secret(plan, secrets, "gateway_api_key",
+                                                "fleet_gateway_api_key")))
+    if gateway.get("fleet_key"):
+        env.append(("GATEWAY_FLEET_KEY", _secret(plan, secrets, "fleet_key", "fleet_mesh_key")))
+    env.append(("GATEWAY_SELF_ORIGIN", plan["origin"]))
+    if gateway["force_strict_tools"]:
+        env.append(("GATEWAY_FORCE_STRICT_TOOLS", "true"))
+    audio = _local_audio_url(plan)
+    if audio:
+        env.append(("AUDIO_URL", audio))
+    env.extend((name, _number(value)) for name, value in gateway["tuning"].items())
+    return env
+
+
+def _secret(plan: dict, secrets: dict, name: str, variable: str) -> str:
+    value = secrets.get(name)
+    if not value:
+        raise RenderError(f"host {plan['host']}, field {variable}: the plan needs this key but "
+                          "none was given; set it (from vault) in the host's variables")
+    return value
+
+
+def _peer_key(plan: dict, role: dict, peer: dict, secrets: dict) -> str:
+    key = (secrets.get("peer_keys") or {}).get(peer["host"])
+    if not key:
+        raise RenderError(f"host {plan['host']}, role {role['role']}, field "
+                          f"fleet_gateway_api_key: {peer['host']} runs an inbound gate but its "
+                          "key was not given; set it in that peer's variables")
+    return key
+
+
+def _number(value) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _role_env(plan: dict, role: dict, secrets: dict) -> list:
+    prefix = role["prefix"]
+    env = [(f"{prefix}_FEASIBLE", "true" if role["feasible"] else "false")]
+    if role["served_name"]:
+        env.append((f"{prefix}_SERVED_NAME", role["served_name"]))
+    if role["context"]:
+        env.append((f"{prefix}_MAX_MODEL_LEN", str(role["context"])))
+    gear = role["gear"]
+    if gear and not role_spec(role["role"]).is_audio:
+        env.append((f"{prefix}_BASE_URL", gear_base_url(plan, role)))
+        env.append((f"{prefix}_MAX_ACTIVE", str(gear["max_active"])))
+    env.extend(_peer_env(plan, role, secrets))
+    return env
+
+
+def _peer_env(plan: dict, role: dict, secrets: dict) -> list:
+    prefix, peers, mode = role["prefix"], role["peers"], role["mode"]
+    if not peers:
+        return []
+    singular = peers[0] if not role["feasible"] else None
+    env = []
+    if singular:
+        env.append((f"{prefix}_PEER_ORIGIN", singular["origin"]))
+    if singular and mode in ("proxy", "pool"):
+        env.append((f"{prefix}_PEER_PROXY", "true"))
+        if singular["auth"]:
+            env.append((f"{prefix}_PEER_API_KEY", _peer_key(plan, role, singular, secrets)))
+    if mode == "pool":
+        env.append((f"{prefix}_PEER_ORIGINS", ",".join(peer["origin"] for peer in peers)))
+        # An empty slot inherits the singular peer's key; a peer without a gate needs none.
+        slots = ["" if peer is singular or not peer["auth"]
+                 else _peer_key(plan, role, peer, secrets) for peer in peers]
+        env.append((f"{prefix}_PEER_API_KEYS", ",".join(slots)))
+        if all(peer["rate"] is not None for peer in peers):
+            env.append((f"{prefix}_PEER_RATES", ",".join(str(peer["rate"]) for peer in peers)))
+    return env
+
+
+def gear_base_url(plan: dict, role: dict) -> str:
+    """Where the gateway reaches a local gear: its compose service, or 127.0.0.1:port."""
+    gear = role["gear"]
+    if plan["runtime"] == "compose":
+        return f"http://{gear['service']}:{GEAR_PORT}"
+    return f"http://127.0.0.1:{gear['port']}"
+
+
+def _local_audio(plan: dict) -> list:
+    return [role for role in plan["roles"].values()
+            if role["gear"] and role_spec(role["role"]).is_audio]
+
+
+def _local_audio_url(plan: dict) -> str | None:
+    audio = _local_audio(plan)
+    return gear_base_url(plan, audio[0]) if audio else None
+
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_./:@,=+-]*$")
+
+
+def format_env(env: list, mask_secrets: bool = False) -> str:
+    """The dotenv text: NAME=value lines; values quoted only when they need it."""
+    lines = [ENV_HEADER]
+    for name, value in env:
+        if "\n" in value or '"' in value:
+            raise RenderError(f"{name}: a value may not hold a newline or a double quote")
+        if mask_secrets and is_secret(name) and value.strip(","):
+            lines.append(f"{name}=********")
+        elif _PLAIN.match(value):
+            lines.append(f"{name}={value}")
+        else:
+            lines.append(f'{name}="{value}"')
+    return "\n".join(lines) + "\n"
+
+
+def is_secret(name: str) -> bool:
+    """Whether an env variable holds a key (or a list of keys)."""
+    return name in SECRET_ENV or name.endswith(("_API_KEY", "_API_KEYS"))
+
+
+def secret_values(env: list) -> list:
+    """Every secret value in an env (keys and key-list slots), for masking."""
+    values = []
+    for name, value in env:
+        if is_secret(name):
+            values.extend(slot for slot in value.split(",") if slot)
+    return values
+
+
+# ---------------------------------------------------------------- compose.yaml
+
+def render_compose(plan: dict) -> dict:
+    """The compose project: one service per local gear, the gateway, only it published."""
+    services = {}
+    for role in plan["roles"].values():
+        if role["gear"] and not role_spec(role["role"]).is_audio:
+            services[role["gear"]["service"]] = _vllm_service(plan, role)
+    if _local_audio(plan):
+        services["audio"] = _audio_service(plan)
+    services["gateway"] = _gateway_service(plan, sorted(services))
+    return {"services": services}
+
+
+def vllm_args(plan: dict, role: dict) -> list:
+    """The vLLM flags a gear runs with (after `vllm serve <checkpoint>`)."""
+    gear = role["gear"]
+    spec = role_spec(role["role"])
+    args = ["--host", "0.0.0.0", "--port", str(GEAR_PORT),
+            "--served-model-name", gear["served_name"],
+            "--max-model-len", str(gear["context"]),
+            "--gpu-memory-utilization", _number(gear["gpu_memory_utilization"]),
+            "--max-num-seqs", str(gear["max_active"])]
+    if gear["quantization"]:
+        args += ["--quantization", gear["quantization"]]
+    if gear["tool_parser"]:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", gear["tool_parser"]]
+    if gear["mtp"]:
+        args += ["--speculative-config", json.dumps(
+            {"method": "mtp", "num_speculative_tokens": gear["num_speculative_tokens"]})]
+    overrides = json.loads(spec.hf_overrides) if spec.hf_overrides else {}
+    if gear["yarn_factor"]:
+        overrides["rope_scaling"] = {"rope_type": "yarn", "factor": gear["yarn_factor"],
+                                     "original_max_position_embeddings": gear["native_context"]}
+    if overrides:
+        args += ["--hf-overrides", json.dumps(overrides, sort_keys=True)]
+    return args + list(spec.vllm_args)
+
+
+def _vllm_service(plan: dict, role: dict) -> dict:
+    return {
+        "image": plan["gears"]["image"],
+        "restart": "unless-stopped",
+        "runtime": "nvidia",
+        "ipc": "host",
+        "entrypoint": ["vllm", "serve"],
+        "command": [role["gear"]["checkpoint"], *vllm_args(plan, role)],
+        "environment": {"HF_HOME": "/root/.cache/huggingface"},
+        "volumes": [f"{plan['gears']['hf_cache']}:/root/.cache/huggingface"],
+        "healthcheck": {
+            "test": ["CMD", "curl", "-fsS", f"http://127.0.0.1:{GEAR_PORT}/health"],
+            "interval": "30s", "timeout": "5s", "retries": 3,
+            # Seed 004: a 27B gear takes about 7 minutes from start to /health.
+            "start_period": "15m",
+        },
+    }
+
+
+def _audio_service(plan: dict) -> dict:
+    return {
+        "image": plan["gears"]["audio_image"],
+        "restart": "unless-stopped",
+        "runtime": "nvidia",
+        "environment": {"HF_HOME": "/root/.cache/huggingface"},
+        "volumes": [f"{plan['gears']['hf_cache']}:/root/.cache/huggingface"],
+    }
+
+
+def _gateway_service(plan: dict, backends: list) -> dict:
+    gateway = plan["gateway"]
+    port = gateway["port"]
+    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/health')"
+    service = {
+        # The collection's own gateway source, mounted read-only: no separate pin to drift.
+        "image": plan["gears"]["gateway_image"],
+        "restart": "unless-stopped",
+        "user": "65534:65534",
+        "working_dir": GATEWAY_SOURCE_MOUNT,
+        "command": ["python3", "-m", "lobes_gateway"],
+        "env_file": [".env"],
+        "environment": {"PYTHONPATH": GATEWAY_SOURCE_MOUNT, "PYTHONDONTWRITEBYTECODE": "1"},
+        "volumes": [f"./gateway:{GATEWAY_SOURCE_MOUNT}:ro"],
+        "ports": [f"{gateway['host']}:{port}:{port}"],
+        "healthcheck": {"test": ["CMD", "python3", "-c", probe],
+                        "interval": "10s", "timeout": "5s", "retries": 3},
+    }
+    if backends:
+        service["depends_on"] = backends
+    return service
+
+
+_KEY = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def to_yaml(value, indent: int = 0) -> str:
+    """A small YAML emitter for dicts, lists, strings, numbers and booleans: the boxes need
+    no YAML library. Strings are JSON-quoted, which YAML reads as double-quoted scalars."""
+    return "\n".join(_yaml_lines(value, indent)) + "\n"
+
+
+def _yaml_scalar(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if value is None:
+        return "null"
+    return json.dumps(str(value))
+
+
+def _yaml_lines(value, indent: int) -> list:
+    pad = " " * indent
+    if isinstance(value, dict):
+        lines = []
+        for key, item in value.items():
+            if not _KEY.match(str(key)):
+                raise RenderError(f"compose key {key!r} is not a plain name")
+            if isinstance(item, (dict, list)) and item:
+                lines.append(f"{pad}{key}:")
+                lines.extend(_yaml_lines(item, indent + 2))
+            else:
+                lines.append(f"{pad}{key}: {_yaml_empty(item)}")
+        return lines
+    if isinstance(value, list):
+        lines = []
+        for item in value:
+            if isinstance(item, (dict, list)) and item:
+                nested = _yaml_lines(item, indent + 2)
+                lines.append(f"{pad}- {nested[0].lstrip()}")
+                lines.extend(nested[1:])
+            else:
+                lines.append(f"{pad}- {_yaml_empty(item)}")
+        return lines
+    return [pad + _yaml_scalar(value)]
+
+
+def _yaml_empty(value) -> str:
+    if isinstance(value, dict):
+        return "{}"
+    if isinstance(value, list):
+        return "[]"
+    return _yaml_scalar(value)
+
+
+# ---------------------------------------------------------------- services.json
+
+def render_services(plan: dict, gateway_dir: str = "gateway") -> dict:
+    """The process runtime's services: one lobes_sim gear per local role, then the gateway.
+
+    Paths are relative to the directory that holds services.json (the supervisor runs each
+    service there), so PYTHONPATH=gateway finds the deployed gateway/ source."""
+    python = plan["gears"]["python"]
+    env = {"PYTHONPATH": gateway_dir}
+    services = [_sim_service(plan, role, python, env, gateway_dir)
+                for role in plan["roles"].values()
+                if role["gear"] and not role_spec(role["role"]).is_audio]
+    audio = _local_audio(plan)
+    if audio:
+        services.append(_sim_audio_service(plan, audio[0], python, env, gateway_dir))
+    services.append({
+        "name": "gateway",
+        "argv": [python, "-m", "lobes_gateway"],
+        "cwd": ".",
+        "env": dict(env),
+        "env_file": ".env",
+        "pidfile": "gateway.pid",
+        "log": "gateway.log",
+        "watch": [f"{gateway_dir}/lobes_gateway"],
+    })
+    return {"version": 1, "host": plan["host"], "services": services}
+
+
+def _sim_argv(python: str, port: int, profile: str) -> list:
+    return [python, "-m", "lobes_sim", "--host", "127.0.0.1", "--port", str(port),
+            "--profile", profile]
+
+
+def _sim_service(plan: dict, role: dict, python: str, env: dict, gateway_dir: str) -> dict:
+    gear = role["gear"]
+    argv = _sim_argv(python, gear["port"], gear["sim_profile"])
+    argv += ["--served-name", gear["served_name"], "--max-model-len", str(gear["context"]),
+             "--max-num-seqs", str(gear["max_active"]),
+             "--time-scale", _number(plan["gears"]["sim_time_scale"])]
+    if gear["quantization"]:
+        argv += ["--quantization", gear["quantization"]]
+    return _sim_entry(f"gear-{role['role']}", role["role"], argv, env, gateway_dir)
+
+
+def _sim_audio_service(plan: dict, role: dict, python: str, env: dict,
+                       gateway_dir: str) -> dict:
+    argv = _sim_argv(python, role["gear"]["port"], role["gear"]["sim_profile"])
+    argv += ["--time-scale", _number(plan["gears"]["sim_time_scale"])]
+    return _sim_entry("gear-audio", "audio", argv, env, gateway_dir)
+
+
+def _sim_entry(name: str, role: str, argv: list, env: dict, gateway_dir: str) -> dict:
+    return {
+        "name": name,
+        "role": role,
+        "argv": argv,
+        "cwd": ".",
+        "env": dict(env),
+        "pidfile": f"{name}.pid",
+        "log": f"{name}.log",
+        "watch": [f"{gateway_dir}/lobes_sim"],
+    }

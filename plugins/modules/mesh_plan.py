@@ -1,0 +1,93 @@
+#!/usr/bin/python
+"""lobes.fleet.mesh_plan: validate the whole mesh and return every box's plan."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: mesh_plan
+short_description: Validate a fleet inventory and resolve each box's plan
+version_added: 0.1.0
+description:
+  - Reads the C(fleet_*) variables of every fleet host and checks, before anything is
+    deployed, that the mesh can work; fails naming host, role and field otherwise.
+  - Rejects a referral, proxy or pool member that does not host the role, a proxy cycle, pool
+    members that disagree on served model, window or quantization, a memory budget over the
+    box's usable memory, MTP on an arch without the kernel, and a context above the
+    checkpoint's native window unless a covering O(hosts) C(yarn_factor) is declared.
+  - Returns each box's resolved plan (documented under RV(plan)); the plan holds no secrets.
+  - It is an action that runs on the controller; run it once (C(run_once)).
+author:
+  - lobes.fleet maintainers (@lobes-fleet)
+extends_documentation_fragment:
+  - lobes.fleet.attributes
+  - lobes.fleet.attributes.pure
+options:
+  hosts:
+    description:
+      - Inventory hostnames of the mesh's boxes.
+      - Defaults to every host of the play (C(ansible_play_hosts_all)).
+      - From each, only the C(fleet_*) variables and C(ansible_host) are read; of
+        C(fleet_gateway_api_key) and C(fleet_mesh_key) only whether they are set, so no key
+        value enters the plan, the arguments or the logs.
+      - The full reference of the variables is docs/inventory.md.
+    type: list
+    elements: str
+notes:
+  - The budget rule is seed 004's: the sum of a box's C(--gpu-memory-utilization) fractions
+    times the device memory, plus the hardware headroom, must fit the usable memory.
+"""
+
+EXAMPLES = r"""
+- name: Plan the mesh once, from every host of the play
+  lobes.fleet.mesh_plan:
+  run_once: true
+  register: fleet_plan
+
+- name: Plan a subset of the inventory
+  lobes.fleet.mesh_plan:
+    hosts: "{{ groups['fleet'] }}"
+  run_once: true
+  register: fleet_plan
+
+- name: Show what the orin serves, proxies and pools
+  ansible.builtin.debug:
+    var: fleet_plan.plan.boxes.orin.roles
+"""
+
+RETURN = r"""
+plan:
+  description:
+    - The mesh plan. C(boxes) maps each inventory hostname to its box plan.
+    - "A box plan has: C(host); C(hardware) (name, arch, memory_gib, usable_gib, headroom_gib,
+      mtp_kernel, gear_image, has_gpu); C(runtime) (compose or process); C(origin);
+      C(gateway) (host, port, auth, default_model, aliases, force_strict_tools, tuning);
+      C(gears) (image, port_base, sim_time_scale, python, hf_cache, audio_image);
+      C(budget) (gears, utilization, reserved_gib, headroom_gib, usable_gib, max_utilization,
+      fits); C(roles); C(key_hosts) (peers whose inbound key this box carries)."
+    - "Each C(roles) entry has: role, prefix, task, feasible, mode (local, pool, proxy,
+      referral or off), aliases, served_name, context, peers (host, origin, auth, rate),
+      hosted_by, replicas, and C(gear) when served here (checkpoint, served_name, context,
+      native_context, yarn_factor, gpu_memory_utilization, max_active, mtp,
+      num_speculative_tokens, tool_parser, quantization, sim_profile, port, service)."
+  returned: success
+  type: dict
+  sample:
+    version: 1
+    hosts: [orin, spark, thor]
+    boxes:
+      orin:
+        host: orin
+        runtime: compose
+        origin: http://orin.tail0be7e0.ts.net:8000
+        key_hosts: [spark]
+        roles:
+          cortex:
+            mode: pool
+            feasible: false
+            served_name: sakamakismile/Qwen3.6-27B-Text-NVFP4-MTP
+            context: 262144
+            hosted_by: http://spark.tail0be7e0.ts.net:8001
+            replicas: 2
+"""
+
+# The work happens on the controller, in plugins/action/mesh_plan.py.

@@ -1,0 +1,194 @@
+#!/usr/bin/python
+# Copyright: lobes.fleet contributors
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Ansible module lobes.fleet.mesh_status: one table of every box's roles, read live."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: mesh_status
+short_description: One table across the mesh, read from every box's gateway
+version_added: 0.1.0
+description:
+  - Reads every box's gateway C(/capabilities) and C(/status) (both keyless) and returns one
+    row per box and declared role. The box's origin and each role's peers come from the mesh
+    plan of M(lobes.fleet.mesh_plan).
+  - "Columns: box; role; where it is served (V(here), V(proxied to <peer>), V(pooled over
+    <peers>), V(referred to <peer>)); ready (as the gateway advertises it); context (as
+    advertised); in flight (running + waiting on the local gear, from its vLLM metrics)."
+  - Read-only; run it once on the controller.
+author:
+  - lobes.fleet maintainers (@lobes-fleet)
+options:
+  plan:
+    description: The mesh plan (the C(plan) that M(lobes.fleet.mesh_plan) returns).
+    type: dict
+    required: true
+  timeout:
+    description: Seconds to wait for each gateway's answer.
+    type: float
+    default: 5.0
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying
+      target.
+    support: full
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in
+      check_mode), when in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Plan the mesh
+  lobes.fleet.mesh_plan:
+  run_once: true
+  register: status_plan
+
+- name: Read every box
+  lobes.fleet.mesh_status:
+    plan: "{{ status_plan.plan }}"
+  run_once: true
+  delegate_to: localhost
+  register: status_table
+
+- name: Show the table
+  ansible.builtin.debug:
+    msg: "{{ status_table.table }}"
+  run_once: true
+"""
+
+RETURN = r"""
+rows:
+  description: One entry per box and declared role.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - box: orin
+      role: cortex
+      where: pooled over spark, thor
+      ready: true
+      context: 262144
+      in_flight: null
+table:
+  description: The rows as aligned text lines, a header first.
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - "box    role      where                     ready  context  in flight"
+    - "spark  cortex    here                      yes    131072   1"
+unreachable:
+  description: Boxes whose gateway did not answer, with the reason.
+  returned: always
+  type: dict
+  sample: {"thor": "connection refused"}
+"""
+
+import json  # noqa: E402 - modules keep imports below their documentation
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.urls import open_url  # noqa: E402
+
+COLUMNS = (
+    ("box", "box"),
+    ("role", "role"),
+    ("where", "where"),
+    ("ready", "ready"),
+    ("context", "context"),
+    ("in_flight", "in flight"),
+)
+
+
+def _get(origin, path, timeout):
+    with open_url(origin + path, method="GET", timeout=timeout, validate_certs=True) as reply:
+        return json.loads(reply.read())
+
+
+def _where(role_plan):
+    peers = [peer["host"] for peer in role_plan.get("peers") or []]
+    mode = role_plan.get("mode")
+    if mode == "local":
+        return "here"
+    if mode == "proxy":
+        return "proxied to " + ", ".join(peers)
+    if mode == "pool":
+        return "pooled over " + ", ".join(peers)
+    if mode == "referral":
+        return "referred to " + ", ".join(peers)
+    return mode or "off"
+
+
+def _in_flight(status, role):
+    for backend in status.get("backends", []):
+        if backend.get("name") == role and backend.get("metrics"):
+            metrics = backend["metrics"]
+            return int(metrics.get("running", 0) + metrics.get("waiting", 0))
+    return None
+
+
+def _box_rows(host, box, capabilities, status):
+    rows = []
+    advertised = capabilities.get("roles", {}) if capabilities else {}
+    for role, role_plan in sorted(box.get("roles", {}).items()):
+        if role_plan.get("mode") == "off":
+            continue
+        live = advertised.get(role, {})
+        rows.append(
+            dict(
+                box=host,
+                role=role,
+                where=_where(role_plan),
+                ready=live.get("ready") if capabilities else None,
+                context=live.get("context"),
+                in_flight=_in_flight(status, role) if status else None,
+            )
+        )
+    return rows
+
+
+def _cell(value):
+    if value is True:
+        return "yes"
+    if value is False:
+        return "no"
+    return "-" if value is None else str(value)
+
+
+def format_table(rows):
+    """Align the rows under a header; unknown values print as '-'."""
+    cells = [[title for _key, title in COLUMNS]]
+    cells += [[_cell(row[key]) for key, _title in COLUMNS] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    return ["  ".join(c.ljust(widths[i]) for i, c in enumerate(line)).rstrip() for line in cells]
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            plan=dict(type="dict", required=True),
+            timeout=dict(type="float", default=5.0),
+        ),
+        supports_check_mode=True,
+    )
+    boxes = module.params["plan"].get("boxes") or {}
+    rows, unreachable = [], {}
+    for host, box in sorted(boxes.items()):
+        capabilities = status = None
+        try:
+            capabilities = _get(box["origin"], "/capabilities", module.params["timeout"])
+            status = _get(box["origin"], "/status", module.params["timeout"])
+        except Exception as exc:  # any failure to read a box is reported, never fatal
+            unreachable[host] = str(getattr(exc, "reason", exc))
+        rows.extend(_box_rows(host, box, capabilities, status))
+    module.exit_json(changed=False, rows=rows, table=format_table(rows), unreachable=unreachable)
+
+
+if __name__ == "__main__":
+    main()

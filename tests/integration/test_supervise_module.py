@@ -1,0 +1,96 @@
+"""lobes.fleet.supervise through ansible itself: check mode, diff, idempotence, stop."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from .conftest import GATEWAY_SRC, ROOT, VENV_BIN, ansible_env, supervisor
+
+SLEEPER = "import time;time.sleep(600)"
+
+
+def _ansible(*module_args: str, check: bool = False) -> dict:
+    argv = [
+        str(VENV_BIN / "ansible"),
+        "localhost",
+        "-m",
+        "lobes.fleet.supervise",
+        "-a",
+        " ".join(module_args),
+        "--diff",
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+    ]
+    if check:
+        argv.append("--check")
+    env = {
+        **ansible_env(),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+    }
+    done = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    result = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return result
+
+
+def test_module_starts_in_order_and_is_idempotent_and_check_mode_changes_nothing(
+    tmp_path, state_dir
+):
+    services = tmp_path / "services.json"
+    services.write_text(
+        json.dumps(
+            {
+                "services": [
+                    {"name": "gateway", "argv": [sys.executable, "-c", SLEEPER]},
+                    {"name": "gear-cortex", "argv": [sys.executable, "-c", SLEEPER]},
+                ]
+            }
+        )
+    )
+    common = (f"services_file={services}", f"state_dir={state_dir}", f"source_dir={GATEWAY_SRC}")
+
+    planned = _ansible(*common, "exclude=gateway", check=True)
+    assert planned["changed"] is True
+    assert planned["actions"] == [{"name": "gear-cortex", "action": "started"}]
+    assert "gear-cortex: started" in planned["diff"]["after"]
+    assert supervisor(state_dir, "status")["status"] == []
+
+    gears = _ansible(*common, "exclude=gateway")
+    assert gears["changed"] is True
+    assert [row["name"] for row in gears["running"]] == ["gear-cortex"]
+
+    everything = _ansible(*common)
+    assert everything["actions"] == [
+        {"name": "gateway", "action": "started"},
+        {"name": "gear-cortex", "action": "unchanged"},
+    ]
+    assert _ansible(*common)["changed"] is False
+
+    stopped = _ansible(f"state_dir={state_dir}", f"source_dir={GATEWAY_SRC}", "state=stopped")
+    assert stopped["changed"] is True
+    assert stopped["running"] == []
+    assert (
+        _ansible(f"state_dir={state_dir}", f"source_dir={GATEWAY_SRC}", "state=stopped")["changed"]
+        is False
+    )
+
+
+def test_stopping_a_box_never_deployed_changes_nothing(tmp_path):
+    result = _ansible(f"state_dir={tmp_path}/none", f"source_dir={tmp_path}", "state=stopped")
+
+    assert result["changed"] is False
+    assert result["running"] == []
+
+
+def test_module_fails_clearly_without_the_supervisor_source(tmp_path, state_dir):
+    services = tmp_path / "services.json"
+    services.write_text(json.dumps({"services": []}))
+    result = _ansible(f"services_file={services}", f"state_dir={state_dir}",
+                      f"source_dir={tmp_path}")
+
+    assert result["failed"] is True
+    assert "holds no lobes_supervisor package" in result["msg"]

@@ -1,0 +1,238 @@
+"""lobes_supervisor over real processes: start, restart with backoff, identity, stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import supervisor
+
+# A child that prints its environment and then sleeps; a second spawns a grandchild too.
+SLEEPER = (
+    "import os,time;print('env', os.environ.get('FROM_FILE'), os.environ.get('FROM_SPEC'));"
+    "time.sleep(600)"
+)
+FAMILY = (
+    "import subprocess,sys,time;"
+    "p=subprocess.Popen([sys.executable,'-c','import time;time.sleep(600)']);"
+    "open('grandchild.pid','w').write(str(p.pid));time.sleep(600)"
+)
+CRASHER = "import sys;print('crashing');sys.exit(3)"
+
+
+def _write_services(directory: Path, services: list[dict]) -> Path:
+    path = directory / "services.json"
+    path.write_text(json.dumps({"services": services}))
+    return path
+
+
+def _service(name: str, code: str, **extra: object) -> dict:
+    return {"name": name, "argv": [sys.executable, "-c", code], **extra}
+
+
+def _status(state_dir: Path) -> dict[str, dict]:
+    return {row["name"]: row for row in supervisor(state_dir, "status")["status"]}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _wait_for(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+def test_up_runs_services_with_env_file_and_spec_env_and_logs_output(tmp_path, state_dir):
+    (tmp_path / "box.env").write_text('# comment\nFROM_FILE="file value"\n')
+    services = _write_services(
+        tmp_path, [_service("sleeper", SLEEPER, env_file="box.env", env={"FROM_SPEC": "spec"})]
+    )
+
+    answer = supervisor(state_dir, "up", services=services)
+
+    assert answer["up"] == [{"name": "sleeper", "action": "started"}]
+    row = _status(state_dir)["sleeper"]
+    assert row["running"] and row["child_running"]
+    assert _alive(row["pid"]) and _alive(row["child_pid"])
+    log = state_dir / "log" / "sleeper.log"
+    _wait_for(lambda: "env file value spec" in log.read_text())
+
+
+def test_second_up_is_unchanged_and_a_changed_env_file_restarts(tmp_path, state_dir):
+    env_file = tmp_path / "box.env"
+    env_file.write_text("FROM_FILE=one\n")
+    services = _write_services(tmp_path, [_service("sleeper", SLEEPER, env_file="box.env")])
+    supervisor(state_dir, "up", services=services)
+    first_child = _status(state_dir)["sleeper"]["child_pid"]
+
+    assert supervisor(state_dir, "up", services=services)["up"][0]["action"] == "unchanged"
+    env_file.write_text("FROM_FILE=two\n")
+    assert supervisor(state_dir, "up", services=services)["up"][0]["action"] == "restarted"
+
+    _wait_for(lambda: not _alive(first_child))
+    log = state_dir / "log" / "sleeper.log"
+    _wait_for(lambda: "env two None" in log.read_text())
+
+
+def test_a_watched_directory_change_restarts_but_pycache_does_not(tmp_path, state_dir):
+    code = tmp_path / "code"
+    (code / "__pycache__").mkdir(parents=True)
+    (code / "app.py").write_text("VERSION = 1\n")
+    services = _write_services(tmp_path, [_service("sleeper", SLEEPER, watch=["code"])])
+    supervisor(state_dir, "up", services=services)
+
+    (code / "__pycache__" / "app.cpython-311.pyc").write_bytes(b"compiled")
+    assert supervisor(state_dir, "up", services=services)["up"][0]["action"] == "unchanged"
+    (code / "app.py").write_text("VERSION = 2\n")
+    assert supervisor(state_dir, "up", services=services)["up"][0]["action"] == "restarted"
+
+
+def test_a_service_no_longer_listed_is_stopped(tmp_path, state_dir):
+    services = _write_services(tmp_path, [_service("keep", SLEEPER), _service("drop", SLEEPER)])
+    supervisor(state_dir, "up", services=services)
+    dropped_child = _status(state_dir)["drop"]["child_pid"]
+
+    _write_services(tmp_path, [_service("keep", SLEEPER)])
+    actions = supervisor(state_dir, "up", services=services)["up"]
+
+    assert {"name": "drop", "action": "stopped"} in actions
+    assert {"name": "keep", "action": "unchanged"} in actions
+    assert not _alive(dropped_child)
+
+
+def test_an_exiting_child_is_restarted_with_growing_backoff(tmp_path, state_dir):
+    services = _write_services(tmp_path, [_service("crasher", CRASHER)])
+    supervisor(state_dir, "up", services=services)
+    log = state_dir / "log" / "crasher.log"
+
+    _wait_for(lambda: log.read_text().count("crashing") >= 3)
+
+    text = log.read_text()
+    assert "exited with 3; restarting in 0.5s" in text
+    assert "exited with 3; restarting in 1.0s" in text
+    assert _status(state_dir)["crasher"]["restarts"] >= 2
+    assert _status(state_dir)["crasher"]["last_exit"] == 3
+    assert _status(state_dir)["crasher"]["running"]
+
+
+def test_a_killed_child_is_replaced_by_a_new_process(tmp_path, state_dir):
+    services = _write_services(tmp_path, [_service("sleeper", SLEEPER)])
+    supervisor(state_dir, "up", services=services)
+    first = _status(state_dir)["sleeper"]["child_pid"]
+
+    os.kill(first, signal.SIGKILL)
+
+    def replaced() -> bool:
+        pid = _status(state_dir)["sleeper"]["child_pid"]
+        return pid is not None and pid != first
+
+    _wait_for(replaced)
+    assert _status(state_dir)["sleeper"]["restarts"] == 1
+
+
+def test_down_stops_the_whole_process_group_and_removes_pidfiles(tmp_path, state_dir):
+    services = _write_services(tmp_path, [_service("family", FAMILY)])
+    supervisor(state_dir, "up", services=services)
+    grandchild_file = tmp_path / "grandchild.pid"
+    _wait_for(grandchild_file.exists)
+    _wait_for(lambda: grandchild_file.read_text().strip() != "")
+    row = _status(state_dir)["family"]
+    grandchild = int(grandchild_file.read_text())
+
+    assert supervisor(state_dir, "down")["down"] == [{"name": "family", "action": "stopped"}]
+
+    for pid in (row["pid"], row["child_pid"], grandchild):
+        _wait_for(lambda pid=pid: not _alive(pid), timeout=5)
+    assert list((state_dir / "run").glob("*.pid")) == []
+    assert supervisor(state_dir, "down")["down"] == []
+
+
+def test_down_after_the_monitor_was_killed_still_stops_its_child(tmp_path, state_dir):
+    services = _write_services(tmp_path, [_service("sleeper", SLEEPER)])
+    supervisor(state_dir, "up", services=services)
+    row = _status(state_dir)["sleeper"]
+
+    os.kill(row["pid"], signal.SIGKILL)
+    _wait_for(lambda: not _alive(row["pid"]))
+    assert _status(state_dir)["sleeper"]["running"] is False
+
+    supervisor(state_dir, "down", "sleeper")
+    _wait_for(lambda: not _alive(row["child_pid"]), timeout=5)
+
+
+def test_a_pidfile_whose_pid_was_reused_is_not_taken_for_the_service(tmp_path, state_dir):
+    stranger = subprocess.Popen([sys.executable, "-c", "import time;time.sleep(600)"])
+    try:
+        run_dir = state_dir / "run"
+        run_dir.mkdir(parents=True)
+        # Same pid, a different kernel start time: what a reused pid looks like.
+        record = {
+            "pid": stranger.pid,
+            "start_ticks": 1,
+            "name": "ghost",
+            "kind": "monitor",
+            "fingerprint": "",
+        }
+        (run_dir / "ghost.pid").write_text(json.dumps(record))
+
+        assert _status(state_dir)["ghost"]["running"] is False
+        supervisor(state_dir, "down", "ghost")
+        assert stranger.poll() is None, "down killed a process it does not own"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_dry_run_reports_without_starting(tmp_path, state_dir):
+    services = _write_services(tmp_path, [_service("sleeper", SLEEPER)])
+
+    answer = supervisor(state_dir, "--dry-run", "up", services=services)
+
+    assert answer["up"] == [{"name": "sleeper", "action": "started"}]
+    assert _status(state_dir) == {}
+
+
+def test_exclude_and_names_select_services(tmp_path, state_dir):
+    services = _write_services(
+        tmp_path, [_service("gateway", SLEEPER), _service("gear-cortex", SLEEPER)]
+    )
+
+    gears = supervisor(state_dir, "--exclude", "gateway", "up", services=services)["up"]
+    assert gears == [{"name": "gear-cortex", "action": "started"}]
+    assert set(_status(state_dir)) == {"gear-cortex"}
+    gateway = supervisor(state_dir, "up", "gateway", services=services)["up"]
+    assert gateway == [{"name": "gateway", "action": "started"}]
+
+
+@pytest.mark.parametrize(
+    ("services", "message"),
+    [
+        ([{"argv": ["x"]}], "field 'name'"),
+        ([{"name": "a b", "argv": ["x"]}], "may hold only"),
+        ([{"name": "a", "argv": []}], "field 'argv'"),
+        ([{"name": "a", "argv": ["x"]}, {"name": "a", "argv": ["y"]}], "duplicate"),
+        ([{"name": "a", "argv": ["x"], "pidfile": "../a.pid"}], "bare file name"),
+    ],
+)
+def test_a_bad_services_file_is_refused_naming_the_field(tmp_path, state_dir, services, message):
+    path = _write_services(tmp_path, services)
+
+    answer = supervisor(state_dir, "up", services=path)
+
+    assert answer["failed"] is True
+    assert message in answer["msg"]

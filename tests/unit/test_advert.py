@@ -1,0 +1,82 @@
+"""What verify expects a gateway to advertise for each mode, against seed-shaped adverts."""
+
+from __future__ import annotations
+
+from ansible_collections.lobes.fleet.plugins.module_utils import advert
+from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
+
+from tests.unit.mesh import SPARK, THOR, seed_mesh
+
+CORTEX = "sakamakismile/Qwen3.6-27B-Text-NVFP4-MTP"
+
+
+def orin_capabilities(**cortex) -> dict:
+    """The Orin's /capabilities after seed 000's fix: pooled cortex, ready at 262144."""
+    entry = {"feasible": False, "ready": True, "proxied": True, "hosted_by": SPARK,
+             "served_name": CORTEX, "context": 262144,
+             "replicas": [{"origin": SPARK, "ready": True, "compatible": True, "reason": ""},
+                          {"origin": THOR, "ready": True, "compatible": True, "reason": ""}]}
+    entry.update(cortex)
+    return {"roles": {
+        "cortex": entry,
+        "senses": {"feasible": False, "ready": True, "proxied": True, "hosted_by": SPARK,
+                   "served_name": "coolthor/gemma-4-12B-it-NVFP4A16", "context": 32768},
+        "worker": {"feasible": True, "ready": True, "proxied": False, "hosted_by": None,
+                   "served_name": "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4",
+                   "context": 32768},
+        "minor": {"feasible": True, "ready": False},  # undeclared roles are not compared
+    }}
+
+
+def differences(plan: dict, capabilities: dict, peers_must_be_ready: bool = True) -> dict:
+    expected = advert.expected_roles(plan, peers_must_be_ready)
+    return advert.compare(expected, advert.advertised_roles(capabilities, plan["origin"]))
+
+
+def orin_plan() -> dict:
+    return plan_mesh(seed_mesh())["boxes"]["orin"]
+
+
+def test_seed_000s_fixed_advert_matches_the_orins_plan():
+    assert differences(orin_plan(), orin_capabilities()) == {}
+
+
+def test_seed_000s_baseline_advert_is_caught():
+    """Before the fix the Orin advertised ready=False and its own 1048576 mirror."""
+    found = differences(orin_plan(), orin_capabilities(ready=False, context=1048576))
+    assert found == {"cortex": ["ready", "context"]}
+
+
+def test_a_pool_missing_a_replica_is_caught():
+    capabilities = orin_capabilities()
+    capabilities["roles"]["cortex"]["replicas"].pop()
+    assert differences(orin_plan(), capabilities) == {"cortex": ["replicas"]}
+
+
+def test_a_hosted_pool_may_list_its_own_replica():
+    mesh = seed_mesh()
+    mesh["thor"]["fleet_roles"]["cortex"].update(feasible=True, pool=["spark"])
+    thor = plan_mesh(mesh)["boxes"]["thor"]
+    capabilities = {"roles": {
+        "cortex": {"feasible": True, "ready": True, "proxied": False, "hosted_by": None,
+                   "served_name": CORTEX, "context": 262144,
+                   "replicas": [{"origin": THOR}, {"origin": SPARK}]},
+        "senses": {"feasible": False, "ready": False, "proxied": False, "hosted_by": SPARK,
+                   "served_name": "coolthor/gemma-4-12B-it-NVFP4A16", "context": 32768},
+    }}
+    assert differences(thor, capabilities) == {}
+
+
+def test_peer_readiness_can_be_waived_but_not_the_rest():
+    capabilities = orin_capabilities(ready=False)
+    assert differences(orin_plan(), capabilities, peers_must_be_ready=False) == {}
+    capabilities["roles"]["worker"]["ready"] = False
+    assert differences(orin_plan(), capabilities, peers_must_be_ready=False) == {
+        "worker": ["ready"]}
+
+
+def test_a_declared_role_the_gateway_does_not_list_mismatches():
+    capabilities = orin_capabilities()
+    del capabilities["roles"]["senses"]
+    assert differences(orin_plan(), capabilities)["senses"] == [
+        "feasible", "ready", "proxied", "hosted_by", "served_name", "context"]
