@@ -159,6 +159,14 @@ class ServingPort:
             return True
         except ClientGone:
             return False
+        except (ConnectionError, OSError):
+            raise
+        except Exception:
+            # A simulator bug must still answer like a server, not drop the connection.
+            log.exception("internal error answering %s %s", request.method, request.target)
+            body = errors.error_body(500, "Internal simulator error; see its log.")
+            await conn.send_json(500, body, keep_alive=False)
+            return False
 
 
 class AdminPort:

@@ -210,3 +210,16 @@ def test_a_chunked_request_body_is_read(sim):
                     headers={"Transfer-Encoding": "chunked"})
     assert reply.status == 200
     assert reply.json()["usage"]["completion_tokens"] == 2
+
+
+def test_min_tokens_lengthens_the_natural_stop(instant):
+    answer = post(instant.url, CHAT, chat_payload(min_tokens=100, max_tokens=200)).json()
+    assert answer["usage"]["completion_tokens"] == 100
+    assert answer["choices"][0]["finish_reason"] == "stop"
+
+
+def test_ill_typed_fields_are_400_naming_the_field(instant):
+    for field, value in (("min_tokens", "many"), ("stream_options", "yes"), ("max_tokens", 0)):
+        reply = post(instant.url, CHAT, chat_payload(**{field: value}))
+        assert reply.status == 400, field
+        assert reply.json()["error"]["param"] == field
