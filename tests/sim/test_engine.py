@@ -120,7 +120,8 @@ def test_two_thousand_concurrent_streams_all_complete(sim_factory):
     sim = sim_factory("instant")
 
     async def burst() -> list[bool]:
-        return await asyncio.gather(*(_one_stream(sim.port, i) for i in range(2000)))
+        streams = asyncio.gather(*(_one_stream(sim.port, i) for i in range(2000)))
+        return await asyncio.wait_for(streams, timeout=120)
 
     results = asyncio.run(burst())
     assert all(results)
