@@ -24,9 +24,16 @@ from .errors import ApiError
 from .forward import Forwarder, encode_for, forward_headers
 from .http import Request, error_bytes
 from .peers import Pool, Prober, ProbeTarget, ReplicaSpec
-from .placement import DEFAULT_EXPECTED_TOKENS, Candidate, Placement, Placer, policy_named
+from .placement import (
+    DEFAULT_EXPECTED_TOKENS,
+    Candidate,
+    Placement,
+    Placer,
+    Policy,
+    policy_named,
+)
 from .relay import head_bytes, relay
-from .routing import PoolRoute, Router
+from .routing import PoolRoute, ProxyRoute, Router
 from .upstream import Pool as Connections
 from .upstream import Response, UpstreamError, exchange, fetch, finish, read_body, request_head
 from .views import PeerView
@@ -124,8 +131,22 @@ class Failure:
 FallThrough = Callable[[], Awaitable[bool]]
 
 
+def _pooled_role(route: PoolRoute, policy: Policy) -> PooledRole:
+    specs = replica_specs(route.config)
+    placer = Placer(policy, {s.origin: s.prior_rate for s in specs})
+    return PooledRole(route.role, Pool(route.role, specs), placer, route.config.max_active or 1)
+
+
+def _probe_target(config: GatewayConfig, role: str) -> ProbeTarget:
+    """Audio roles are judged from /capabilities alone: they have no /v1/models entry."""
+    return ProbeTarget(role, audio=config.roles[role].role.task in (AUDIO_STT, AUDIO_TTS))
+
+
 class Pools:
-    """Every pooled role of this gateway, the prober that keeps them judged, and dispatch."""
+    """Every pooled role of this gateway, and dispatch to it; the prober that keeps the
+    pools judged also watches each single proxied peer, so that /v1/models and
+    /capabilities advertise a peer-served role only while its peer serves it.
+    """
 
     def __init__(self, config: GatewayConfig, router: Router, connections: Connections,
                  forwarder: Forwarder, views: dict[str, PeerView]) -> None:
@@ -135,19 +156,19 @@ class Pools:
         self._limits = config.limits
         self._timeout = config.limits.upstream_timeout_s
         self._retry_after = config.pressure.retry_after_s
-        policy = policy_named(config.pool_policy)
-        routes = [*router.generate_routes.values(), *router.lane_routes.values()]
         self.roles: dict[str, PooledRole] = {}
-        targets: list[tuple[Pool, ProbeTarget]] = []
+        self.proxied: dict[str, Pool] = {}
+        routes = [*router.generate_routes.values(), *router.lane_routes.values()]
+        policy = policy_named(config.pool_policy)
         for route in routes:
             if isinstance(route, PoolRoute) and route.role not in self.roles:
-                specs = replica_specs(route.config)
-                pool = Pool(route.role, specs)
-                self.roles[route.role] = PooledRole(
-                    route.role, pool, Placer(policy, {s.origin: s.prior_rate for s in specs}),
-                    route.config.max_active or 1)
-                audio = route.config.role.task in (AUDIO_STT, AUDIO_TTS)
-                targets.append((pool, ProbeTarget(route.role, audio=audio)))
+                self.roles[route.role] = _pooled_role(route, policy)
+        for route in routes:
+            if isinstance(route, ProxyRoute) and route.role not in self.roles:
+                spec = ReplicaSpec(origin=route.origin, api_key=route.api_key)
+                self.proxied[route.role] = Pool(route.role, (spec,))
+        pools = [r.pool for r in self.roles.values()] + list(self.proxied.values())
+        targets = [(pool, _probe_target(config, pool.role)) for pool in pools]
         self._prober = Prober(targets, self._fetch, interval_s=config.limits.probe_interval_s,
                               timeout_s=config.limits.probe_timeout_s, on_pass=self._publish)
         self._publish()
@@ -163,10 +184,15 @@ class Pools:
     def _publish(self) -> None:
         for name, role in self.roles.items():
             self._views[name] = role.view()
+        for name, pool in self.proxied.items():
+            served = pool.served_id
+            self._views[name] = PeerView(
+                ready=pool.ready, listed=served is not None and pool.peer_lists(served),
+                context=pool.context)
 
     async def run(self) -> None:
-        """Probe every pool forever (a background task); nothing to do without pools."""
-        if self.roles:
+        """Probe forever (a background task); nothing to do without pools or proxies."""
+        if self._prober.pools:
             await self._prober.run()
 
     async def serve(self, req: Request, route: PoolRoute, payload: dict | None,
