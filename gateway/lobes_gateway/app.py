@@ -6,6 +6,7 @@ import asyncio
 import json
 
 from . import errors
+from .advert import ProxyAdverts
 from .auth import Caller, Gate, InflightLimits
 from .config import GatewayConfig
 from .errors import ApiError
@@ -66,6 +67,8 @@ class Gateway:
         self.forwarder = Forwarder(config, self.pool)
         self.pools = Pools(config, self.router, self.pool, self.forwarder, self.peer_views)
         self.owners = Owners(config, self.pool, self.forwarder)
+        self.adverts = ProxyAdverts(config, self.router, self.pool, self.forwarder,
+                                    self.peer_views)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: list[asyncio.Task] = []
 
@@ -75,6 +78,7 @@ class Gateway:
         self.pressure.take_sample()
         self._background.append(asyncio.create_task(self.pressure.run()))
         self._background.append(asyncio.create_task(self.pools.run()))
+        self._background.append(asyncio.create_task(self.adverts.run()))
 
     async def serve_connection(self, reader: asyncio.StreamReader,
                                writer: asyncio.StreamWriter) -> None:
