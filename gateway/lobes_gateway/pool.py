@@ -33,7 +33,7 @@ from .placement import (
     policy_named,
 )
 from .relay import head_bytes, relay
-from .routing import PoolRoute, ProxyRoute, Router
+from .routing import PoolRoute, Router
 from .upstream import Pool as Connections
 from .upstream import Response, UpstreamError, exchange, fetch, finish, read_body, request_head
 from .views import PeerView
@@ -143,10 +143,7 @@ def _probe_target(config: GatewayConfig, role: str) -> ProbeTarget:
 
 
 class Pools:
-    """Every pooled role of this gateway, and dispatch to it; the prober that keeps the
-    pools judged also watches each single proxied peer, so that /v1/models and
-    /capabilities advertise a peer-served role only while its peer serves it.
-    """
+    """Every pooled role of this gateway, the prober that keeps them judged, and dispatch."""
 
     def __init__(self, config: GatewayConfig, router: Router, connections: Connections,
                  forwarder: Forwarder, views: dict[str, PeerView]) -> None:
@@ -157,18 +154,12 @@ class Pools:
         self._timeout = config.limits.upstream_timeout_s
         self._retry_after = config.pressure.retry_after_s
         self.roles: dict[str, PooledRole] = {}
-        self.proxied: dict[str, Pool] = {}
         routes = [*router.generate_routes.values(), *router.lane_routes.values()]
         policy = policy_named(config.pool_policy)
         for route in routes:
             if isinstance(route, PoolRoute) and route.role not in self.roles:
                 self.roles[route.role] = _pooled_role(route, policy)
-        for route in routes:
-            if isinstance(route, ProxyRoute) and route.role not in self.roles:
-                spec = ReplicaSpec(origin=route.origin, api_key=route.api_key)
-                self.proxied[route.role] = Pool(route.role, (spec,))
-        pools = [r.pool for r in self.roles.values()] + list(self.proxied.values())
-        targets = [(pool, _probe_target(config, pool.role)) for pool in pools]
+        targets = [(r.pool, _probe_target(config, name)) for name, r in self.roles.items()]
         self._prober = Prober(targets, self._fetch, interval_s=config.limits.probe_interval_s,
                               timeout_s=config.limits.probe_timeout_s, on_pass=self._publish)
         self._publish()
@@ -184,14 +175,9 @@ class Pools:
     def _publish(self) -> None:
         for name, role in self.roles.items():
             self._views[name] = role.view()
-        for name, pool in self.proxied.items():
-            served = pool.served_id
-            self._views[name] = PeerView(
-                ready=pool.ready, listed=served is not None and pool.peer_lists(served),
-                context=pool.context)
 
     async def run(self) -> None:
-        """Probe forever (a background task); nothing to do without pools or proxies."""
+        """Probe every pool forever (a background task); nothing to do without pools."""
         if self._prober.pools:
             await self._prober.run()
 

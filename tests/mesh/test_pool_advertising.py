@@ -1,6 +1,7 @@
-"""Honest advertising of peer-served roles: a single proxied peer is probed like a pool of
-one, so /v1/models lists the role and /capabilities calls it ready only while the peer,
-asked with the pairwise key, actually serves it.
+"""Honest advertising of peer-served roles (advert.py probes each single proxied peer with
+peers.py): /v1/models lists the role and /capabilities calls it ready only while the peer,
+asked with the pairwise key, actually serves it. Complements tests/mesh/test_proxy_mesh.py
+with the rejected key and the audio lane.
 """
 
 from __future__ import annotations
@@ -35,23 +36,6 @@ def wait_for(predicate, timeout_s=10.0):
             return
         time.sleep(0.05)
     raise AssertionError("condition never held")
-
-
-def test_a_proxied_role_is_advertised_only_while_its_peer_serves_it():
-    with start_sim("spark-cortex", time_scale=20) as sim:
-        peer = start_gateway({"PRIMARY_BASE_URL": sim.url, "PRIMARY_SERVED_NAME": SERVED,
-                              "PRIMARY_MAX_MODEL_LEN": "262144", "GATEWAY_API_KEY": PEER_KEY})
-        try:
-            with start_gateway(proxy_env(peer.url)) as box:
-                wait_for(lambda: role(box, "cortex")["ready"])
-                cortex = role(box, "cortex")
-                assert (cortex["proxied"], cortex["context"]) == (True, 262144)
-                assert "cortex" in listed(box)
-                peer.stop()
-                wait_for(lambda: not role(box, "cortex")["ready"])
-                assert "cortex" not in listed(box)
-        finally:
-            peer.stop()
 
 
 def test_a_peer_that_rejects_the_pairwise_key_is_not_advertised():
