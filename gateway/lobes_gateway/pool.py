@@ -1,12 +1,18 @@
 """Replica-pool dispatch: probe the replicas, place each request, forward, fail over, relay.
 
-A pooled role is one this box does not host, declared with P_PEER_ORIGINS and armed with
-P_PEER_PROXY=true (routing's PoolRoute). Each request is placed by the pool policy on a
-selectable replica (ready and fingerprint-compatible), counted in flight before the dial
-and released when the answer ends. A transport error, a timeout, a 5xx or a 401/403/404
-before any body moves on to the next replica (seed 003's rule); nothing selectable falls
-through to the singular forward (seed 000). Answers carry X-Lobes-Proxied-By and
-X-Lobes-Route-Reason.
+Two kinds of pool reach here as routing's PoolRoute:
+  peer-only  the role is not hosted here (P_FEASIBLE=false), P_PEER_ORIGINS lists its
+             replicas and P_PEER_PROXY=true arms forwarding to them (seed 000's Orin);
+  hosted     the role has a local backend and P_PEER_ORIGINS adds peers (seed 000's Thor);
+             the local replica is GATEWAY_SELF_ORIGIN's slot among the origins (with its
+             rate prior) or else comes first, and a request placed on it takes the local
+             path (pressure, tier headers, X-Lobes-Served-By, failover).
+Each request is placed by the pool policy on a selectable replica (ready and
+fingerprint-compatible), counted in flight before the dial and released when the answer
+ends. A transport error, a timeout, a 5xx or a 401/403/404 before any body moves on to the
+next replica (seed 003's rule); nothing selectable falls through to the singular forward
+(peer-only) or the local path (hosted). Answers from peers carry X-Lobes-Proxied-By and
+X-Lobes-Route-Reason; sized 200 answers from peers teach the replica's rate.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from .config import GatewayConfig, Origin, RoleConfig
 from .errors import ApiError
 from .forward import Forwarder, encode_for, forward_headers
 from .http import Request, error_bytes
-from .peers import Pool, Prober, ProbeTarget, ReplicaSpec
+from .peers import Pool, Prober, ProbeTarget, ReplicaSpec, with_local_replica
 from .placement import (
     DEFAULT_EXPECTED_TOKENS,
     Candidate,
@@ -106,12 +112,23 @@ class PooledRole:
         return [Candidate(s.origin, s.slots or self.default_slots)
                 for s in self.pool.selectable() if s.origin not in exclude]
 
+    @property
+    def local_origin(self) -> str | None:
+        """The origin of this box's own backend when it is one of the replicas."""
+        return next((spec.origin for spec in self.pool.specs if spec.is_local), None)
+
+    @property
+    def hosted(self) -> bool:
+        return self.local_origin is not None
+
     def view(self) -> PeerView:
         """What /capabilities and /v1/models publish for the role."""
         served = self.pool.served_id
         extra: dict[str, object] = {"replicas": self.pool.capabilities()["replicas"]}
         if served is not None:
             extra["served_name"] = served
+        if self.hosted:
+            extra["proxied"] = False
         return PeerView(ready=self.pool.ready,
                         listed=served is not None and self.pool.peer_lists(served),
                         context=self.pool.context, extra=extra)
@@ -131,15 +148,23 @@ class Failure:
 FallThrough = Callable[[], Awaitable[bool]]
 
 
-def _pooled_role(route: PoolRoute, policy: Policy) -> PooledRole:
-    specs = replica_specs(route.config)
+def _pooled_role(route: PoolRoute, policy: Policy, self_origin: str | None) -> PooledRole:
+    rc = route.config
+    specs = replica_specs(rc)
+    if rc.base_url is not None:
+        specs = with_local_replica(specs, local_url=rc.base_url.url, self_origin=self_origin)
     placer = Placer(policy, {s.origin: s.prior_rate for s in specs})
-    return PooledRole(route.role, Pool(route.role, specs), placer, route.config.max_active or 1)
+    return PooledRole(route.role, Pool(route.role, specs), placer, rc.max_active or 1)
 
 
 def _probe_target(config: GatewayConfig, role: str) -> ProbeTarget:
-    """Audio roles are judged from /capabilities alone: they have no /v1/models entry."""
-    return ProbeTarget(role, audio=config.roles[role].role.task in (AUDIO_STT, AUDIO_TTS))
+    """Audio roles are judged from /capabilities alone: they have no /v1/models entry.
+
+    served_id is what this box's own backend must list when it is one of the replicas.
+    """
+    rc = config.roles[role]
+    return ProbeTarget(role, served_id=rc.served_name,
+                       audio=rc.role.task in (AUDIO_STT, AUDIO_TTS))
 
 
 class Pools:
@@ -158,7 +183,7 @@ class Pools:
         policy = policy_named(config.pool_policy)
         for route in routes:
             if isinstance(route, PoolRoute) and route.role not in self.roles:
-                self.roles[route.role] = _pooled_role(route, policy)
+                self.roles[route.role] = _pooled_role(route, policy, config.self_origin)
         targets = [(r.pool, _probe_target(config, name)) for name, r in self.roles.items()]
         self._prober = Prober(targets, self._fetch, interval_s=config.limits.probe_interval_s,
                               timeout_s=config.limits.probe_timeout_s, on_pass=self._publish)
@@ -186,6 +211,8 @@ class Pools:
         """Place, forward and relay one request; returns whether the connection stays usable."""
         role = self.roles[route.role]
         arrived = req.headers.get("x-lobes-proxied")
+        if arrived is not None and role.hosted:
+            return await fall_through()  # single hop: a marked arrival is served locally
         if arrived is not None:
             error = errors.proxy_loop(route.role, arrived, f"the {route.role} replica pool")
             writer.write(error_bytes(error, keep_alive=req.keep_alive))
@@ -196,6 +223,8 @@ class Pools:
         while (placement := role.placer.place(role.candidates(tried), want)) is not None:
             tried.add(placement.origin)
             with placement:
+                if placement.origin == role.local_origin:
+                    return await fall_through()  # the local path: pressure, tiers, failover
                 kept = await self._attempt(req, role, placement, payload, writer, failures)
             if kept is not None:
                 return kept
