@@ -39,7 +39,7 @@ from .placement import (
     policy_named,
 )
 from .relay import head_bytes, relay
-from .routing import PoolRoute, Router
+from .routing import OwnerRoute, PoolRoute, Router
 from .upstream import Pool as Connections
 from .upstream import Response, UpstreamError, exchange, fetch, finish, read_body, request_head
 from .views import PeerView
@@ -129,9 +129,10 @@ class PooledRole:
             extra["served_name"] = served
         if self.hosted:
             extra["proxied"] = False
-        return PeerView(ready=self.pool.ready,
-                        listed=served is not None and self.pool.peer_lists(served),
-                        context=self.pool.context, extra=extra)
+        # A hosted pool's model is listed as this box's own backend already.
+        listed = not self.hosted and served is not None and self.pool.peer_lists(served)
+        return PeerView(ready=self.pool.ready, listed=listed, context=self.pool.context,
+                        extra=extra)
 
 
 @dataclass
@@ -168,7 +169,8 @@ def _probe_target(config: GatewayConfig, role: str) -> ProbeTarget:
 
 
 class Pools:
-    """Every pooled role of this gateway, the prober that keeps them judged, and dispatch."""
+    """Every pooled role of this gateway, the prober that keeps them (and the owners of
+    owner-routed roles) judged, and dispatch."""
 
     def __init__(self, config: GatewayConfig, router: Router, connections: Connections,
                  forwarder: Forwarder, views: dict[str, PeerView]) -> None:
@@ -184,7 +186,16 @@ class Pools:
         for route in routes:
             if isinstance(route, PoolRoute) and route.role not in self.roles:
                 self.roles[route.role] = _pooled_role(route, policy, config.self_origin)
-        targets = [(r.pool, _probe_target(config, name)) for name, r in self.roles.items()]
+        # Owner-routed roles are probed too (fleet key), for /capabilities and /v1/models only:
+        # requests still ask the owners in routing order (seed 003).
+        self.owned: dict[str, Pool] = {}
+        for route in routes:
+            if isinstance(route, OwnerRoute) and route.role not in self.owned:
+                specs = tuple(ReplicaSpec(origin=o, api_key=config.fleet_key)
+                              for o in dict.fromkeys(route.owners))
+                self.owned[route.role] = Pool(route.role, specs)
+        pools = [r.pool for r in self.roles.values()] + list(self.owned.values())
+        targets = [(pool, _probe_target(config, pool.role)) for pool in pools]
         self._prober = Prober(targets, self._fetch, interval_s=config.limits.probe_interval_s,
                               timeout_s=config.limits.probe_timeout_s, on_pass=self._publish)
         self._publish()
@@ -200,9 +211,14 @@ class Pools:
     def _publish(self) -> None:
         for name, role in self.roles.items():
             self._views[name] = role.view()
+        for name, pool in self.owned.items():
+            served = pool.served_id
+            self._views[name] = PeerView(
+                ready=pool.ready, listed=served is not None and pool.peer_lists(served),
+                context=pool.context, extra={"owners": pool.capabilities()["replicas"]})
 
     async def run(self) -> None:
-        """Probe every pool forever (a background task); nothing to do without pools."""
+        """Probe forever (a background task); nothing to do without pools or owners."""
         if self._prober.pools:
             await self._prober.run()
 

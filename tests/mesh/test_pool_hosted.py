@@ -89,6 +89,8 @@ def test_the_local_backend_is_a_replica_and_the_role_stays_hosted(thor_sim, spar
     with box:
         all_selectable(box)
         cortex = box.get_json("/capabilities")["roles"]["cortex"]
+        listed = [m["id"] for m in box.get_json("/v1/models")["data"]]
+    assert listed == [SERVED]  # listed once, as this box's own backend
     assert (cortex["feasible"], cortex["ready"], cortex["proxied"]) == (True, True, False)
     assert cortex["context"] == 262144
     assert [(r["origin"], r["reason"]) for r in cortex["replicas"]] == [
