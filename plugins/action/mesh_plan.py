@@ -33,9 +33,9 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        _, args = self.validate_argument_spec(
+        args = self.validate_argument_spec(
             argument_spec={"hosts": {"type": "list", "elements": "str"}},
-        )
+        )[1]
         task_vars = task_vars or {}
         hosts = args["hosts"] or task_vars.get("ansible_play_hosts_all") or []
         hostvars = task_vars["hostvars"]

@@ -267,4 +267,3 @@ def _parse_rates(read: _Reader) -> tuple:
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
             raise read.fail("rates", f"rate of {peer} must be a positive tok/s, got {rate!r}")
     return tuple((str(peer), float(rate)) for peer, rate in rates.items())
-

@@ -281,8 +281,8 @@ def _check_peers(box: BoxDecl, boxes: dict, local: dict) -> list:
 
 
 def _check_role_peers(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) -> None:
-    modes = [mode for mode, value in (("referral", decl.referral), ("proxy", decl.proxy),
-                                       ("pool", decl.pool)) if value]
+    declared = (("referral", decl.referral), ("proxy", decl.proxy), ("pool", decl.pool))
+    modes = [mode for mode, value in declared if value]
     if len(modes) > 1:
         raise FleetError(box.host, decl.role, modes[1],
                          f"declare one of referral, proxy or pool, not {' and '.join(modes)}")
@@ -335,7 +335,7 @@ def _check_pool_agreement(box: BoxDecl, decl: RoleDecl, local: dict) -> None:
 def _check_rates(box: BoxDecl, decl: RoleDecl) -> None:
     if not decl.rates:
         return
-    rated = [peer for peer, _ in decl.rates]
+    rated = [pair[0] for pair in decl.rates]
     if not decl.pool:
         raise FleetError(box.host, decl.role, "rates", "rates are priors for pool members; "
                          "declare a pool")

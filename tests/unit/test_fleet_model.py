@@ -255,7 +255,5 @@ def test_the_plan_holds_no_secrets():
 
 
 def test_collection_version_equals_galaxy_yml():
-
-
     galaxy = yaml.safe_load((Path(__file__).resolve().parents[2] / "galaxy.yml").read_text())
     assert galaxy["version"] == COLLECTION_VERSION

@@ -6,6 +6,7 @@ import copy
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
@@ -52,7 +53,7 @@ def mesh(tmp_path_factory):
     try:
         boxes["alpha"].start_all()
         boxes["beta"].start_all()
-        yield plan, boxes
+        yield SimpleNamespace(plan=plan, boxes=boxes)
     finally:
         for services in boxes.values():
             services.stop()
@@ -64,7 +65,7 @@ def verify(plan: dict, check: bool = False, **options) -> dict:
 
 
 def test_a_box_serving_its_roles_verifies(mesh):
-    plan, _ = mesh
+    plan = mesh.plan
     result = verify(plan["boxes"]["alpha"])
     assert result.get("failed") is not True, result.get("msg")
     assert result["version"] == "0.1.0" and result["changed"] is False
@@ -74,7 +75,7 @@ def test_a_box_serving_its_roles_verifies(mesh):
 
 
 def test_a_referring_box_verifies_in_check_mode(mesh):
-    plan, _ = mesh
+    plan = mesh.plan
     # Only the referral: a proxied role's readiness comes from the gateway's peer prober
     # (the mesh issue), covered against seed-shaped adverts in test_advert.py.
     beta = copy.deepcopy(plan["boxes"]["beta"])
@@ -87,7 +88,7 @@ def test_a_referring_box_verifies_in_check_mode(mesh):
 
 
 def test_a_mismatch_fails_with_a_declared_vs_advertised_table(mesh):
-    plan, _ = mesh
+    plan = mesh.plan
     wrong = copy.deepcopy(plan["boxes"]["alpha"])
     wrong["roles"]["cortex"]["context"] = 262144
     result = verify(wrong, timeout=1)
@@ -103,14 +104,14 @@ def test_a_mismatch_fails_with_a_declared_vs_advertised_table(mesh):
 
 
 def test_a_version_other_than_the_collections_fails(mesh):
-    plan, _ = mesh
+    plan = mesh.plan
     result = verify(plan["boxes"]["alpha"], version="9.9.9", timeout=0.5)
     assert result["failed"] is True
     assert "version: declared 9.9.9, advertised 0.1.0" in result["msg"]
 
 
 def test_an_unreachable_gateway_fails_after_the_timeout(mesh):
-    plan, _ = mesh
+    plan = mesh.plan
     started = time.monotonic()
     result = verify(plan["boxes"]["alpha"], url=f"http://127.0.0.1:{free_port()}",
                     timeout=1)
@@ -119,7 +120,7 @@ def test_an_unreachable_gateway_fails_after_the_timeout(mesh):
 
 
 def test_verify_waits_for_a_gear_that_comes_up_late(mesh):
-    plan, boxes = mesh
+    plan, boxes = mesh.plan, mesh.boxes
     alpha = boxes["alpha"]
     proc, log = alpha.procs.pop("gear-embedder")
     proc.kill()
