@@ -289,7 +289,8 @@ def _check_role_peers(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) ->
                          f"declare one of referral, proxy or pool, not {' and '.join(modes)}")
     for field, peer in _named_peers(decl):
         _check_hosts_role(box, decl, field, peer, boxes, local)
-    if decl.pool:
+    # A gear of this box that failed to resolve is reported already; nothing to agree with.
+    if decl.pool and (not decl.feasible or decl.role in local[box.host]):
         _check_pool_agreement(box, decl, local)
     _check_rates(box, decl)
 

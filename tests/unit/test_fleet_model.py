@@ -272,3 +272,10 @@ def test_a_box_naming_itself_as_peer():
     mesh = seed_mesh()
     mesh["orin"]["fleet_roles"]["senses"]["proxy"] = "orin"
     assert "host orin, role senses, field proxy: names this box itself" in plan_error(mesh)
+
+
+def test_a_hosted_pool_whose_own_gear_is_invalid_reports_the_gear():
+    mesh = seed_mesh()
+    mesh["thor"]["fleet_roles"]["cortex"].update(feasible=True, pool=["spark"], mtp=True)
+    message = plan_error(mesh)
+    assert "host thor, role cortex, field mtp" in message
