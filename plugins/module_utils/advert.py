@@ -28,7 +28,7 @@ def _expected(role: dict, peers_must_be_ready: bool) -> dict:
         "context": role["context"] if role["context"] and mode != "off" else ANY,
         "replicas": sorted(peer["origin"] for peer in role["peers"]) if mode == "pool" else ANY,
     }
-    if role["task"].startswith("audio"):
+    if role["task"] in ("stt", "tts"):
         # Audio lanes have no served id or window on the gateway.
         expected.update(served_name=ANY, context=ANY)
     return expected

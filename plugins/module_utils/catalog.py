@@ -46,7 +46,7 @@ class RoleSpec:
 
     @property
     def is_audio(self) -> bool:
-        return self.task.startswith("audio")
+        return self.task in ("stt", "tts")
 
     @property
     def native_window(self) -> int | None:
@@ -117,12 +117,12 @@ ROLES: tuple[RoleSpec, ...] = (
     RoleSpec(
         role="stt", prefix="STT", tier_alias=None, compat_alias=None, extra_aliases=(),
         checkpoint="nvidia/parakeet-tdt-0.6b-v2", context=None, gpu_memory_utilization=None,
-        status=CONFIGURED, task="audio-stt", sim_profile="audio",
+        status=CONFIGURED, task="stt", sim_profile="audio",
     ),
     RoleSpec(
         role="tts", prefix="TTS", tier_alias=None, compat_alias=None, extra_aliases=(),
         checkpoint="ResembleAI/chatterbox", context=None, gpu_memory_utilization=None,
-        status=CONFIGURED, task="audio-tts", sim_profile="audio",
+        status=CONFIGURED, task="tts", sim_profile="audio",
     ),
     RoleSpec(
         role="fallback", prefix="FALLBACK", tier_alias=None, compat_alias=None, extra_aliases=(),

@@ -36,6 +36,17 @@ ROLE_FIELDS = (
 )
 
 
+_BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+
+
+def _number_text(text: str):
+    """A number written as text, or the text unchanged when it is not one."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 @dataclass(frozen=True)
 class RoleDecl:
     """One role as a host declares it: served here, or which peers serve it and how."""
@@ -125,15 +136,23 @@ class _Reader:
         return self._coerce(key, value, kind)
 
     def _coerce(self, key: str, value, kind: type):
+        # Extra vars (-e key=value) arrive as strings: numbers and booleans written as text
+        # are read as such, anything else is an error naming the field.
         if kind is bool:
+            if isinstance(value, str) and value.lower() in _BOOL_WORDS:
+                return _BOOL_WORDS[value.lower()]
             if isinstance(value, bool):
                 return value
             raise self.fail(key, f"must be true or false, got {value!r}")
         if kind is int:
+            if isinstance(value, str) and value.strip().isdigit():
+                return int(value)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise self.fail(key, f"must be an integer, got {value!r}")
             return value
         if kind is float:
+            if isinstance(value, str):
+                value = _number_text(value)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise self.fail(key, f"must be a number, got {value!r}")
             return float(value)
@@ -267,4 +286,3 @@ def _parse_rates(read: _Reader) -> tuple:
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
             raise read.fail("rates", f"rate of {peer} must be a positive tok/s, got {rate!r}")
     return tuple((str(peer), float(rate)) for peer, rate in rates.items())
-

@@ -42,8 +42,8 @@ def _global_env(plan: dict, secrets: dict) -> list:
         env.append(("GATEWAY_ALIASES",
                     ",".join(f"{alias}={target}" for alias, target in gateway["aliases"].items())))
     if gateway["auth"]:
-        env.append(("GATEWAY_API_KEY", _secret(plan, secrets, "gateway_api_key",
-                                                "fleet_gateway_api_key")))
+        key = _secret(plan, secrets, "gateway_api_key", "fleet_gateway_api_key")
+        env.append(("GATEWAY_API_KEY", key))
     if gateway.get("fleet_key"):
         env.append(("GATEWAY_FLEET_KEY", _secret(plan, secrets, "fleet_key", "fleet_mesh_key")))
     env.append(("GATEWAY_SELF_ORIGIN", plan["origin"]))
@@ -236,7 +236,9 @@ def _audio_service(plan: dict) -> dict:
 def _gateway_service(plan: dict, backends: list) -> dict:
     gateway = plan["gateway"]
     port = gateway["port"]
-    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/health')"
+    probe = ("import http.client as h; c = h.HTTPConnection('127.0.0.1', "
+             f"{port}, timeout=3); c.request('GET', '/health'); "
+             "exit(c.getresponse().status != 200)")
     service = {
         # The collection's own gateway source, mounted read-only: no separate pin to drift.
         "image": plan["gears"]["gateway_image"],

@@ -13,7 +13,7 @@ description:
   - Rejects a referral, proxy or pool member that does not host the role, a proxy cycle, pool
     members that disagree on served model, window or quantization, a memory budget over the
     box's usable memory, MTP on an arch without the kernel, and a context above the
-    checkpoint's native window unless a covering O(hosts) C(yarn_factor) is declared.
+    checkpoint's native window unless a covering C(yarn_factor) is declared.
   - Returns each box's resolved plan (documented under RV(plan)); the plan holds no secrets.
   - It is an action that runs on the controller; run it once (C(run_once)).
 author:
@@ -25,7 +25,9 @@ options:
   hosts:
     description:
       - Inventory hostnames of the mesh's boxes.
-      - Defaults to every host of the play (C(ansible_play_hosts_all)).
+      - Defaults to every host of the inventory that sets C(fleet_hardware), regardless of
+        C(--limit) or C(serial), since a box's peers are part of its plan even when this run
+        does not deploy them.
       - From each, only the C(fleet_*) variables and C(ansible_host) are read; of
         C(fleet_gateway_api_key) and C(fleet_mesh_key) only whether they are set, so no key
         value enters the plan, the arguments or the logs.
@@ -33,12 +35,12 @@ options:
     type: list
     elements: str
 notes:
-  - The budget rule is seed 004's: the sum of a box's C(--gpu-memory-utilization) fractions
+  - The budget rule is seed 004's. The sum of a box's C(--gpu-memory-utilization) fractions
     times the device memory, plus the hardware headroom, must fit the usable memory.
 """
 
 EXAMPLES = r"""
-- name: Plan the mesh once, from every host of the play
+- name: Plan the mesh once, from every fleet host of the inventory
   lobes.fleet.mesh_plan:
   run_once: true
   register: fleet_plan

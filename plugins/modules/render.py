@@ -20,8 +20,8 @@ description:
     from the collection's own C(gateway/) source (mounted from O(dest)/gateway), the only
     published port.
   - For runtime C(process), C(services.json) (mode 0644) for the process supervisor, and the
-    .env points the gateway at gears on 127.0.0.1. Its shape is
-    C({"version": 1, "host": ..., "services": [...]}), each service with C(name), C(argv),
+    .env points the gateway at gears on 127.0.0.1. Its shape is an object with C(version),
+    C(host) and a C(services) list, each service with C(name), C(argv),
     C(cwd), C(env), C(pidfile), C(log), C(watch) (paths relative to O(dest)), gears first
     (C(gear-<role>), one C(lobes_sim) each, C(gear-audio) for stt/tts), the C(gateway) last
     with C(env_file=.env).
@@ -197,7 +197,7 @@ def run(module: AnsibleModule) -> dict:
                 _write(path, text, mode)
         results.append({"path": path, "changed": changed})
     return {"changed": any(item["changed"] for item in results), "files": results,
-            "env_names": [name for name, _ in env], "services": names,
+            "env_names": [pair[0] for pair in env], "services": names,
             "diff": diffs}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import time
 import urllib.error
@@ -36,7 +37,11 @@ class Services:
         self.procs[name] = (subprocess.Popen(service["argv"], cwd=self.dest / service["cwd"],
                                              env=env, stdout=log, stderr=subprocess.STDOUT),
                             log)
-        wait_health(health_url(service, env))
+        try:
+            wait_health(health_url(service, env))
+        except RuntimeError as error:
+            log_text = (self.dest / service["log"]).read_text()
+            raise RuntimeError(f"{name}: {error}: {log_text}") from error
 
     def start_all(self, skip: tuple = ()) -> None:
         for service in self.spec:
@@ -67,3 +72,37 @@ def wait_health(url: str, timeout: float = 20.0) -> None:
         except (OSError, ValueError):
             time.sleep(0.05)
     raise RuntimeError(f"{url} did not answer")
+
+
+_HANDED_OUT: set = set()  # ports given to a test but maybe not bound yet
+
+
+def _bindable(port: int) -> bool:
+    if port in _HANDED_OUT:
+        return False
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_block(size: int) -> int:
+    """The first port of `size` consecutive ports nobody listens on right now (and none of
+    them handed out before by this module)."""
+    tries = 200
+    while tries:
+        tries -= 1
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base = sock.getsockname()[1]
+        if base + size < 65536 and all(_bindable(base + i) for i in range(size)):
+            _HANDED_OUT.update(range(base, base + size))
+            return base
+    raise RuntimeError(f"no {size} consecutive free ports")
+
+
+def free_port() -> int:
+    """One free port, never one handed out before by this module."""
+    return free_block(1)
