@@ -89,8 +89,9 @@ def test_stopping_a_box_never_deployed_changes_nothing(tmp_path):
 def test_module_fails_clearly_without_the_supervisor_source(tmp_path, state_dir):
     services = tmp_path / "services.json"
     services.write_text(json.dumps({"services": []}))
-    result = _ansible(f"services_file={services}", f"state_dir={state_dir}",
-                      f"source_dir={tmp_path}")
+    result = _ansible(
+        f"services_file={services}", f"state_dir={state_dir}", f"source_dir={tmp_path}"
+    )
 
     assert result["failed"] is True
     assert "holds no lobes_supervisor package" in result["msg"]
