@@ -41,11 +41,18 @@ class ActionModule(ActionBase):
         hostvars = task_vars["hostvars"]
         unknown = [host for host in hosts if host not in hostvars]
         if unknown:
-            return {**result, "failed": True,
-                    "msg": f"hosts not in the inventory: {', '.join(unknown)}"}
+            return {
+                **result,
+                "failed": True,
+                "msg": f"hosts not in the inventory: {', '.join(unknown)}",
+            }
         try:
             plan = plan_mesh({host: fleet_vars(hostvars[host]) for host in hosts})
         except FleetErrors as errors:
-            return {**result, "failed": True, "msg": f"the mesh cannot work:\n{errors}",
-                    "errors": [str(error) for error in errors.errors]}
+            return {
+                **result,
+                "failed": True,
+                "msg": f"the mesh cannot work:\n{errors}",
+                "errors": [str(error) for error in errors.errors],
+            }
         return {**result, "changed": False, "plan": plan}

@@ -30,9 +30,23 @@ TUNABLE_GATEWAY_ENV = (
 )
 
 ROLE_FIELDS = (
-    "feasible", "checkpoint", "served_name", "context", "native_context", "yarn_factor",
-    "gpu_memory_utilization", "max_active", "mtp", "num_speculative_tokens", "tool_parser",
-    "quantization", "sim_profile", "referral", "proxy", "pool", "rates",
+    "feasible",
+    "checkpoint",
+    "served_name",
+    "context",
+    "native_context",
+    "yarn_factor",
+    "gpu_memory_utilization",
+    "max_active",
+    "mtp",
+    "num_speculative_tokens",
+    "tool_parser",
+    "quantization",
+    "sim_profile",
+    "referral",
+    "proxy",
+    "pool",
+    "rates",
 )
 
 
@@ -151,8 +165,10 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
     read = _Reader(host, None, hostvars)
     hardware = read.get("fleet_hardware", str, required=True)
     if hardware not in PROFILES:
-        raise read.fail("fleet_hardware", f"unknown hardware {hardware!r}; one of "
-                        + ", ".join(sorted(PROFILES)))
+        raise read.fail(
+            "fleet_hardware",
+            f"unknown hardware {hardware!r}; one of " + ", ".join(sorted(PROFILES)),
+        )
     runtime = read.get("fleet_runtime", str, "compose")
     if runtime not in RUNTIMES:
         raise read.fail("fleet_runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
@@ -162,8 +178,11 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
     address = read.get("ansible_host", str, host)
     origin = read.get("fleet_origin", str, f"http://{address}:{port}")
     if not origin.startswith("http://") or origin.endswith("/"):
-        raise read.fail("fleet_origin", "must be a plain-HTTP origin like http://box:8000 (peers "
-                        f"are dialled over the private network), got {origin!r}")
+        raise read.fail(
+            "fleet_origin",
+            "must be a plain-HTTP origin like http://box:8000 (peers "
+            f"are dialled over the private network), got {origin!r}",
+        )
     return BoxDecl(
         host=host,
         hardware=hardware,
@@ -193,8 +212,9 @@ def _parse_aliases(read: _Reader) -> tuple:
     aliases = read.get("fleet_gateway_aliases", dict, {})
     for alias, target in aliases.items():
         if not isinstance(target, str) or not target or "," in str(alias) or "=" in str(alias):
-            raise read.fail("fleet_gateway_aliases",
-                            f"alias {alias!r} must map a plain name to a model name")
+            raise read.fail(
+                "fleet_gateway_aliases", f"alias {alias!r} must map a plain name to a model name"
+            )
     return tuple(sorted((str(alias), target) for alias, target in aliases.items()))
 
 
@@ -202,8 +222,11 @@ def _parse_tuning(read: _Reader) -> tuple:
     tuning = read.get("fleet_gateway_tuning", dict, {})
     for name, value in tuning.items():
         if name not in TUNABLE_GATEWAY_ENV:
-            raise read.fail("fleet_gateway_tuning", f"{name!r} is not a tunable gateway "
-                            "variable; one of " + ", ".join(TUNABLE_GATEWAY_ENV))
+            raise read.fail(
+                "fleet_gateway_tuning",
+                f"{name!r} is not a tunable gateway "
+                "variable; one of " + ", ".join(TUNABLE_GATEWAY_ENV),
+            )
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise read.fail("fleet_gateway_tuning", f"{name} must be a number, got {value!r}")
     return tuple(sorted(tuning.items()))
@@ -267,4 +290,3 @@ def _parse_rates(read: _Reader) -> tuple:
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
             raise read.fail("rates", f"rate of {peer} must be a positive tok/s, got {rate!r}")
     return tuple((str(peer), float(rate)) for peer, rate in rates.items())
-
