@@ -169,7 +169,9 @@ class Router:
         if not rc.feasible:
             return self._elsewhere(rc)
         if rc.wired:
-            return self._local(rc, lane)
+            local = self._local(rc, lane)
+            # A hosted pool: this box's own backend and its peers' (P_PEER_ORIGINS).
+            return PoolRoute(name, rc.role.tier, rc, local) if rc.peers else local
         if name in _UPWARD_TO_PRIMARY and name != PRIMARY_ROLE:
             return self._generate_route(PRIMARY_ROLE, lane)
         return Refusal(name, errors.not_wired(name, f"{rc.role.prefix}_BASE_URL"))
@@ -193,6 +195,9 @@ class Router:
                                 _peer_model(rc))
         if rc.peers and rc.peer_proxy:
             return PoolRoute(rc.name, rc.role.tier, rc, single)
+        if self._config.fleet_key and not rc.peer_proxy and (rc.peers or rc.peer_origin):
+            owners = tuple(p.origin for p in rc.peers) or (rc.peer_origin,)
+            return OwnerRoute(rc.name, owners, refusal)
         return single
 
     def _lane_route(self, lane: str) -> Route:

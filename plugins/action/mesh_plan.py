@@ -33,26 +33,19 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        _, args = self.validate_argument_spec(
+        args = self.validate_argument_spec(
             argument_spec={"hosts": {"type": "list", "elements": "str"}},
-        )
+        )[1]
         task_vars = task_vars or {}
         hosts = args["hosts"] or task_vars.get("ansible_play_hosts_all") or []
         hostvars = task_vars["hostvars"]
         unknown = [host for host in hosts if host not in hostvars]
         if unknown:
-            return {
-                **result,
-                "failed": True,
-                "msg": f"hosts not in the inventory: {', '.join(unknown)}",
-            }
+            return {**result, "failed": True,
+                    "msg": f"hosts not in the inventory: {', '.join(unknown)}"}
         try:
             plan = plan_mesh({host: fleet_vars(hostvars[host]) for host in hosts})
         except FleetErrors as errors:
-            return {
-                **result,
-                "failed": True,
-                "msg": f"the mesh cannot work:\n{errors}",
-                "errors": [str(error) for error in errors.errors],
-            }
+            return {**result, "failed": True, "msg": f"the mesh cannot work:\n{errors}",
+                    "errors": [str(error) for error in errors.errors]}
         return {**result, "changed": False, "plan": plan}

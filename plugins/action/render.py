@@ -20,11 +20,8 @@ def secrets_for(plan: dict, task_vars: dict) -> dict:
     return {
         "gateway_api_key": _value(task_vars, "fleet_gateway_api_key"),
         "fleet_key": _value(task_vars, "fleet_mesh_key"),
-        "peer_keys": {
-            peer: _value(hostvars[peer], "fleet_gateway_api_key")
-            for peer in plan.get("key_hosts", [])
-            if peer in hostvars
-        },
+        "peer_keys": {peer: _value(hostvars[peer], "fleet_gateway_api_key")
+                      for peer in plan.get("key_hosts", []) if peer in hostvars},
     }
 
 
@@ -37,9 +34,6 @@ class ActionModule(ActionBase):
         args = dict(self._task.args)
         if not args.get("secrets") and isinstance(args.get("plan"), dict):
             args["secrets"] = secrets_for(args["plan"], task_vars)
-        result.update(
-            self._execute_module(
-                module_name="lobes.fleet.render", module_args=args, task_vars=task_vars
-            )
-        )
+        result.update(self._execute_module(module_name="lobes.fleet.render", module_args=args,
+                                           task_vars=task_vars))
         return result

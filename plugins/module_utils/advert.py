@@ -28,7 +28,7 @@ def _expected(role: dict, peers_must_be_ready: bool) -> dict:
         "context": role["context"] if role["context"] and mode != "off" else ANY,
         "replicas": sorted(peer["origin"] for peer in role["peers"]) if mode == "pool" else ANY,
     }
-    if role["task"].startswith("audio"):
+    if role["task"] in ("stt", "tts"):
         # Audio lanes have no served id or window on the gateway.
         expected.update(served_name=ANY, context=ANY)
     return expected
@@ -40,11 +40,9 @@ def advertised_roles(capabilities: dict, self_origin: str) -> dict:
     advertised = {}
     for name, entry in roles.items():
         replicas = entry.get("replicas")
-        peer_origins = (
-            sorted(item.get("origin") for item in replicas if item.get("origin") != self_origin)
-            if isinstance(replicas, list)
-            else None
-        )
+        peer_origins = (sorted(item.get("origin") for item in replicas
+                               if item.get("origin") != self_origin)
+                        if isinstance(replicas, list) else None)
         advertised[name] = {field: entry.get(field) for field in FIELDS if field != "replicas"}
         advertised[name]["replicas"] = peer_origins
     return advertised
@@ -55,11 +53,8 @@ def compare(expected: dict, advertised: dict) -> dict:
     differences = {}
     for role, fields in expected.items():
         seen = advertised.get(role)
-        wrong = [
-            field
-            for field, value in fields.items()
-            if value is not ANY and (seen is None or seen.get(field) != value)
-        ]
+        wrong = [field for field, value in fields.items()
+                 if value is not ANY and (seen is None or seen.get(field) != value)]
         if wrong:
             differences[role] = wrong
     return differences
@@ -85,17 +80,9 @@ def table(expected: dict, advertised: dict, differences: dict) -> str:
         seen = advertised.get(role) or {}
         rows.append([role, "declared", *(_cell(fields[field]) for field in FIELDS)])
         flagged = differences.get(role, [])
-        rows.append(
-            [
-                "",
-                "advertised",
-                *(
-                    _cell(seen.get(field)) + ("  <-" if field in flagged else "")
-                    for field in FIELDS
-                ),
-            ]
-        )
+        rows.append(["", "advertised",
+                     *(_cell(seen.get(field)) + ("  <-" if field in flagged else "")
+                       for field in FIELDS)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(row[i].ljust(widths[i]) for i in range(len(row))).rstrip() for row in rows
-    )
+    return "\n".join("  ".join(row[i].ljust(widths[i]) for i in range(len(row))).rstrip()
+                     for row in rows)

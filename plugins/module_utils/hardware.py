@@ -63,49 +63,28 @@ PROFILES: dict = {
             # Seed 004: "128 GB unified", "the 121.7 GiB unified pool"; the util table's
             # GiB column is util x 128. Headroom: a shared Spark carried 12-20 GiB of other
             # services in the seed's validation run.
-            name="gb10",
-            description="NVIDIA DGX Spark (GB10, 128 GB unified)",
-            arch="sm_121",
-            memory_gib=128.0,
-            usable_gib=121.7,
-            headroom_gib=20.0,
-            mtp_kernel=True,
+            name="gb10", description="NVIDIA DGX Spark (GB10, 128 GB unified)", arch="sm_121",
+            memory_gib=128.0, usable_gib=121.7, headroom_gib=20.0, mtp_kernel=True,
             gear_image=VLLM_NIGHTLY,
         ),
         HardwareProfile(
             # No MTP kernel is declared for sm_87; speculative decoding stays off here.
-            name="orin",
-            description="NVIDIA Jetson AGX Orin 64 GB",
-            arch="sm_87",
-            memory_gib=64.0,
-            usable_gib=61.4,
-            headroom_gib=8.0,
-            mtp_kernel=False,
+            name="orin", description="NVIDIA Jetson AGX Orin 64 GB", arch="sm_87",
+            memory_gib=64.0, usable_gib=61.4, headroom_gib=8.0, mtp_kernel=False,
             gear_image=VLLM_JETSON,
         ),
         HardwareProfile(
             # Seed 000: "no sm_110 kernel image for this checkpoint's MTP variant".
-            name="thor",
-            description="NVIDIA Jetson AGX Thor 128 GB",
-            arch="sm_110",
-            memory_gib=128.0,
-            usable_gib=122.0,
-            headroom_gib=16.0,
-            mtp_kernel=False,
+            name="thor", description="NVIDIA Jetson AGX Thor 128 GB", arch="sm_110",
+            memory_gib=128.0, usable_gib=122.0, headroom_gib=16.0, mtp_kernel=False,
             gear_image=VLLM_JETSON,
         ),
         HardwareProfile(
             # The embedded default: no GPU, simulated gears budgeted as if on a Spark so a
             # local inventory that fits here fits a real one.
-            name="sim",
-            description="No GPU: lobes_sim gears standing in for a Spark",
-            arch="none",
-            memory_gib=128.0,
-            usable_gib=121.7,
-            headroom_gib=20.0,
-            mtp_kernel=True,
-            gear_image="",
-            has_gpu=False,
+            name="sim", description="No GPU: lobes_sim gears standing in for a Spark",
+            arch="none", memory_gib=128.0, usable_gib=121.7, headroom_gib=20.0,
+            mtp_kernel=True, gear_image="", has_gpu=False,
         ),
     )
 }

@@ -30,24 +30,21 @@ TUNABLE_GATEWAY_ENV = (
 )
 
 ROLE_FIELDS = (
-    "feasible",
-    "checkpoint",
-    "served_name",
-    "context",
-    "native_context",
-    "yarn_factor",
-    "gpu_memory_utilization",
-    "max_active",
-    "mtp",
-    "num_speculative_tokens",
-    "tool_parser",
-    "quantization",
-    "sim_profile",
-    "referral",
-    "proxy",
-    "pool",
-    "rates",
+    "feasible", "checkpoint", "served_name", "context", "native_context", "yarn_factor",
+    "gpu_memory_utilization", "max_active", "mtp", "num_speculative_tokens", "tool_parser",
+    "quantization", "sim_profile", "referral", "proxy", "pool", "rates",
 )
+
+
+_BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+
+
+def _number_text(text: str):
+    """A number written as text, or the text unchanged when it is not one."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 @dataclass(frozen=True)
@@ -139,15 +136,23 @@ class _Reader:
         return self._coerce(key, value, kind)
 
     def _coerce(self, key: str, value, kind: type):
+        # Extra vars (-e key=value) arrive as strings: numbers and booleans written as text
+        # are read as such, anything else is an error naming the field.
         if kind is bool:
+            if isinstance(value, str) and value.lower() in _BOOL_WORDS:
+                return _BOOL_WORDS[value.lower()]
             if isinstance(value, bool):
                 return value
             raise self.fail(key, f"must be true or false, got {value!r}")
         if kind is int:
+            if isinstance(value, str) and value.strip().isdigit():
+                return int(value)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise self.fail(key, f"must be an integer, got {value!r}")
             return value
         if kind is float:
+            if isinstance(value, str):
+                value = _number_text(value)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise self.fail(key, f"must be a number, got {value!r}")
             return float(value)
@@ -165,10 +170,8 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
     read = _Reader(host, None, hostvars)
     hardware = read.get("fleet_hardware", str, required=True)
     if hardware not in PROFILES:
-        raise read.fail(
-            "fleet_hardware",
-            f"unknown hardware {hardware!r}; one of " + ", ".join(sorted(PROFILES)),
-        )
+        raise read.fail("fleet_hardware", f"unknown hardware {hardware!r}; one of "
+                        + ", ".join(sorted(PROFILES)))
     runtime = read.get("fleet_runtime", str, "compose")
     if runtime not in RUNTIMES:
         raise read.fail("fleet_runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
@@ -178,11 +181,8 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
     address = read.get("ansible_host", str, host)
     origin = read.get("fleet_origin", str, f"http://{address}:{port}")
     if not origin.startswith("http://") or origin.endswith("/"):
-        raise read.fail(
-            "fleet_origin",
-            "must be a plain-HTTP origin like http://box:8000 (peers "
-            f"are dialled over the private network), got {origin!r}",
-        )
+        raise read.fail("fleet_origin", "must be a plain-HTTP origin like http://box:8000 (peers "
+                        f"are dialled over the private network), got {origin!r}")
     return BoxDecl(
         host=host,
         hardware=hardware,
@@ -212,9 +212,8 @@ def _parse_aliases(read: _Reader) -> tuple:
     aliases = read.get("fleet_gateway_aliases", dict, {})
     for alias, target in aliases.items():
         if not isinstance(target, str) or not target or "," in str(alias) or "=" in str(alias):
-            raise read.fail(
-                "fleet_gateway_aliases", f"alias {alias!r} must map a plain name to a model name"
-            )
+            raise read.fail("fleet_gateway_aliases",
+                            f"alias {alias!r} must map a plain name to a model name")
     return tuple(sorted((str(alias), target) for alias, target in aliases.items()))
 
 
@@ -222,11 +221,8 @@ def _parse_tuning(read: _Reader) -> tuple:
     tuning = read.get("fleet_gateway_tuning", dict, {})
     for name, value in tuning.items():
         if name not in TUNABLE_GATEWAY_ENV:
-            raise read.fail(
-                "fleet_gateway_tuning",
-                f"{name!r} is not a tunable gateway "
-                "variable; one of " + ", ".join(TUNABLE_GATEWAY_ENV),
-            )
+            raise read.fail("fleet_gateway_tuning", f"{name!r} is not a tunable gateway "
+                            "variable; one of " + ", ".join(TUNABLE_GATEWAY_ENV))
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise read.fail("fleet_gateway_tuning", f"{name} must be a number, got {value!r}")
     return tuple(sorted(tuning.items()))

@@ -71,21 +71,14 @@ def box_hardware(box: BoxDecl) -> HardwareProfile:
 
 # ---------------------------------------------------------------- local gears
 
-
 def _resolve_local_roles(box: BoxDecl, errors: list) -> dict:
     """role -> served-here parameters for every role the box declares feasible."""
     resolved = {}
     hardware = box_hardware(box)
     if box.runtime == "compose" and not hardware.has_gpu:
-        errors.append(
-            FleetError(
-                box.host,
-                None,
-                "fleet_runtime",
-                f"compose runs real vLLM gears; hardware {box.hardware} has "
-                "no GPU, use fleet_runtime: process",
-            )
-        )
+        errors.append(FleetError(box.host, None, "fleet_runtime",
+                                 f"compose runs real vLLM gears; hardware {box.hardware} has "
+                                 "no GPU, use fleet_runtime: process"))
     for decl in box.roles:
         if not decl.feasible:
             continue
@@ -99,13 +92,9 @@ def _resolve_local_roles(box: BoxDecl, errors: list) -> dict:
 def _resolve_gear(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> dict:
     spec = role_spec(decl.role)
     if decl.peer_mode in ("referral", "proxy"):
-        raise FleetError(
-            box.host,
-            decl.role,
-            decl.peer_mode,
-            "a role served here takes no referral or proxy; set feasible: false "
-            "to hand it to the peer",
-        )
+        raise FleetError(box.host, decl.role, decl.peer_mode,
+                         "a role served here takes no referral or proxy; set feasible: false "
+                         "to hand it to the peer")
     if spec.is_audio:
         return _resolve_audio(box, decl)
     checkpoint = decl.checkpoint or spec.checkpoint
@@ -128,8 +117,7 @@ def _resolve_gear(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> di
         "max_active": max_active,
         "mtp": mtp,
         "num_speculative_tokens": (decl.num_speculative_tokens or DEFAULT_SPECULATIVE_TOKENS)
-        if mtp
-        else None,
+        if mtp else None,
         "tool_parser": decl.tool_parser or spec.tool_parser,
         "quantization": decl.quantization or (None if custom else spec.quantization),
         "sim_profile": decl.sim_profile or _default_sim_profile(box, decl.role),
@@ -138,70 +126,41 @@ def _resolve_gear(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> di
 
 def _resolve_audio(box: BoxDecl, decl: RoleDecl) -> dict:
     if decl.pool:
-        raise FleetError(
-            box.host,
-            decl.role,
-            "pool",
-            "audio lanes are served here or proxied to one peer, never pooled",
-        )
+        raise FleetError(box.host, decl.role, "pool",
+                         "audio lanes are served here or proxied to one peer, never pooled")
     if box.runtime == "compose" and not box.audio_image:
-        raise FleetError(
-            box.host,
-            decl.role,
-            "fleet_audio_image",
-            "is required to serve an audio lane under compose (the realtime bridge image)",
-        )
-    return {
-        "checkpoint": decl.checkpoint or role_spec(decl.role).checkpoint,
-        "sim_profile": decl.sim_profile or "audio",
-    }
+        raise FleetError(box.host, decl.role, "fleet_audio_image",
+                         "is required to serve an audio lane under compose (the realtime "
+                         "bridge image)")
+    return {"checkpoint": decl.checkpoint or role_spec(decl.role).checkpoint,
+            "sim_profile": decl.sim_profile or "audio"}
 
 
 def _check_window(box: BoxDecl, decl: RoleDecl, context: int, native: int) -> None:
     if decl.yarn_factor is not None and decl.yarn_factor <= 1.0:
-        raise FleetError(
-            box.host,
-            decl.role,
-            "yarn_factor",
-            f"must be above 1.0 to extend the window, got {decl.yarn_factor}",
-        )
+        raise FleetError(box.host, decl.role, "yarn_factor",
+                         f"must be above 1.0 to extend the window, got {decl.yarn_factor}")
     if context <= native:
         return
     if decl.yarn_factor is None:
-        raise FleetError(
-            box.host,
-            decl.role,
-            "context",
-            f"{context} exceeds the checkpoint's native window {native}; lower it "
-            f"or declare yarn_factor >= {context / native:g}",
-        )
+        raise FleetError(box.host, decl.role, "context",
+                         f"{context} exceeds the checkpoint's native window {native}; lower it "
+                         f"or declare yarn_factor >= {context / native:g}")
     if context > native * decl.yarn_factor:
-        raise FleetError(
-            box.host,
-            decl.role,
-            "context",
-            f"{context} exceeds the YaRN window {native} x {decl.yarn_factor:g} = "
-            f"{int(native * decl.yarn_factor)}; raise yarn_factor to "
-            f"{context / native:g}",
-        )
+        raise FleetError(box.host, decl.role, "context",
+                         f"{context} exceeds the YaRN window {native} x {decl.yarn_factor:g} = "
+                         f"{int(native * decl.yarn_factor)}; raise yarn_factor to "
+                         f"{context / native:g}")
 
 
 def _utilization(box: BoxDecl, decl: RoleDecl, default: float | None) -> float:
     util = decl.gpu_memory_utilization if decl.gpu_memory_utilization is not None else default
     if util is None:
-        raise FleetError(
-            box.host,
-            decl.role,
-            "gpu_memory_utilization",
-            "is unmeasured in the catalog; declare the value measured on this box",
-        )
+        raise FleetError(box.host, decl.role, "gpu_memory_utilization",
+                         "is unmeasured in the catalog; declare the value measured on this box")
     if not 0.0 < util < 1.0:
-        raise FleetError(
-            box.host,
-            decl.role,
-            "gpu_memory_utilization",
-            f"must be a fraction between 0 and 1, got {util}",
-        )
+        raise FleetError(box.host, decl.role, "gpu_memory_utilization",
+                         f"must be a fraction between 0 and 1, got {util}")
     return util
 
 
@@ -209,13 +168,9 @@ def _mtp(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl, checkpoint_mtp
     if decl.mtp is None:
         return checkpoint_mtp and hardware.mtp_kernel
     if decl.mtp and not hardware.mtp_kernel:
-        raise FleetError(
-            box.host,
-            decl.role,
-            "mtp",
-            f"{hardware.name} ({hardware.arch}) has no MTP kernel for this "
-            "checkpoint; set mtp: false",
-        )
+        raise FleetError(box.host, decl.role, "mtp",
+                         f"{hardware.name} ({hardware.arch}) has no MTP kernel for this "
+                         "checkpoint; set mtp: false")
     return decl.mtp
 
 
@@ -227,15 +182,11 @@ def _default_sim_profile(box: BoxDecl, role: str) -> str:
 
 # ---------------------------------------------------------------- mesh checks
 
-
 def budget(box: BoxDecl, local: dict) -> dict:
     """Seed 004 "Memory": sum of the gears' utilization fractions against usable memory."""
     hardware = box_hardware(box)
-    gears = {
-        role: gear["gpu_memory_utilization"]
-        for role, gear in local.items()
-        if "gpu_memory_utilization" in gear
-    }
+    gears = {role: gear["gpu_memory_utilization"] for role, gear in local.items()
+             if "gpu_memory_utilization" in gear}
     utilization = round(sum(gears.values()), 4)
     reserved = round(utilization * hardware.memory_gib, 2)
     return {
@@ -256,18 +207,13 @@ def _check_budgets(boxes: dict, local: dict) -> list:
         if summary["fits"]:
             continue
         parts = " + ".join(f"{role} {util:g}" for role, util in summary["gears"].items())
-        errors.append(
-            FleetError(
-                host,
-                ",".join(summary["gears"]),
-                "gpu_memory_utilization",
-                f"budget over usable memory: {parts} = {summary['utilization']:g} x "
-                f"{box_hardware(box).memory_gib:g} GiB = {summary['reserved_gib']:g} GiB, plus "
-                f"{summary['headroom_gib']:g} GiB headroom, exceeds {summary['usable_gib']:g} GiB "
-                f"usable (at most {summary['max_utilization']:g} in total); lower a gear's "
-                "utilization or drop a role",
-            )
-        )
+        errors.append(FleetError(
+            host, ",".join(summary["gears"]), "gpu_memory_utilization",
+            f"budget over usable memory: {parts} = {summary['utilization']:g} x "
+            f"{box_hardware(box).memory_gib:g} GiB = {summary['reserved_gib']:g} GiB, plus "
+            f"{summary['headroom_gib']:g} GiB headroom, exceeds {summary['usable_gib']:g} GiB "
+            f"usable (at most {summary['max_utilization']:g} in total); lower a gear's "
+            "utilization or drop a role"))
     return errors
 
 
@@ -275,11 +221,8 @@ def _check_origins(boxes: dict) -> list:
     seen, errors = {}, []
     for host, box in sorted(boxes.items()):
         if box.origin in seen:
-            errors.append(
-                FleetError(
-                    host, None, "fleet_origin", f"{box.origin} is also {seen[box.origin]}'s origin"
-                )
-            )
+            errors.append(FleetError(host, None, "fleet_origin",
+                                     f"{box.origin} is also {seen[box.origin]}'s origin"))
         seen.setdefault(box.origin, host)
     return errors
 
@@ -297,15 +240,9 @@ def _check_proxy_cycles(boxes: dict) -> list:
     for role in roles:
         cycle = _find_cycle(boxes, role)
         if cycle:
-            errors.append(
-                FleetError(
-                    cycle[0],
-                    role,
-                    "proxy",
-                    "proxy cycle " + " -> ".join(cycle) + "; one box must "
-                    "serve the role (feasible: true)",
-                )
-            )
+            errors.append(FleetError(cycle[0], role, "proxy",
+                                     "proxy cycle " + " -> ".join(cycle) + "; one box must "
+                                     "serve the role (feasible: true)"))
     return errors
 
 
@@ -326,7 +263,7 @@ def _find_cycle(boxes: dict, role: str) -> list:
                 stack.pop()
                 path.pop()
             elif nxt in path:
-                return [*path[path.index(nxt) :], nxt]
+                return [*path[path.index(nxt):], nxt]
             elif nxt not in done and nxt in boxes:
                 stack.append((nxt, iter(edges(nxt))))
                 path.append(nxt)
@@ -344,18 +281,11 @@ def _check_peers(box: BoxDecl, boxes: dict, local: dict) -> list:
 
 
 def _check_role_peers(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) -> None:
-    modes = [
-        mode
-        for mode, value in (("referral", decl.referral), ("proxy", decl.proxy), ("pool", decl.pool))
-        if value
-    ]
+    declared = (("referral", decl.referral), ("proxy", decl.proxy), ("pool", decl.pool))
+    modes = [mode for mode, value in declared if value]
     if len(modes) > 1:
-        raise FleetError(
-            box.host,
-            decl.role,
-            modes[1],
-            f"declare one of referral, proxy or pool, not {' and '.join(modes)}",
-        )
+        raise FleetError(box.host, decl.role, modes[1],
+                         f"declare one of referral, proxy or pool, not {' and '.join(modes)}")
     for field, peer in _named_peers(decl):
         _check_hosts_role(box, decl, field, peer, boxes, local)
     if decl.pool:
@@ -373,16 +303,12 @@ def _check_hosts_role(box, decl, field, peer, boxes, local) -> None:
     if peer == box.host:
         raise FleetError(box.host, decl.role, field, "names this box itself; name a peer")
     if peer not in boxes:
-        raise FleetError(
-            box.host, decl.role, field, f"{peer!r} is not a fleet host of this inventory"
-        )
+        raise FleetError(box.host, decl.role, field,
+                         f"{peer!r} is not a fleet host of this inventory")
     if decl.role not in local[peer]:
-        raise FleetError(
-            box.host,
-            decl.role,
-            field,
-            f"{peer} does not host {decl.role} (not feasible there); name a box that serves it",
-        )
+        raise FleetError(box.host, decl.role, field,
+                         f"{peer} does not host {decl.role} (not feasible there); name a box "
+                         "that serves it")
 
 
 def _fingerprint(gear: dict) -> tuple:
@@ -398,43 +324,30 @@ def _check_pool_agreement(box: BoxDecl, decl: RoleDecl, local: dict) -> None:
         if _fingerprint(gear) == _fingerprint(reference):
             continue
         ours, theirs = _fingerprint(reference), _fingerprint(gear)
-        diffs = [
-            f"{label} {reference_host}={ours[i]!r} vs {host}={theirs[i]!r}"
-            for i, label in enumerate(("served model", "window", "quantization"))
-            if ours[i] != theirs[i]
-        ]
-        raise FleetError(
-            box.host,
-            decl.role,
-            "pool",
-            "pool members disagree: "
-            + "; ".join(diffs)
-            + "; a pool needs one served id, window and quantization",
-        )
+        diffs = [f"{label} {reference_host}={ours[i]!r} vs {host}={theirs[i]!r}"
+                 for i, label in enumerate(("served model", "window", "quantization"))
+                 if ours[i] != theirs[i]]
+        raise FleetError(box.host, decl.role, "pool",
+                         "pool members disagree: " + "; ".join(diffs)
+                         + "; a pool needs one served id, window and quantization")
 
 
 def _check_rates(box: BoxDecl, decl: RoleDecl) -> None:
     if not decl.rates:
         return
-    rated = [peer for peer, _ in decl.rates]
+    rated = [pair[0] for pair in decl.rates]
     if not decl.pool:
-        raise FleetError(
-            box.host, decl.role, "rates", "rates are priors for pool members; declare a pool"
-        )
+        raise FleetError(box.host, decl.role, "rates", "rates are priors for pool members; "
+                         "declare a pool")
     stray = [peer for peer in rated if peer not in decl.pool]
     missing = [peer for peer in decl.pool if peer not in rated]
     if stray or missing:
-        raise FleetError(
-            box.host,
-            decl.role,
-            "rates",
-            f"declare a rate for every pool member and no other (missing: "
-            f"{', '.join(missing) or '-'}; not in pool: {', '.join(stray) or '-'})",
-        )
+        raise FleetError(box.host, decl.role, "rates",
+                         f"declare a rate for every pool member and no other (missing: "
+                         f"{', '.join(missing) or '-'}; not in pool: {', '.join(stray) or '-'})")
 
 
 # ---------------------------------------------------------------- the plan
-
 
 def _box_plan(box: BoxDecl, boxes: dict, local: dict) -> dict:
     hardware = box_hardware(box)
@@ -471,13 +384,9 @@ def _box_plan(box: BoxDecl, boxes: dict, local: dict) -> dict:
 
 def _default_model(roles: dict) -> str | None:
     """The primary's served id when the box reaches cortex at all, else the first generate."""
-    generate = [
-        plan
-        for plan in roles.values()
-        if plan["task"] == "generate"
-        and plan["served_name"]
-        and plan["mode"] not in ("referral", "off")
-    ]
+    generate = [plan for plan in roles.values()
+                if plan["task"] == "generate" and plan["served_name"]
+                and plan["mode"] not in ("referral", "off")]
     for plan in generate:
         if plan["role"] == "cortex":
             return plan["served_name"]

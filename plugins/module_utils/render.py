@@ -21,7 +21,6 @@ class RenderError(ValueError):
 
 # ---------------------------------------------------------------- .env
 
-
 def render_env(plan: dict, secrets: dict) -> list:
     """The gateway's environment as ordered (NAME, value) pairs: globals, then roles."""
     env = _global_env(plan, secrets)
@@ -40,16 +39,11 @@ def _global_env(plan: dict, secrets: dict) -> list:
     if gateway["default_model"]:
         env.append(("GATEWAY_DEFAULT_MODEL", gateway["default_model"]))
     if gateway["aliases"]:
-        env.append(
-            (
-                "GATEWAY_ALIASES",
-                ",".join(f"{alias}={target}" for alias, target in gateway["aliases"].items()),
-            )
-        )
+        env.append(("GATEWAY_ALIASES",
+                    ",".join(f"{alias}={target}" for alias, target in gateway["aliases"].items())))
     if gateway["auth"]:
-        env.append(
-            ("GATEWAY_API_KEY", _secret(plan, secrets, "gateway_api_key", "fleet_gateway_api_key"))
-        )
+        key = _secret(plan, secrets, "gateway_api_key", "fleet_gateway_api_key")
+        env.append(("GATEWAY_API_KEY", key))
     if gateway.get("fleet_key"):
         env.append(("GATEWAY_FLEET_KEY", _secret(plan, secrets, "fleet_key", "fleet_mesh_key")))
     env.append(("GATEWAY_SELF_ORIGIN", plan["origin"]))
@@ -65,21 +59,17 @@ def _global_env(plan: dict, secrets: dict) -> list:
 def _secret(plan: dict, secrets: dict, name: str, variable: str) -> str:
     value = secrets.get(name)
     if not value:
-        raise RenderError(
-            f"host {plan['host']}, field {variable}: the plan needs this key but "
-            "none was given; set it (from vault) in the host's variables"
-        )
+        raise RenderError(f"host {plan['host']}, field {variable}: the plan needs this key but "
+                          "none was given; set it (from vault) in the host's variables")
     return value
 
 
 def _peer_key(plan: dict, role: dict, peer: dict, secrets: dict) -> str:
     key = (secrets.get("peer_keys") or {}).get(peer["host"])
     if not key:
-        raise RenderError(
-            f"host {plan['host']}, role {role['role']}, field "
-            f"fleet_gateway_api_key: {peer['host']} runs an inbound gate but its "
-            "key was not given; set it in that peer's variables"
-        )
+        raise RenderError(f"host {plan['host']}, role {role['role']}, field "
+                          f"fleet_gateway_api_key: {peer['host']} runs an inbound gate but its "
+                          "key was not given; set it in that peer's variables")
     return key
 
 
@@ -117,10 +107,8 @@ def _peer_env(plan: dict, role: dict, secrets: dict) -> list:
     if mode == "pool":
         env.append((f"{prefix}_PEER_ORIGINS", ",".join(peer["origin"] for peer in peers)))
         # An empty slot inherits the singular peer's key; a peer without a gate needs none.
-        slots = [
-            "" if peer is singular or not peer["auth"] else _peer_key(plan, role, peer, secrets)
-            for peer in peers
-        ]
+        slots = ["" if peer is singular or not peer["auth"]
+                 else _peer_key(plan, role, peer, secrets) for peer in peers]
         env.append((f"{prefix}_PEER_API_KEYS", ",".join(slots)))
         if all(peer["rate"] is not None for peer in peers):
             env.append((f"{prefix}_PEER_RATES", ",".join(str(peer["rate"]) for peer in peers)))
@@ -136,9 +124,8 @@ def gear_base_url(plan: dict, role: dict) -> str:
 
 
 def _local_audio(plan: dict) -> list:
-    return [
-        role for role in plan["roles"].values() if role["gear"] and role_spec(role["role"]).is_audio
-    ]
+    return [role for role in plan["roles"].values()
+            if role["gear"] and role_spec(role["role"]).is_audio]
 
 
 def _local_audio_url(plan: dict) -> str | None:
@@ -180,7 +167,6 @@ def secret_values(env: list) -> list:
 
 # ---------------------------------------------------------------- compose.yaml
 
-
 def render_compose(plan: dict) -> dict:
     """The compose project: one service per local gear, the gateway, only it published."""
     services = {}
@@ -197,36 +183,22 @@ def vllm_args(plan: dict, role: dict) -> list:
     """The vLLM flags a gear runs with (after `vllm serve <checkpoint>`)."""
     gear = role["gear"]
     spec = role_spec(role["role"])
-    args = [
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(GEAR_PORT),
-        "--served-model-name",
-        gear["served_name"],
-        "--max-model-len",
-        str(gear["context"]),
-        "--gpu-memory-utilization",
-        _number(gear["gpu_memory_utilization"]),
-        "--max-num-seqs",
-        str(gear["max_active"]),
-    ]
+    args = ["--host", "0.0.0.0", "--port", str(GEAR_PORT),
+            "--served-model-name", gear["served_name"],
+            "--max-model-len", str(gear["context"]),
+            "--gpu-memory-utilization", _number(gear["gpu_memory_utilization"]),
+            "--max-num-seqs", str(gear["max_active"])]
     if gear["quantization"]:
         args += ["--quantization", gear["quantization"]]
     if gear["tool_parser"]:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", gear["tool_parser"]]
     if gear["mtp"]:
-        args += [
-            "--speculative-config",
-            json.dumps({"method": "mtp", "num_speculative_tokens": gear["num_speculative_tokens"]}),
-        ]
+        args += ["--speculative-config", json.dumps(
+            {"method": "mtp", "num_speculative_tokens": gear["num_speculative_tokens"]})]
     overrides = json.loads(spec.hf_overrides) if spec.hf_overrides else {}
     if gear["yarn_factor"]:
-        overrides["rope_scaling"] = {
-            "rope_type": "yarn",
-            "factor": gear["yarn_factor"],
-            "original_max_position_embeddings": gear["native_context"],
-        }
+        overrides["rope_scaling"] = {"rope_type": "yarn", "factor": gear["yarn_factor"],
+                                     "original_max_position_embeddings": gear["native_context"]}
     if overrides:
         args += ["--hf-overrides", json.dumps(overrides, sort_keys=True)]
     return args + list(spec.vllm_args)
@@ -244,9 +216,7 @@ def _vllm_service(plan: dict, role: dict) -> dict:
         "volumes": [f"{plan['gears']['hf_cache']}:/root/.cache/huggingface"],
         "healthcheck": {
             "test": ["CMD", "curl", "-fsS", f"http://127.0.0.1:{GEAR_PORT}/health"],
-            "interval": "30s",
-            "timeout": "5s",
-            "retries": 3,
+            "interval": "30s", "timeout": "5s", "retries": 3,
             # Seed 004: a 27B gear takes about 7 minutes from start to /health.
             "start_period": "15m",
         },
@@ -266,7 +236,9 @@ def _audio_service(plan: dict) -> dict:
 def _gateway_service(plan: dict, backends: list) -> dict:
     gateway = plan["gateway"]
     port = gateway["port"]
-    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/health')"
+    probe = ("import http.client as h; c = h.HTTPConnection('127.0.0.1', "
+             f"{port}, timeout=3); c.request('GET', '/health'); "
+             "exit(c.getresponse().status != 200)")
     service = {
         # The collection's own gateway source, mounted read-only: no separate pin to drift.
         "image": plan["gears"]["gateway_image"],
@@ -278,12 +250,8 @@ def _gateway_service(plan: dict, backends: list) -> dict:
         "environment": {"PYTHONPATH": GATEWAY_SOURCE_MOUNT, "PYTHONDONTWRITEBYTECODE": "1"},
         "volumes": [f"./gateway:{GATEWAY_SOURCE_MOUNT}:ro"],
         "ports": [f"{gateway['host']}:{port}:{port}"],
-        "healthcheck": {
-            "test": ["CMD", "python3", "-c", probe],
-            "interval": "10s",
-            "timeout": "5s",
-            "retries": 3,
-        },
+        "healthcheck": {"test": ["CMD", "python3", "-c", probe],
+                        "interval": "10s", "timeout": "5s", "retries": 3},
     }
     if backends:
         service["depends_on"] = backends
@@ -345,7 +313,6 @@ def _yaml_empty(value) -> str:
 
 # ---------------------------------------------------------------- services.json
 
-
 def render_services(plan: dict, gateway_dir: str = "gateway") -> dict:
     """The process runtime's services: one lobes_sim gear per local role, then the gateway.
 
@@ -353,62 +320,43 @@ def render_services(plan: dict, gateway_dir: str = "gateway") -> dict:
     service there), so PYTHONPATH=gateway finds the deployed gateway/ source."""
     python = plan["gears"]["python"]
     env = {"PYTHONPATH": gateway_dir}
-    services = [
-        _sim_service(plan, role, python, env, gateway_dir)
-        for role in plan["roles"].values()
-        if role["gear"] and not role_spec(role["role"]).is_audio
-    ]
+    services = [_sim_service(plan, role, python, env, gateway_dir)
+                for role in plan["roles"].values()
+                if role["gear"] and not role_spec(role["role"]).is_audio]
     audio = _local_audio(plan)
     if audio:
         services.append(_sim_audio_service(plan, audio[0], python, env, gateway_dir))
-    services.append(
-        {
-            "name": "gateway",
-            "argv": [python, "-m", "lobes_gateway"],
-            "cwd": ".",
-            "env": dict(env),
-            "env_file": ".env",
-            "pidfile": "gateway.pid",
-            "log": "gateway.log",
-            "watch": [f"{gateway_dir}/lobes_gateway"],
-        }
-    )
+    services.append({
+        "name": "gateway",
+        "argv": [python, "-m", "lobes_gateway"],
+        "cwd": ".",
+        "env": dict(env),
+        "env_file": ".env",
+        "pidfile": "gateway.pid",
+        "log": "gateway.log",
+        "watch": [f"{gateway_dir}/lobes_gateway"],
+    })
     return {"version": 1, "host": plan["host"], "services": services}
 
 
 def _sim_argv(python: str, port: int, profile: str) -> list:
-    return [
-        python,
-        "-m",
-        "lobes_sim",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--profile",
-        profile,
-    ]
+    return [python, "-m", "lobes_sim", "--host", "127.0.0.1", "--port", str(port),
+            "--profile", profile]
 
 
 def _sim_service(plan: dict, role: dict, python: str, env: dict, gateway_dir: str) -> dict:
     gear = role["gear"]
     argv = _sim_argv(python, gear["port"], gear["sim_profile"])
-    argv += [
-        "--served-name",
-        gear["served_name"],
-        "--max-model-len",
-        str(gear["context"]),
-        "--max-num-seqs",
-        str(gear["max_active"]),
-        "--time-scale",
-        _number(plan["gears"]["sim_time_scale"]),
-    ]
+    argv += ["--served-name", gear["served_name"], "--max-model-len", str(gear["context"]),
+             "--max-num-seqs", str(gear["max_active"]),
+             "--time-scale", _number(plan["gears"]["sim_time_scale"])]
     if gear["quantization"]:
         argv += ["--quantization", gear["quantization"]]
     return _sim_entry(f"gear-{role['role']}", role["role"], argv, env, gateway_dir)
 
 
-def _sim_audio_service(plan: dict, role: dict, python: str, env: dict, gateway_dir: str) -> dict:
+def _sim_audio_service(plan: dict, role: dict, python: str, env: dict,
+                       gateway_dir: str) -> dict:
     argv = _sim_argv(python, role["gear"]["port"], role["gear"]["sim_profile"])
     argv += ["--time-scale", _number(plan["gears"]["sim_time_scale"])]
     return _sim_entry("gear-audio", "audio", argv, env, gateway_dir)

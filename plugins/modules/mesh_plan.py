@@ -13,7 +13,7 @@ description:
   - Rejects a referral, proxy or pool member that does not host the role, a proxy cycle, pool
     members that disagree on served model, window or quantization, a memory budget over the
     box's usable memory, MTP on an arch without the kernel, and a context above the
-    checkpoint's native window unless a covering O(hosts) C(yarn_factor) is declared.
+    checkpoint's native window unless a covering C(yarn_factor) is declared.
   - Returns each box's resolved plan (documented under RV(plan)); the plan holds no secrets.
   - It is an action that runs on the controller; run it once (C(run_once)).
 author:
@@ -33,7 +33,7 @@ options:
     type: list
     elements: str
 notes:
-  - The budget rule is seed 004's: the sum of a box's C(--gpu-memory-utilization) fractions
+  - The budget rule is seed 004's. The sum of a box's C(--gpu-memory-utilization) fractions
     times the device memory, plus the hardware headroom, must fit the usable memory.
 """
 

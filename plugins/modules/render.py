@@ -20,8 +20,8 @@ description:
     from the collection's own C(gateway/) source (mounted from O(dest)/gateway), the only
     published port.
   - For runtime C(process), C(services.json) (mode 0644) for the process supervisor, and the
-    .env points the gateway at gears on 127.0.0.1. Its shape is
-    C({"version": 1, "host": ..., "services": [...]}), each service with C(name), C(argv),
+    .env points the gateway at gears on 127.0.0.1. Its shape is an object with C(version),
+    C(host) and a C(services) list, each service with C(name), C(argv),
     C(cwd), C(env), C(pidfile), C(log), C(watch) (paths relative to O(dest)), gears first
     (C(gear-<role>), one C(lobes_sim) each, C(gear-audio) for stt/tts), the C(gateway) last
     with C(env_file=.env).
@@ -122,7 +122,8 @@ FILE_MODE = 0o644
 def rendered_files(plan: dict, secrets: dict, gateway_dir: str) -> tuple:
     """(files, env, service names): files as (name, text, masked text, mode)."""
     env = render.render_env(plan, secrets)
-    files = [(".env", render.format_env(env), render.format_env(env, mask_secrets=True), ENV_MODE)]
+    files = [(".env", render.format_env(env), render.format_env(env, mask_secrets=True),
+              ENV_MODE)]
     if plan["runtime"] == "compose":
         compose = render.render_compose(plan)
         text = render.to_yaml(compose)
@@ -176,9 +177,8 @@ def run(module: AnsibleModule) -> dict:
     params = module.params
     dest = params["dest"]
     try:
-        files, env, names = rendered_files(
-            params["plan"], params["secrets"] or {}, params["gateway_dir"]
-        )
+        files, env, names = rendered_files(params["plan"], params["secrets"] or {},
+                                           params["gateway_dir"])
     except (render.RenderError, KeyError, TypeError) as error:
         module.fail_json(msg=f"cannot render the plan: {error}")
     for value in render.secret_values(env):
@@ -191,24 +191,14 @@ def run(module: AnsibleModule) -> dict:
         before, before_mode = _current(path)
         changed = before != text or before_mode != mode
         if changed:
-            diffs.append(
-                {
-                    "before_header": path,
-                    "after_header": path,
-                    "before": _masked_before(name, before),
-                    "after": masked,
-                }
-            )
+            diffs.append({"before_header": path, "after_header": path,
+                          "before": _masked_before(name, before), "after": masked})
             if not module.check_mode:
                 _write(path, text, mode)
         results.append({"path": path, "changed": changed})
-    return {
-        "changed": any(item["changed"] for item in results),
-        "files": results,
-        "env_names": [name for name, _ in env],
-        "services": names,
-        "diff": diffs,
-    }
+    return {"changed": any(item["changed"] for item in results), "files": results,
+            "env_names": [pair[0] for pair in env], "services": names,
+            "diff": diffs}
 
 
 def main() -> None:
@@ -216,15 +206,11 @@ def main() -> None:
         argument_spec={
             "plan": {"type": "dict", "required": True},
             "dest": {"type": "path", "required": True},
-            "secrets": {
-                "type": "dict",
-                "no_log": True,
-                "options": {
-                    "gateway_api_key": {"type": "str", "no_log": True},
-                    "fleet_key": {"type": "str", "no_log": True},
-                    "peer_keys": {"type": "dict", "no_log": True},
-                },
-            },
+            "secrets": {"type": "dict", "no_log": True, "options": {
+                "gateway_api_key": {"type": "str", "no_log": True},
+                "fleet_key": {"type": "str", "no_log": True},
+                "peer_keys": {"type": "dict", "no_log": True},
+            }},
             "gateway_dir": {"type": "str", "default": "gateway"},
         },
         supports_check_mode=True,

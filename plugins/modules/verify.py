@@ -107,9 +107,8 @@ from ansible_collections.lobes.fleet.plugins.module_utils.version import (  # no
 
 def read_json(url: str, timeout: float) -> dict:
     """GET a JSON body; any failure becomes an exception with a readable message."""
-    with open_url(
-        url, method="GET", timeout=timeout, use_proxy=False, validate_certs=False
-    ) as response:
+    with open_url(url, method="GET", timeout=timeout, use_proxy=False,
+                  validate_certs=False) as response:
         return json.loads(response.read())
 
 
@@ -119,22 +118,12 @@ def observe(base: str, plan: dict, expected: dict, version: str, timeout: float)
         health = read_json(f"{base}/health", timeout)
         capabilities = read_json(f"{base}/capabilities", timeout)
     except (OSError, ValueError, HTTPException) as error:  # not up yet, or not a gateway
-        return {
-            "reachable": False,
-            "error": f"{base} did not answer: {error}",
-            "advertised": {},
-            "differences": {},
-            "version": None,
-        }
+        return {"reachable": False, "error": f"{base} did not answer: {error}",
+                "advertised": {}, "differences": {}, "version": None}
     advertised = advert.advertised_roles(capabilities, plan["origin"])
-    return {
-        "reachable": True,
-        "error": None,
-        "advertised": advertised,
-        "differences": advert.compare(expected, advertised),
-        "version": health.get("version"),
-        "version_ok": health.get("version") == version,
-    }
+    return {"reachable": True, "error": None, "advertised": advertised,
+            "differences": advert.compare(expected, advertised),
+            "version": health.get("version"), "version_ok": health.get("version") == version}
 
 
 def agreed(seen: dict) -> bool:
@@ -146,10 +135,8 @@ def failure_message(seen: dict, expected: dict, version: str, waited: float) -> 
     if not seen["reachable"]:
         lines.append(seen["error"])
     elif not seen["version_ok"]:
-        lines.append(
-            f"version: declared {version}, advertised {seen['version']} (redeploy the "
-            "gateway from this collection)"
-        )
+        lines.append(f"version: declared {version}, advertised {seen['version']} (redeploy the "
+                     "gateway from this collection)")
     lines.append(advert.table(expected, seen["advertised"], seen["differences"]))
     return "\n".join(lines)
 
@@ -171,20 +158,11 @@ def run(module: AnsibleModule) -> dict:
         time.sleep(params["interval"])
     shown = advert.table(expected, seen["advertised"], seen["differences"])
     if not agreed(seen):
-        module.fail_json(
-            msg=failure_message(seen, expected, version, waited),
-            table=shown,
-            attempts=attempts,
-            version=seen["version"],
-        )
+        module.fail_json(msg=failure_message(seen, expected, version, waited), table=shown,
+                         attempts=attempts, version=seen["version"])
     roles = {role: seen["advertised"][role] for role in expected}
-    return {
-        "changed": False,
-        "version": seen["version"],
-        "roles": roles,
-        "table": shown,
-        "attempts": attempts,
-    }
+    return {"changed": False, "version": seen["version"], "roles": roles, "table": shown,
+            "attempts": attempts}
 
 
 def main() -> None:

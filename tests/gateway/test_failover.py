@@ -5,18 +5,28 @@ import json
 import pytest
 
 from tests.gateway.client import chat, sse_events
+from tests.support.gateway_proc import start_gateway
+from tests.support.sim_proc import start_sim
+
+
+@pytest.fixture(scope="module")
+def shared_pair():
+    with start_sim("instant", served_name="primary-served") as primary, \
+            start_sim("instant", served_name="fb-served") as fallback:
+        env = {"PRIMARY_BASE_URL": primary.url, "PRIMARY_SERVED_NAME": "primary-served",
+               "FALLBACK_URL": fallback.url, "FALLBACK_SERVED_NAME": "fb-served",
+               "GATEWAY_UPSTREAM_TIMEOUT_S": "1"}
+        with start_gateway(env) as gateway:
+            yield gateway, primary, fallback
 
 
 @pytest.fixture
-def pair(gateway_factory, sim_factory):
-    primary = sim_factory("instant", served_name="primary-served")
-    fallback = sim_factory("instant", served_name="fb-served")
-    gateway = gateway_factory({
-        "PRIMARY_BASE_URL": primary.url, "PRIMARY_SERVED_NAME": "primary-served",
-        "FALLBACK_URL": fallback.url, "FALLBACK_SERVED_NAME": "fb-served",
-        "GATEWAY_UPSTREAM_TIMEOUT_S": "1",
-    })
-    return gateway, primary, fallback
+def pair(shared_pair):
+    _, primary, fallback = shared_pair
+    for sim in (primary, fallback):
+        sim.set_faults({})
+        sim.clear_requests()
+    return shared_pair
 
 
 def posts(sim) -> list[dict]:
@@ -98,3 +108,36 @@ def test_multimodal_never_fails_over_to_the_fallback(gateway_factory, sim_factor
     senses.set_faults({"refuse": True})
     assert chat(gateway.url, {"model": "senses"}).status == 503
     assert posts(fallback) == [] and posts(primary) == []
+
+
+def test_client_leaving_mid_stream_aborts_upstream_and_nothing_crashes(gateway_factory,
+                                                                       sim_factory):
+    import http.client
+    import time
+    import urllib.request
+
+    primary = sim_factory("minor", served_name="slow")
+    gateway = gateway_factory({"PRIMARY_BASE_URL": primary.url, "PRIMARY_SERVED_NAME": "slow"})
+    primary.set_faults({"slow_factor": 10.0})  # ~0.08 s per token
+
+    def running() -> float:
+        with urllib.request.urlopen(primary.url + "/metrics") as resp:
+            lines = resp.read().decode().splitlines()
+        return float(next(line for line in lines
+                          if line.startswith("vllm:num_requests_running")).rsplit(" ", 1)[1])
+
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
+    conn.request("POST", "/v1/chat/completions", json.dumps(
+        {"model": "main", "stream": True, "max_tokens": 60,
+         "messages": [{"role": "user", "content": "long"}]}), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.fp.readline() and resp.fp.readline().startswith(b"data: ")
+    assert running() == 1.0
+    conn.sock.close()
+    conn.close()
+    deadline = time.monotonic() + 5
+    while running() != 0.0:
+        assert time.monotonic() < deadline, "the backend kept generating for a gone client"
+        time.sleep(0.05)
+    assert gateway.alive()
+    assert chat(gateway.url, {"model": "main", "max_tokens": 2}).status == 200

@@ -166,7 +166,7 @@ def test_unmeasured_utilization_must_be_declared():
 @pytest.mark.parametrize(("host", "change", "expected"), [
     ("spark", {"fleet_hardware": "dgx"}, "field fleet_hardware: unknown hardware 'dgx'"),
     ("spark", {"fleet_runtime": "k8s"}, "field fleet_runtime: must be one of compose, process"),
-    ("spark", {"fleet_gateway_port": "80"}, "field fleet_gateway_port: must be an integer"),
+    ("spark", {"fleet_gateway_port": "eighty"}, "field fleet_gateway_port: must be an integer"),
     ("spark", {"fleet_roles": {"brain": {}}}, "host spark, role brain, field fleet_roles"),
     ("spark", {"fleet_roles": {"cortex": {"contxt": 1}}}, "role cortex, field contxt: is not"),
     ("spark", {"fleet_roles": {"cortex": {"context": "big"}}}, "field context: must be an int"),
@@ -255,7 +255,14 @@ def test_the_plan_holds_no_secrets():
 
 
 def test_collection_version_equals_galaxy_yml():
-
-
     galaxy = yaml.safe_load((Path(__file__).resolve().parents[2] / "galaxy.yml").read_text())
     assert galaxy["version"] == COLLECTION_VERSION
+
+
+def test_extra_vars_written_as_text_are_read_as_numbers_and_booleans():
+    mesh = seed_mesh()
+    mesh["spark"].update(fleet_gateway_port="18555", fleet_gateway_force_strict_tools="true",
+                         fleet_memory_headroom_gib="24.5")
+    spark = plan_mesh(mesh)["boxes"]["spark"]
+    assert spark["gateway"]["port"] == 18555 and spark["gateway"]["force_strict_tools"] is True
+    assert spark["budget"]["headroom_gib"] == 24.5

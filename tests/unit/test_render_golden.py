@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+from types import SimpleNamespace
 
 import pytest
 
@@ -30,11 +31,12 @@ def rendered(request, tmp_path_factory):
             target.mkdir(parents=True, exist_ok=True)
             for name in FILES[inventory]:
                 shutil.copyfile(root / host / name, target / name)
-    return inventory, root, recap(first.stdout), recap(second.stdout)
+    return SimpleNamespace(inventory=inventory, root=root, first=recap(first.stdout),
+                           second=recap(second.stdout))
 
 
 def test_every_file_matches_its_golden(rendered):
-    inventory, root, _, _ = rendered
+    inventory, root = rendered.inventory, rendered.root
     for host in HOSTS[inventory]:
         produced = sorted(path.name for path in (root / host).iterdir())
         assert produced == sorted(FILES[inventory])
@@ -44,14 +46,14 @@ def test_every_file_matches_its_golden(rendered):
 
 
 def test_first_run_changes_second_run_does_not(rendered):
-    inventory, _, first, second = rendered
-    for host in HOSTS[inventory]:
+    first, second = rendered.first, rendered.second
+    for host in HOSTS[rendered.inventory]:
         assert first[host]["changed"] == 1 and first[host]["failed"] == 0
         assert second[host]["changed"] == 0, second
 
 
 def test_env_is_private_and_the_rest_readable(rendered):
-    inventory, root, _, _ = rendered
+    inventory, root = rendered.inventory, rendered.root
     for host in HOSTS[inventory]:
         assert stat.S_IMODE((root / host / ".env").stat().st_mode) == 0o600
         other = FILES[inventory][1]
@@ -73,7 +75,7 @@ def test_keys_are_pairwise_in_the_tailnet_goldens():
 def test_a_vault_less_run_cannot_read_the_tailnet_keys(tmp_path):
     from tests.unit import rendering
 
-    source, _ = rendering.INVENTORIES["tailnet"]
+    source = rendering.INVENTORIES["tailnet"][0]
     rendering.INVENTORIES["tailnet-novault"] = (source, None)
     try:
         result = run_render("tailnet-novault", tmp_path)

@@ -37,8 +37,8 @@ def test_writes_then_is_idempotent(tmp_path):
     dest = tmp_path / "orin"
     first = run_module(render_module.main, orin_args(dest))
     assert first["changed"] is True
-    assert [item["path"] for item in first["files"]] == [str(dest / ".env"),
-                                                          str(dest / "compose.yaml")]
+    paths = [item["path"] for item in first["files"]]
+    assert paths == [str(dest / ".env"), str(dest / "compose.yaml")]
     assert stat.S_IMODE((dest / ".env").stat().st_mode) == 0o600
     assert f"PRIMARY_PEER_API_KEY={SPARK_KEY}" in (dest / ".env").read_text()
     second = run_module(render_module.main, orin_args(dest), diff=True)

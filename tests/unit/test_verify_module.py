@@ -6,6 +6,7 @@ import copy
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
@@ -20,20 +21,27 @@ ALPHA_KEY = "alpha-inbound-test-key"
 
 
 def sim_mesh() -> dict:
-    """alpha serves cortex and embedder; beta proxies cortex to alpha and refers embedder."""
+    """alpha serves cortex and embedder; gamma serves cortex in a hosted pool with alpha, and
+    the reranker; beta pools cortex from both, proxies the reranker, refers the embedder."""
     common = {"fleet_hardware": "sim", "fleet_runtime": "process",
               "fleet_gateway_host": "127.0.0.1", "fleet_python": sys.executable,
               "fleet_sim_time_scale": 20.0}
-    alpha_port, beta_port = free_port(), free_port()
+
+    def box(roles: dict, **extra) -> dict:
+        port = free_port()
+        return {**common, "fleet_gateway_port": port, "fleet_origin": f"http://127.0.0.1:{port}",
+                "fleet_gear_port_base": free_port() - 20, "fleet_roles": roles, **extra}
+
     return {
-        "alpha": {**common, "fleet_gateway_port": alpha_port,
-                  "fleet_origin": f"http://127.0.0.1:{alpha_port}",
-                  "fleet_gateway_api_key": True, "fleet_gear_port_base": free_port() - 20,
-                  "fleet_roles": {"cortex": {"sim_profile": "instant"}, "embedder": {}}},
-        "beta": {**common, "fleet_gateway_port": beta_port,
-                 "fleet_origin": f"http://127.0.0.1:{beta_port}",
-                 "fleet_roles": {"cortex": {"feasible": False, "proxy": "alpha"},
-                                 "embedder": {"feasible": False, "referral": "alpha"}}},
+        "alpha": box({"cortex": {"sim_profile": "instant"}, "embedder": {}},
+                     fleet_gateway_api_key=True),
+        "gamma": box({"cortex": {"sim_profile": "instant", "feasible": True, "pool": ["alpha"],
+                                 "rates": {"alpha": 48.9}},
+                      "reranker": {}}),
+        "beta": box({"cortex": {"feasible": False, "pool": ["alpha", "gamma"],
+                                "rates": {"alpha": 48.9, "gamma": 11.0}},
+                     "reranker": {"feasible": False, "proxy": "gamma"},
+                     "embedder": {"feasible": False, "referral": "alpha"}}),
     }
 
 
@@ -42,17 +50,17 @@ def mesh(tmp_path_factory):
     """Both boxes rendered by the render module and their services started."""
     plan = plan_mesh(sim_mesh())
     boxes = {}
-    secrets = {"alpha": {"gateway_api_key": ALPHA_KEY},
-               "beta": {"peer_keys": {"alpha": ALPHA_KEY}}}
-    for host in ("alpha", "beta"):
+    peer_key = {"peer_keys": {"alpha": ALPHA_KEY}}
+    secrets = {"alpha": {"gateway_api_key": ALPHA_KEY}, "gamma": peer_key, "beta": peer_key}
+    for host in ("alpha", "gamma", "beta"):
         dest = tmp_path_factory.mktemp(host)
         args = {"plan": plan["boxes"][host], "dest": str(dest), "secrets": secrets[host]}
         assert run_module(render_module.main, args)["changed"] is True
         boxes[host] = Services(dest)
     try:
-        boxes["alpha"].start_all()
-        boxes["beta"].start_all()
-        yield plan, boxes
+        for services in boxes.values():
+            services.start_all()
+        yield SimpleNamespace(plan=plan, boxes=boxes)
     finally:
         for services in boxes.values():
             services.stop()
@@ -64,7 +72,7 @@ def verify(plan: dict, check: bool = False, **options) -> dict:
 
 
 def test_a_box_serving_its_roles_verifies(mesh):
-    plan, _ = mesh
+    plan = mesh.plan
     result = verify(plan["boxes"]["alpha"])
     assert result.get("failed") is not True, result.get("msg")
     assert result["version"] == "0.1.0" and result["changed"] is False
@@ -73,21 +81,42 @@ def test_a_box_serving_its_roles_verifies(mesh):
     assert cortex["context"] == 131072
 
 
-def test_a_referring_box_verifies_in_check_mode(mesh):
-    plan, _ = mesh
-    # Only the referral: a proxied role's readiness comes from the gateway's peer prober
-    # (the mesh issue), covered against seed-shaped adverts in test_advert.py.
-    beta = copy.deepcopy(plan["boxes"]["beta"])
-    del beta["roles"]["cortex"]
-    result = verify(beta, check=True)
+def test_a_box_in_a_hosted_pool_verifies(mesh):
+    plan = mesh.plan
+    result = verify(plan["boxes"]["gamma"])
     assert result.get("failed") is not True, result.get("msg")
+    cortex = result["roles"]["cortex"]
+    assert (cortex["feasible"], cortex["ready"], cortex["proxied"]) == (True, True, False)
+    assert cortex["replicas"] == [plan["boxes"]["alpha"]["origin"]]
+
+
+def test_a_pooling_proxying_and_referring_box_verifies_in_check_mode(mesh):
+    plan = mesh.plan
+    alpha, gamma = plan["boxes"]["alpha"]["origin"], plan["boxes"]["gamma"]["origin"]
+    result = verify(plan["boxes"]["beta"], check=True)
+    assert result.get("failed") is not True, result.get("msg")
+    cortex, reranker = result["roles"]["cortex"], result["roles"]["reranker"]
+    assert (cortex["feasible"], cortex["ready"], cortex["proxied"]) == (False, True, True)
+    assert cortex["context"] == 131072 and cortex["replicas"] == sorted([alpha, gamma])
+    assert (reranker["proxied"], reranker["hosted_by"], reranker["ready"]) == (True, gamma, True)
     embedder = result["roles"]["embedder"]
-    assert (embedder["feasible"], embedder["proxied"]) == (False, False)
-    assert embedder["hosted_by"] == plan["boxes"]["alpha"]["origin"]
+    assert (embedder["feasible"], embedder["proxied"], embedder["hosted_by"]) == (
+        False, False, alpha)
+
+
+def test_a_pool_missing_its_peer_fails_on_ready_and_replicas(mesh):
+    plan = copy.deepcopy(mesh.plan["boxes"]["beta"])
+    plan["roles"]["cortex"]["peers"].append(
+        {"host": "delta", "origin": "http://127.0.0.1:9", "auth": False, "rate": None})
+    result = verify(plan, timeout=1)
+    assert result["failed"] is True
+    cortex_rows = [line for line in result["msg"].splitlines() if "<-" in line]
+    assert len(cortex_rows) == 1 and cortex_rows[0].rstrip().endswith("<-")
+    assert "2 peer(s)  <-" in cortex_rows[0]
 
 
 def test_a_mismatch_fails_with_a_declared_vs_advertised_table(mesh):
-    plan, _ = mesh
+    plan = mesh.plan
     wrong = copy.deepcopy(plan["boxes"]["alpha"])
     wrong["roles"]["cortex"]["context"] = 262144
     result = verify(wrong, timeout=1)
@@ -103,14 +132,14 @@ def test_a_mismatch_fails_with_a_declared_vs_advertised_table(mesh):
 
 
 def test_a_version_other_than_the_collections_fails(mesh):
-    plan, _ = mesh
+    plan = mesh.plan
     result = verify(plan["boxes"]["alpha"], version="9.9.9", timeout=0.5)
     assert result["failed"] is True
     assert "version: declared 9.9.9, advertised 0.1.0" in result["msg"]
 
 
 def test_an_unreachable_gateway_fails_after_the_timeout(mesh):
-    plan, _ = mesh
+    plan = mesh.plan
     started = time.monotonic()
     result = verify(plan["boxes"]["alpha"], url=f"http://127.0.0.1:{free_port()}",
                     timeout=1)
@@ -119,7 +148,7 @@ def test_an_unreachable_gateway_fails_after_the_timeout(mesh):
 
 
 def test_verify_waits_for_a_gear_that_comes_up_late(mesh):
-    plan, boxes = mesh
+    plan, boxes = mesh.plan, mesh.boxes
     alpha = boxes["alpha"]
     proc, log = alpha.procs.pop("gear-embedder")
     proc.kill()
