@@ -20,6 +20,7 @@ from .textgen import (
     digest_seed,
     natural_length,
 )
+from .validation import checked_model, int_field, request_json
 
 # vLLM's /v1/completions default when the caller names no max_tokens (as OpenAI's).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -38,25 +39,6 @@ class GenerateCall:
     stream: bool
     include_usage: bool
     continuous_usage: bool
-
-
-def request_json(request: Request) -> dict[str, Any]:
-    """The request body as a JSON object, or vLLM's 400."""
-    try:
-        body = request.json()
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise errors.bad_request(f"Invalid JSON in request body: {exc}") from exc
-    if not isinstance(body, dict):
-        raise errors.bad_request("The request body must be a JSON object.")
-    return body
-
-
-def checked_model(state: SimState, body: dict[str, Any]) -> str:
-    """The served name the request addresses; an unknown model is vLLM's 404."""
-    model = body.get("model") or state.profile.served_name
-    if model != state.profile.served_name:
-        raise errors.unknown_model(str(model))
-    return model
 
 
 def _has_strict_tool(body: dict[str, Any]) -> bool:
@@ -107,8 +89,10 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
     natural: int | None = None
     if not body.get("ignore_eos"):
         natural = max(natural_length(seed, state.profile.natural_length), 1)
-        natural = max(natural, int(body.get("min_tokens") or 0))
+        natural = max(natural, int_field(body, "min_tokens", 0))
     options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise errors.bad_request("'stream_options' must be an object.", "stream_options")
     return GenerateCall(
         chat=chat,
         model=model,

@@ -88,6 +88,9 @@ class Connection:
         head = bytes(self._buffer[:end]).decode("latin-1")
         del self._buffer[: end + 4]
         method, target, headers = _parse_head(head)
+        if headers.get("expect", "").lower() == "100-continue":
+            # curl waits a second for this before sending a large body.
+            self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = await self._read_body(headers)
         return Request(method, target, headers, body)
 

@@ -56,10 +56,13 @@ def test_requests_beyond_max_num_seqs_wait_and_show_in_the_gauges(sim_factory):
     payload = chat_payload(max_tokens=150, ignore_eos=True)
     with ThreadPoolExecutor(4) as pool:
         replies = [pool.submit(post, sim.url, CHAT, payload) for _ in range(4)]
-        assert wait_for(lambda: metrics(sim.url)["vllm:num_requests_waiting"] == 2)
-        busy = metrics(sim.url)
-        assert busy["vllm:num_requests_running"] == 2
-        assert 0 < busy["vllm:kv_cache_usage_perc"] < 1
+        def two_running_two_waiting() -> bool:
+            busy = metrics(sim.url)
+            running = busy["vllm:num_requests_running"]
+            return (running, busy["vllm:num_requests_waiting"]) == (2, 2)
+
+        assert wait_for(two_running_two_waiting)
+        assert 0 < metrics(sim.url)["vllm:kv_cache_usage_perc"] < 1
         answers = [reply.result().json() for reply in replies]
     done = metrics(sim.url)
     assert done["vllm:num_requests_running"] == 0
@@ -117,7 +120,8 @@ def test_two_thousand_concurrent_streams_all_complete(sim_factory):
     sim = sim_factory("instant")
 
     async def burst() -> list[bool]:
-        return await asyncio.gather(*(_one_stream(sim.port, i) for i in range(2000)))
+        streams = asyncio.gather(*(_one_stream(sim.port, i) for i in range(2000)))
+        return await asyncio.wait_for(streams, timeout=120)
 
     results = asyncio.run(burst())
     assert all(results)
