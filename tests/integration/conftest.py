@@ -49,3 +49,29 @@ def ansible_env() -> dict[str, str]:
     env["ANSIBLE_NOCOLOR"] = "1"
     env["ANSIBLE_FORCE_COLOR"] = "0"
     return env
+
+
+def ansible_module(module: str, args: str, *, check: bool = False) -> dict:
+    """Run one module on localhost through ansible and return its result."""
+    argv = [
+        str(VENV_BIN / "ansible"),
+        "localhost",
+        "-m",
+        module,
+        "-a",
+        args,
+        "--diff",
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+    ]
+    if check:
+        argv.append("--check")
+    env = {
+        **ansible_env(),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+    }
+    done = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]

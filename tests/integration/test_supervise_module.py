@@ -3,38 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
-from .conftest import GATEWAY_SRC, ROOT, VENV_BIN, ansible_env, supervisor
+from .conftest import GATEWAY_SRC, ansible_module, supervisor
 
 SLEEPER = "import time;time.sleep(600)"
 
 
 def _ansible(*module_args: str, check: bool = False) -> dict:
-    argv = [
-        str(VENV_BIN / "ansible"),
-        "localhost",
-        "-m",
-        "lobes.fleet.supervise",
-        "-a",
-        " ".join(module_args),
-        "--diff",
-        "-e",
-        f"ansible_python_interpreter={sys.executable}",
-    ]
-    if check:
-        argv.append("--check")
-    env = {
-        **ansible_env(),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
-    }
-    done = subprocess.run(
-        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    result = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
-    return result
+    return ansible_module("lobes.fleet.supervise", " ".join(module_args), check=check)
 
 
 def test_module_starts_in_order_and_is_idempotent_and_check_mode_changes_nothing(
@@ -89,8 +66,9 @@ def test_stopping_a_box_never_deployed_changes_nothing(tmp_path):
 def test_module_fails_clearly_without_the_supervisor_source(tmp_path, state_dir):
     services = tmp_path / "services.json"
     services.write_text(json.dumps({"services": []}))
-    result = _ansible(f"services_file={services}", f"state_dir={state_dir}",
-                      f"source_dir={tmp_path}")
+    result = _ansible(
+        f"services_file={services}", f"state_dir={state_dir}", f"source_dir={tmp_path}"
+    )
 
     assert result["failed"] is True
     assert "holds no lobes_supervisor package" in result["msg"]

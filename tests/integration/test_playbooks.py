@@ -1,0 +1,213 @@
+"""The playbooks against a copy of inventories/local: the whole life of the embedded default.
+
+One deployment walks every step the operator does, in order (each step depends on the one
+before, so they live in one test): site.yml on a clean state directory, a chat request through
+the gateway, a second run with changed=0, --check --diff on a changed inventory (a diff, no
+change), a change that fails verify (rolled back to the previous files), verify.yml,
+status.yml, down.yml. Ports and the state directory are the test's own, never :8000.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import GATEWAY_SRC, ROOT, VENV_BIN, ansible_env, supervisor
+
+# The catalog has 11 roles; gears take port_base + catalog index.
+GEAR_PORT_SPAN = 12
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _free_port_block(size: int) -> int:
+    for _attempt in range(200):
+        base = _free_port()
+        if base + size < 65535 and all(_port_is_free(base + i) for i in range(size)):
+            return base
+    raise RuntimeError("no block of free ports")
+
+
+class LocalMesh:
+    """A copy of inventories/local on the test's own ports and state directory."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.inventory = tmp_path / "inventory"
+        shutil.copytree(ROOT / "inventories" / "local", self.inventory)
+        self.deploy_dir = tmp_path / "deploy"
+        self.port = _free_port()
+        self.gear_port_base = _free_port_block(GEAR_PORT_SPAN)
+        self.host_vars = self.inventory / "host_vars" / "localhost.yml"
+        self.edit(
+            fleet_gateway_port=self.port,
+            fleet_origin=f"http://127.0.0.1:{self.port}",
+            fleet_deploy_dir=str(self.deploy_dir),
+            fleet_gear_port_base=self.gear_port_base,
+        )
+
+    def edit(self, **changes: object) -> None:
+        values = yaml.safe_load(self.host_vars.read_text())
+        values.update(changes)
+        self.host_vars.write_text(yaml.safe_dump(values, sort_keys=False))
+
+    def edit_role(self, role: str, **changes: object) -> None:
+        values = yaml.safe_load(self.host_vars.read_text())
+        values["fleet_roles"][role].update(changes)
+        self.host_vars.write_text(yaml.safe_dump(values, sort_keys=False))
+
+    def playbook(self, name: str, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [
+                str(VENV_BIN / "ansible-playbook"),
+                "-i",
+                str(self.inventory),
+                str(ROOT / "playbooks" / name),
+                *args,
+            ],
+            cwd=ROOT,
+            env=ansible_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
+            return json.loads(r.read())
+
+    def chat(self, model: str) -> dict:
+        body = json.dumps(
+            {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]}
+        ).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/chat/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return json.loads(reply.read())
+
+    def processes(self) -> dict[str, int]:
+        rows = supervisor(self.deploy_dir / "state", "status")["status"]
+        return {row["name"]: row["child_pid"] for row in rows if row["running"]}
+
+    def rendered(self) -> dict[str, str]:
+        return {name: (self.deploy_dir / name).read_text() for name in (".env", "services.json")}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _recap(result: subprocess.CompletedProcess) -> dict[str, int]:
+    match = re.search(r"localhost\s+:\s+(.*)", result.stdout.split("PLAY RECAP")[-1])
+    assert match, result.stdout[-3000:] + result.stderr[-3000:]
+    return {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", match.group(1))}
+
+
+def _ok(result: subprocess.CompletedProcess) -> dict[str, int]:
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    return _recap(result)
+
+
+@pytest.fixture
+def mesh(tmp_path: Path):
+    deployed = LocalMesh(tmp_path)
+    yield deployed
+    # Whatever the test did, nothing it started outlives it.
+    supervisor(deployed.deploy_dir / "state", "down")
+
+
+def test_local_default_lifecycle(mesh: LocalMesh) -> None:
+    # 1. site.yml on a clean machine leaves a gateway that answers an OpenAI chat request.
+    first = _ok(mesh.playbook("site.yml"))
+    assert first["changed"] > 0
+    health = mesh.get("/health")
+    assert health["version"] == yaml.safe_load((ROOT / "galaxy.yml").read_text())["version"]
+    reply = mesh.chat("main")
+    assert reply["object"] == "chat.completion"
+    assert reply["model"] == "sakamakismile/Qwen3.6-27B-Text-NVFP4-MTP"
+    assert reply["choices"][0]["message"]["content"]
+    assert (mesh.deploy_dir / ".env").stat().st_mode & 0o777 == 0o600
+    deployed = mesh.deploy_dir / "gateway" / "lobes_gateway" / "__init__.py"
+    assert deployed.read_text() == (GATEWAY_SRC / "lobes_gateway" / "__init__.py").read_text()
+    running = mesh.processes()
+    assert set(running) == {
+        "gateway",
+        "gear-cortex",
+        "gear-senses",
+        "gear-embedder",
+        "gear-reranker",
+    }
+
+    # 2. A second run changes nothing and restarts nothing.
+    assert _ok(mesh.playbook("site.yml"))["changed"] == 0
+    assert mesh.processes() == running
+
+    # 3. --check --diff on a changed inventory shows the diff and changes nothing.
+    before = mesh.rendered()
+    mesh.edit_role("senses", context=16384)
+    check = mesh.playbook("site.yml", "--check", "--diff")
+    assert _ok(check)["changed"] > 0
+    assert "-MULTIMODAL_MAX_MODEL_LEN=32768" in check.stdout
+    assert "+MULTIMODAL_MAX_MODEL_LEN=16384" in check.stdout
+    assert mesh.rendered() == before
+    assert mesh.processes() == running
+    assert mesh.get("/capabilities")["roles"]["senses"]["context"] == 32768
+
+    # 4. A change that fails the verify gate is rolled back to the files that ran before.
+    mesh.edit_role("senses", context=32768, sim_profile="no-such-profile")
+    failed = mesh.playbook("site.yml", "-e", "verify_timeout=10")
+    assert failed.returncode != 0
+    assert _recap(failed)["rescued"] == 1
+    assert "previous .env and services/compose files were restored" in failed.stdout
+    assert mesh.rendered() == before
+    mesh.edit_role("senses", sim_profile="spark-senses")
+    assert _ok(mesh.playbook("verify.yml", "-e", "verify_timeout=60"))["changed"] == 0
+    assert mesh.chat("multimodal")["model"] == "coolthor/gemma-4-12B-it-NVFP4A16"
+
+    # 5. status.yml: one row per role, served here and ready.
+    status = mesh.playbook("status.yml")
+    _ok(status)
+    for role, context in (
+        ("cortex", 131072),
+        ("senses", 32768),
+        ("embedder", 8192),
+        ("reranker", 8192),
+    ):
+        assert re.search(rf"localhost\s+{role}\s+here\s+yes\s+{context}\s+\d+", status.stdout)
+
+    # 6. down.yml stops everything: no process left, the port closed; a re-run changes nothing.
+    pids = mesh.processes()
+    assert _ok(mesh.playbook("down.yml"))["changed"] > 0
+    assert mesh.processes() == {}
+    assert not any(_alive(pid) for pid in pids.values())
+    with pytest.raises(OSError):
+        mesh.get("/health")
+    assert _ok(mesh.playbook("down.yml"))["changed"] == 0
