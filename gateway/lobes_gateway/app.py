@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+import traceback
 
 from . import errors
 from .advert import ProxyAdverts
@@ -106,6 +108,9 @@ class Gateway:
                 if not await self.handle(request, reader, writer):
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        except Exception:  # a gateway bug: drop this connection, never the process
+            traceback.print_exc(file=sys.stderr)
             return
         finally:
             writer.transport.close()
