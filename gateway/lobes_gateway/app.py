@@ -13,7 +13,15 @@ from .auth import Caller, Gate, InflightLimits
 from .config import GatewayConfig
 from .errors import ApiError
 from .forward import Forwarder, forward_headers
-from .http import HttpError, Request, error_bytes, parse_head, read_body, response_bytes
+from .http import (
+    MAX_HEAD_BYTES,
+    HttpError,
+    Request,
+    error_bytes,
+    parse_head,
+    read_body,
+    response_bytes,
+)
 from .owner import Owners
 from .pool import Pools
 from .pressure import PressureMonitor
@@ -95,7 +103,7 @@ class Gateway:
                 try:
                     head = await reader.readuntil(b"\r\n\r\n")
                 except asyncio.LimitOverrunError:
-                    writer.write(error_bytes(errors.bad_request("request head too large"),
+                    writer.write(error_bytes(errors.head_too_large(MAX_HEAD_BYTES),
                                              keep_alive=False))
                     return
                 finally:
