@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+import traceback
 
 from . import errors
 from .advert import ProxyAdverts
@@ -11,11 +13,20 @@ from .auth import Caller, Gate, InflightLimits
 from .config import GatewayConfig
 from .errors import ApiError
 from .forward import Forwarder, forward_headers
-from .http import HttpError, Request, error_bytes, parse_head, read_body, response_bytes
+from .http import (
+    MAX_HEAD_BYTES,
+    HttpError,
+    Request,
+    error_bytes,
+    parse_head,
+    read_body,
+    response_bytes,
+)
 from .owner import Owners
 from .pool import Pools
 from .pressure import PressureMonitor
 from .realtime import tunnel
+from .relay import Pending, relay
 from .routing import (
     CHAT,
     COMPLETIONS,
@@ -92,7 +103,7 @@ class Gateway:
                 try:
                     head = await reader.readuntil(b"\r\n\r\n")
                 except asyncio.LimitOverrunError:
-                    writer.write(error_bytes(errors.bad_request("request head too large"),
+                    writer.write(error_bytes(errors.head_too_large(MAX_HEAD_BYTES),
                                              keep_alive=False))
                     return
                 finally:
@@ -105,6 +116,9 @@ class Gateway:
                 if not await self.handle(request, reader, writer):
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        except Exception:  # a gateway bug: drop this connection, never the process
+            traceback.print_exc(file=sys.stderr)
             return
         finally:
             writer.transport.close()
@@ -202,12 +216,19 @@ class Gateway:
                 return False
             if writer.transport.is_closing():
                 return False
-            return await self._dispatch(req, lane, caller, writer)
+            outcome = await self._dispatch(req, lane, caller, writer)
+            if isinstance(outcome, Pending):
+                keep_alive = req.keep_alive
+                # A stream may be held for minutes: keep only what the relay needs.
+                req.body, req.headers = b"", {}
+                return await relay(self.pool, outcome.response, writer, outcome.extra,
+                                   keep_alive)
+            return outcome
         finally:
             self.inflight.release(caller)
 
     async def _dispatch(self, req: Request, lane: str, caller: Caller,
-                        writer: asyncio.StreamWriter) -> bool:
+                        writer: asyncio.StreamWriter) -> bool | Pending:
         payload = None
         if lane in _JSON_LANES:
             try:
@@ -225,7 +246,8 @@ class Gateway:
         return await self._follow(req, lane, route, requested_tier, payload, caller, writer)
 
     async def _follow(self, req: Request, lane: str, route: Route, requested_tier: str | None,
-                      payload: dict | None, caller: Caller, writer: asyncio.StreamWriter) -> bool:
+                      payload: dict | None, caller: Caller,
+                      writer: asyncio.StreamWriter) -> bool | Pending:
         if isinstance(route, Refusal):
             return self._answer(req, writer, route.error)
         if isinstance(route, LocalRoute):
@@ -240,7 +262,7 @@ class Gateway:
 
     async def _local(self, req: Request, lane: str, route: LocalRoute,
                      requested_tier: str | None, payload: dict | None,
-                     writer: asyncio.StreamWriter) -> bool:
+                     writer: asyncio.StreamWriter) -> bool | Pending:
         override = req.headers.get("x-lobes-override", "").lower() == "true"
         extra: list[bytes] = []
         if route.tier is not None and lane in GENERATE_LANES:
