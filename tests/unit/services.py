@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import time
@@ -81,6 +82,8 @@ def _bindable(port: int) -> bool:
     if port in _HANDED_OUT:
         return False
     with socket.socket() as sock:
+        # Servers bind with SO_REUSEADDR: a port left in TIME_WAIT is free for them.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -88,16 +91,23 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_block(size: int) -> int:
-    """The first port of `size` consecutive ports nobody listens on right now (and none of
-    them handed out before by this module)."""
-    tries = 200
+    """The first port of `size` consecutive free ports below the ephemeral range, where no
+    outgoing connection takes a port (a busy machine may hold thousands), none of them handed
+    out before by this module."""
+    floor = _ephemeral_floor()
+    tries = 500
     while tries:
         tries -= 1
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base = sock.getsockname()[1]
-        if base + size < 65536 and all(_bindable(base + i) for i in range(size)):
+        base = random.randrange(20000, floor - size)
+        if all(_bindable(base + i) for i in range(size)):
             _HANDED_OUT.update(range(base, base + size))
             return base
     raise RuntimeError(f"no {size} consecutive free ports")
