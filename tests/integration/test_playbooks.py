@@ -10,6 +10,7 @@ status.yml, down.yml. Ports and the state directory are the test's own, never :8
 from __future__ import annotations
 
 import json
+import random
 import re
 import shutil
 import socket
@@ -26,14 +27,10 @@ from .conftest import GATEWAY_SRC, ROOT, VENV_BIN, ansible_env, supervisor
 GEAR_PORT_SPAN = 12
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _port_is_free(port: int) -> bool:
+    # SO_REUSEADDR as the gateway and the simulator bind: TIME_WAIT leftovers do not count.
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -42,9 +39,10 @@ def _port_is_free(port: int) -> bool:
 
 
 def _free_port_block(size: int) -> int:
-    for _attempt in range(200):
-        base = _free_port()
-        if base + size < 65535 and all(_port_is_free(base + i) for i in range(size)):
+    """A block of free ports below the kernel's ephemeral range (outgoing sockets stay off)."""
+    for _attempt in range(500):
+        base = random.randrange(20000, 32000 - size)
+        if all(_port_is_free(base + i) for i in range(size)):
             return base
     raise RuntimeError("no block of free ports")
 
@@ -56,8 +54,9 @@ class LocalMesh:
         self.inventory = tmp_path / "inventory"
         shutil.copytree(ROOT / "inventories" / "local", self.inventory)
         self.deploy_dir = tmp_path / "deploy"
-        self.port = _free_port()
-        self.gear_port_base = _free_port_block(GEAR_PORT_SPAN)
+        # The gateway's port right below its gears' block.
+        block = _free_port_block(GEAR_PORT_SPAN + 1)
+        self.port, self.gear_port_base = block, block + 1
         self.host_vars = self.inventory / "host_vars" / "localhost.yml"
         self.edit(
             fleet_gateway_port=self.port,
