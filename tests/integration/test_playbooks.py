@@ -1,10 +1,11 @@
 """The playbooks against a copy of inventories/local: the whole life of the embedded default.
 
 One deployment walks every step the operator does, in order (each step depends on the one
-before, so they live in one test): site.yml on a clean state directory, a chat request through
-the gateway, a second run with changed=0, --check --diff on a changed inventory (a diff, no
-change), a change that fails verify (rolled back to the previous files), verify.yml,
-status.yml, down.yml. Ports and the state directory are the test's own, never :8000.
+before, so they live in one test): --check on a clean state directory (writes nothing),
+site.yml, a chat request through the gateway, a second run with changed=0, --check --diff on
+a changed inventory (a diff, no change), a change that fails verify (rolled back to the
+previous files), verify.yml, status.yml, down.yml. Ports and the state directory are the
+test's own, never :8000.
 """
 
 from __future__ import annotations
@@ -144,6 +145,10 @@ def mesh(tmp_path: Path):
 
 
 def test_local_default_lifecycle(mesh: LocalMesh) -> None:
+    # 0. --check on a machine never deployed: it plans, and writes and starts nothing.
+    assert _ok(mesh.playbook("site.yml", "--check", "--diff"))["changed"] > 0
+    assert not mesh.deploy_dir.exists()
+
     # 1. site.yml on a clean machine leaves a gateway that answers an OpenAI chat request.
     first = _ok(mesh.playbook("site.yml"))
     assert first["changed"] > 0
