@@ -25,6 +25,14 @@ def fleet_vars(hostvars) -> dict:
     return picked
 
 
+def fleet_hosts(task_vars: dict) -> list:
+    """Every inventory host that declares fleet_hardware, whatever --limit or serial say:
+    a box's peers belong to the mesh even when this run does not touch them."""
+    hostvars = task_vars["hostvars"]
+    return [host for host in task_vars["groups"]["all"]
+            if "fleet_hardware" in hostvars[host]]
+
+
 class ActionModule(ActionBase):
     """Plan the mesh on the controller; changes nothing anywhere."""
 
@@ -37,8 +45,8 @@ class ActionModule(ActionBase):
             argument_spec={"hosts": {"type": "list", "elements": "str"}},
         )[1]
         task_vars = task_vars or {}
-        hosts = args["hosts"] or task_vars.get("ansible_play_hosts_all") or []
         hostvars = task_vars["hostvars"]
+        hosts = args["hosts"] or fleet_hosts(task_vars)
         unknown = [host for host in hosts if host not in hostvars]
         if unknown:
             return {**result, "failed": True,

@@ -250,7 +250,8 @@ def _find_cycle(boxes: dict, role: str) -> list:
     def edges(host: str) -> tuple:
         box = boxes.get(host)
         decl = box.role(role) if box else None
-        return _proxy_targets(decl) if decl else ()
+        # A box naming itself is reported by the peer checks, in plainer words.
+        return tuple(peer for peer in _proxy_targets(decl) if peer != host) if decl else ()
 
     done: set = set()
     for start in sorted(boxes):
@@ -288,7 +289,8 @@ def _check_role_peers(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) ->
                          f"declare one of referral, proxy or pool, not {' and '.join(modes)}")
     for field, peer in _named_peers(decl):
         _check_hosts_role(box, decl, field, peer, boxes, local)
-    if decl.pool:
+    # A gear of this box that failed to resolve is reported already; nothing to agree with.
+    if decl.pool and (not decl.feasible or decl.role in local[box.host]):
         _check_pool_agreement(box, decl, local)
     _check_rates(box, decl)
 

@@ -4,7 +4,9 @@ services.json (process runtime). Pure functions; the render module writes the fi
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 
 from ansible_collections.lobes.fleet.plugins.module_utils.catalog import role_spec
@@ -167,8 +169,11 @@ def secret_values(env: list) -> list:
 
 # ---------------------------------------------------------------- compose.yaml
 
-def render_compose(plan: dict) -> dict:
-    """The compose project: one service per local gear, the gateway, only it published."""
+def render_compose(plan: dict, gateway_source: str | None = None) -> dict:
+    """The compose project: one service per local gear, the gateway, only it published.
+
+    gateway_source is a digest of the deployed gateway source: as a label it makes compose
+    recreate the gateway container whenever the mounted source changes."""
     services = {}
     for role in plan["roles"].values():
         if role["gear"] and not role_spec(role["role"]).is_audio:
@@ -176,6 +181,8 @@ def render_compose(plan: dict) -> dict:
     if _local_audio(plan):
         services["audio"] = _audio_service(plan)
     services["gateway"] = _gateway_service(plan, sorted(services))
+    if gateway_source:
+        services["gateway"]["labels"] = {"lobes.fleet.gateway-source": gateway_source}
     return {"services": services}
 
 
@@ -231,6 +238,23 @@ def _audio_service(plan: dict) -> dict:
         "environment": {"HF_HOME": "/root/.cache/huggingface"},
         "volumes": [f"{plan['gears']['hf_cache']}:/root/.cache/huggingface"],
     }
+
+
+def source_digest(directory: str) -> str | None:
+    """A short digest of every file under the gateway source (None when it is not there)."""
+    if not os.path.isdir(os.path.join(directory, "lobes_gateway")):
+        return None
+    digest = hashlib.sha256()
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = sorted(name for name in dirs if name != "__pycache__")
+        for name in sorted(files):
+            if name.endswith((".pyc", ".pyo")):
+                continue
+            path = os.path.join(root, name)
+            digest.update(os.path.relpath(path, directory).encode())
+            with open(path, "rb") as handle:
+                digest.update(handle.read())
+    return digest.hexdigest()[:16]
 
 
 def _gateway_service(plan: dict, backends: list) -> dict:

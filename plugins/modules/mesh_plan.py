@@ -25,7 +25,9 @@ options:
   hosts:
     description:
       - Inventory hostnames of the mesh's boxes.
-      - Defaults to every host of the play (C(ansible_play_hosts_all)).
+      - Defaults to every host of the inventory that sets C(fleet_hardware), regardless of
+        C(--limit) or C(serial), since a box's peers are part of its plan even when this run
+        does not deploy them.
       - From each, only the C(fleet_*) variables and C(ansible_host) are read; of
         C(fleet_gateway_api_key) and C(fleet_mesh_key) only whether they are set, so no key
         value enters the plan, the arguments or the logs.
@@ -38,7 +40,7 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Plan the mesh once, from every host of the play
+- name: Plan the mesh once, from every fleet host of the inventory
   lobes.fleet.mesh_plan:
   run_once: true
   register: fleet_plan

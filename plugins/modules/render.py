@@ -18,7 +18,8 @@ description:
     C(--tool-call-parser), MTP C(--speculative-config), YaRN rope scaling via
     C(--hf-overrides)), backends unpublished on the project network, and the gateway run
     from the collection's own C(gateway/) source (mounted from O(dest)/gateway), the only
-    published port.
+    published port. When that source is present, a label carries its digest, so compose
+    recreates the gateway whenever the deployed source changes.
   - For runtime C(process), C(services.json) (mode 0644) for the process supervisor, and the
     .env points the gateway at gears on 127.0.0.1. Its shape is an object with C(version),
     C(host) and a C(services) list, each service with C(name), C(argv),
@@ -119,13 +120,14 @@ ENV_MODE = 0o600
 FILE_MODE = 0o644
 
 
-def rendered_files(plan: dict, secrets: dict, gateway_dir: str) -> tuple:
+def rendered_files(plan: dict, secrets: dict, gateway_dir: str, dest: str) -> tuple:
     """(files, env, service names): files as (name, text, masked text, mode)."""
     env = render.render_env(plan, secrets)
     files = [(".env", render.format_env(env), render.format_env(env, mask_secrets=True),
               ENV_MODE)]
     if plan["runtime"] == "compose":
-        compose = render.render_compose(plan)
+        source = render.source_digest(os.path.join(dest, gateway_dir))
+        compose = render.render_compose(plan, source)
         text = render.to_yaml(compose)
         files.append(("compose.yaml", text, text, FILE_MODE))
         names = list(compose["services"])
@@ -178,7 +180,7 @@ def run(module: AnsibleModule) -> dict:
     dest = params["dest"]
     try:
         files, env, names = rendered_files(params["plan"], params["secrets"] or {},
-                                           params["gateway_dir"])
+                                           params["gateway_dir"], dest)
     except (render.RenderError, KeyError, TypeError) as error:
         module.fail_json(msg=f"cannot render the plan: {error}")
     for value in render.secret_values(env):

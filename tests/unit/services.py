@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import socket
 import subprocess
 import time
 import urllib.error
@@ -36,7 +38,11 @@ class Services:
         self.procs[name] = (subprocess.Popen(service["argv"], cwd=self.dest / service["cwd"],
                                              env=env, stdout=log, stderr=subprocess.STDOUT),
                             log)
-        wait_health(health_url(service, env))
+        try:
+            wait_health(health_url(service, env))
+        except RuntimeError as error:
+            log_text = (self.dest / service["log"]).read_text()
+            raise RuntimeError(f"{name}: {error}: {log_text}") from error
 
     def start_all(self, skip: tuple = ()) -> None:
         for service in self.spec:
@@ -67,3 +73,46 @@ def wait_health(url: str, timeout: float = 20.0) -> None:
         except (OSError, ValueError):
             time.sleep(0.05)
     raise RuntimeError(f"{url} did not answer")
+
+
+_HANDED_OUT: set = set()  # ports given to a test but maybe not bound yet
+
+
+def _bindable(port: int) -> bool:
+    if port in _HANDED_OUT:
+        return False
+    with socket.socket() as sock:
+        # Servers bind with SO_REUSEADDR: a port left in TIME_WAIT is free for them.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_block(size: int) -> int:
+    """The first port of `size` consecutive free ports below the ephemeral range, where no
+    outgoing connection takes a port (a busy machine may hold thousands), none of them handed
+    out before by this module."""
+    floor = _ephemeral_floor()
+    tries = 500
+    while tries:
+        tries -= 1
+        base = random.randrange(20000, floor - size)
+        if all(_bindable(base + i) for i in range(size)):
+            _HANDED_OUT.update(range(base, base + size))
+            return base
+    raise RuntimeError(f"no {size} consecutive free ports")
+
+
+def free_port() -> int:
+    """One free port, never one handed out before by this module."""
+    return free_block(1)

@@ -266,3 +266,16 @@ def test_extra_vars_written_as_text_are_read_as_numbers_and_booleans():
     spark = plan_mesh(mesh)["boxes"]["spark"]
     assert spark["gateway"]["port"] == 18555 and spark["gateway"]["force_strict_tools"] is True
     assert spark["budget"]["headroom_gib"] == 24.5
+
+
+def test_a_box_naming_itself_as_peer():
+    mesh = seed_mesh()
+    mesh["orin"]["fleet_roles"]["senses"]["proxy"] = "orin"
+    assert "host orin, role senses, field proxy: names this box itself" in plan_error(mesh)
+
+
+def test_a_hosted_pool_whose_own_gear_is_invalid_reports_the_gear():
+    mesh = seed_mesh()
+    mesh["thor"]["fleet_roles"]["cortex"].update(feasible=True, pool=["spark"], mtp=True)
+    message = plan_error(mesh)
+    assert "host thor, role cortex, field mtp" in message

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import stat
 
+import jsonschema
+import yaml
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from ansible_collections.lobes.fleet.plugins.modules import render as render_module
 
+from tests.unit.compose_spec import compose_spec
 from tests.unit.mesh import seed_mesh
 from tests.unit.modules import run_module
 
@@ -97,3 +100,19 @@ def test_process_runtime_writes_services_json(tmp_path):
     assert "EMBED_BASE_URL=http://127.0.0.1:19106" in env
     assert "GATEWAY_HOST=127.0.0.1" in env
     assert not (tmp_path / "compose.yaml").exists()
+
+
+def test_compose_labels_the_gateway_with_its_source_digest(tmp_path):
+    source = tmp_path / "gateway" / "lobes_gateway"
+    source.mkdir(parents=True)
+    (source / "__init__.py").write_text('__version__ = "0.1.0"\n')
+    run_module(render_module.main, orin_args(tmp_path))
+    first = (tmp_path / "compose.yaml").read_text()
+    assert "lobes.fleet.gateway-source:" in first
+    jsonschema.validate(yaml.safe_load(first), compose_spec(),
+                        cls=jsonschema.Draft201909Validator)
+    assert run_module(render_module.main, orin_args(tmp_path))["changed"] is False
+    (source / "routing.py").write_text("ROUTES = {}\n")
+    result = run_module(render_module.main, orin_args(tmp_path))
+    assert [item["changed"] for item in result["files"]] == [False, True]
+    assert (tmp_path / "compose.yaml").read_text() != first

@@ -9,13 +9,13 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from ansible_collections.lobes.fleet.plugins.module_utils.catalog import ROLE_NAMES
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from ansible_collections.lobes.fleet.plugins.modules import render as render_module
 from ansible_collections.lobes.fleet.plugins.modules import verify as verify_module
 
-from tests.support.gateway_proc import free_port
 from tests.unit.modules import run_module
-from tests.unit.services import Services
+from tests.unit.services import Services, free_block, free_port
 
 ALPHA_KEY = "alpha-inbound-test-key"
 
@@ -30,7 +30,8 @@ def sim_mesh() -> dict:
     def box(roles: dict, **extra) -> dict:
         port = free_port()
         return {**common, "fleet_gateway_port": port, "fleet_origin": f"http://127.0.0.1:{port}",
-                "fleet_gear_port_base": free_port() - 20, "fleet_roles": roles, **extra}
+                "fleet_gear_port_base": free_block(len(ROLE_NAMES)), "fleet_roles": roles,
+                **extra}
 
     return {
         "alpha": box({"cortex": {"sim_profile": "instant"}, "embedder": {}},
