@@ -70,6 +70,7 @@ ansible_facts:
         gpu_name: NVIDIA GB10
         memory_gib: 119.6
         docker_compose: "2.39.1"
+        docker_engine: "28.3.2"
         systemd: true
         python: /usr/bin/python3
         python_version: "3.12.3"
@@ -120,12 +121,16 @@ def _memory_gib():
     return 0.0
 
 
-def _docker_compose(module):
+def _docker(module):
+    """(compose plugin version, engine version); None for whichever is missing."""
     docker = module.get_bin_path("docker")
     if not docker:
-        return None
+        return None, None
     rc, out, _err = module.run_command([docker, "compose", "version", "--short"])
-    return out.strip() if rc == 0 else None
+    compose = out.strip() if rc == 0 and out.strip() else None
+    rc, out, _err = module.run_command([docker, "info", "--format", "{{.ServerVersion}}"])
+    engine = out.strip() if rc == 0 and out.strip() else None
+    return compose, engine
 
 
 def _python(module, python):
@@ -156,10 +161,12 @@ def _problems(params, facts, profile):
                 f"fleet_hardware {profile.name} expects about {profile.memory_gib} GiB,"
                 f" the box has {facts['memory_gib']} GiB"
             )
-    if params["runtime"] == "compose" and not facts["docker_compose"]:
+    if params["runtime"] == "compose" and not (facts["docker_compose"] and facts["docker_engine"]):
         problems.append(
-            "fleet_runtime compose needs 'docker compose' (Docker Engine with the "
-            "compose plugin); install it or set fleet_runtime: process"
+            "fleet_runtime compose needs a running Docker Engine and its compose plugin "
+            f"(compose: {facts['docker_compose'] or 'missing'}, engine: "
+            f"{facts['docker_engine'] or 'unreachable'}); install them or set "
+            "fleet_runtime: process"
         )
     version = facts["python_version"]
     if version is None:
@@ -188,12 +195,14 @@ def main():
             "profile; one of " + ", ".join(sorted(PROFILES))
         )
     arch, name = _gpu(module)
+    compose, engine = _docker(module)
     python, version = _python(module, module.params["python"])
     facts = dict(
         gpu_arch=arch,
         gpu_name=name,
         memory_gib=_memory_gib(),
-        docker_compose=_docker_compose(module),
+        docker_compose=compose,
+        docker_engine=engine,
         systemd=os.path.isdir("/run/systemd/system"),
         python=python,
         python_version=version,

@@ -176,7 +176,13 @@ def main():
     if module.params["state"] == "stopped" and not os.path.isdir(run_dir):
         # Never deployed (or already cleaned away): nothing runs, nothing to stop.
         module.exit_json(changed=False, actions=[], running=[])
-    if not os.path.isdir(os.path.join(module.params["source_dir"], "lobes_supervisor")):
+    deployed = os.path.isdir(os.path.join(module.params["source_dir"], "lobes_supervisor"))
+    if module.check_mode and not deployed:
+        # A --check run on a box not deployed yet: nothing runs, everything would start.
+        module.exit_json(
+            changed=True, actions=[], running=[], msg="not deployed yet: every service would start"
+        )
+    if not deployed:
         module.fail_json(
             msg=f"source_dir {module.params['source_dir']} holds no lobes_supervisor "
             "package: deploy the collection's gateway/ source there first"

@@ -1,15 +1,17 @@
 """The playbooks against a copy of inventories/local: the whole life of the embedded default.
 
 One deployment walks every step the operator does, in order (each step depends on the one
-before, so they live in one test): site.yml on a clean state directory, a chat request through
-the gateway, a second run with changed=0, --check --diff on a changed inventory (a diff, no
-change), a change that fails verify (rolled back to the previous files), verify.yml,
-status.yml, down.yml. Ports and the state directory are the test's own, never :8000.
+before, so they live in one test): --check on a clean state directory (writes nothing),
+site.yml, a chat request through the gateway, a second run with changed=0, --check --diff on
+a changed inventory (a diff, no change), a change that fails verify (rolled back to the
+previous files), verify.yml, status.yml, down.yml. Ports and the state directory are the
+test's own, never :8000.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 import shutil
 import socket
@@ -26,14 +28,10 @@ from .conftest import GATEWAY_SRC, ROOT, VENV_BIN, ansible_env, supervisor
 GEAR_PORT_SPAN = 12
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _port_is_free(port: int) -> bool:
+    # SO_REUSEADDR as the gateway and the simulator bind: TIME_WAIT leftovers do not count.
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -42,9 +40,10 @@ def _port_is_free(port: int) -> bool:
 
 
 def _free_port_block(size: int) -> int:
-    for _attempt in range(200):
-        base = _free_port()
-        if base + size < 65535 and all(_port_is_free(base + i) for i in range(size)):
+    """A block of free ports below the kernel's ephemeral range (outgoing sockets stay off)."""
+    for _attempt in range(500):
+        base = random.randrange(20000, 32000 - size)
+        if all(_port_is_free(base + i) for i in range(size)):
             return base
     raise RuntimeError("no block of free ports")
 
@@ -56,8 +55,9 @@ class LocalMesh:
         self.inventory = tmp_path / "inventory"
         shutil.copytree(ROOT / "inventories" / "local", self.inventory)
         self.deploy_dir = tmp_path / "deploy"
-        self.port = _free_port()
-        self.gear_port_base = _free_port_block(GEAR_PORT_SPAN)
+        # The gateway's port right below its gears' block.
+        block = _free_port_block(GEAR_PORT_SPAN + 1)
+        self.port, self.gear_port_base = block, block + 1
         self.host_vars = self.inventory / "host_vars" / "localhost.yml"
         self.edit(
             fleet_gateway_port=self.port,
@@ -145,6 +145,10 @@ def mesh(tmp_path: Path):
 
 
 def test_local_default_lifecycle(mesh: LocalMesh) -> None:
+    # 0. --check on a machine never deployed: it plans, and writes and starts nothing.
+    assert _ok(mesh.playbook("site.yml", "--check", "--diff"))["changed"] > 0
+    assert not mesh.deploy_dir.exists()
+
     # 1. site.yml on a clean machine leaves a gateway that answers an OpenAI chat request.
     first = _ok(mesh.playbook("site.yml"))
     assert first["changed"] > 0

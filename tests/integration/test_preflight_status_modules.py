@@ -1,0 +1,82 @@
+"""preflight and mesh_status through ansible, on this machine (no GPU, no Docker)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+
+import pytest
+
+from .conftest import ansible_module
+
+
+def test_preflight_on_a_sim_box_reports_facts():
+    result = ansible_module("lobes.fleet.preflight", "hardware=sim runtime=process")
+
+    facts = result["ansible_facts"]["lobes_preflight"]
+    assert result.get("failed") is not True, result
+    assert facts["memory_gib"] > 0
+    assert facts["python_version"].startswith("3.")
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")
+def test_preflight_refuses_a_gpu_profile_on_a_box_without_one_naming_the_field():
+    result = ansible_module("lobes.fleet.preflight", "hardware=gb10 runtime=process")
+
+    assert result["failed"] is True
+    assert "fleet_hardware gb10 expects a GPU (sm_121)" in result["msg"]
+
+
+def _docker_engine_runs() -> bool:
+    docker = shutil.which("docker")
+    if docker is None:
+        return False
+    probe = subprocess.run([docker, "info"], capture_output=True, timeout=30, check=False)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(_docker_engine_runs(), reason="this machine runs a Docker Engine")
+def test_preflight_refuses_the_compose_runtime_without_a_docker_engine():
+    result = ansible_module("lobes.fleet.preflight", "hardware=sim runtime=compose")
+
+    assert result["failed"] is True
+    assert "fleet_runtime compose needs a running Docker Engine" in result["msg"]
+    assert "engine: unreachable" in result["msg"]
+
+
+def test_preflight_refuses_an_unknown_profile_and_a_missing_python():
+    unknown = ansible_module("lobes.fleet.preflight", "hardware=tpu runtime=process")
+    assert "fleet_hardware 'tpu' is not a hardware profile" in unknown["msg"]
+
+    missing = ansible_module(
+        "lobes.fleet.preflight", "hardware=sim runtime=process python=no-such-python3"
+    )
+    assert "fleet_python 'no-such-python3' does not run on the box" in missing["msg"]
+
+
+def test_mesh_status_reports_an_unreachable_box_without_failing():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    plan = {
+        "boxes": {
+            "ghost": {
+                "origin": f"http://127.0.0.1:{closed}",
+                "roles": {
+                    "cortex": {"mode": "local", "peers": []},
+                    "senses": {"mode": "pool", "peers": [{"host": "a"}, {"host": "b"}]},
+                    "minor": {"mode": "off", "peers": []},
+                },
+            }
+        }
+    }
+
+    result = ansible_module("lobes.fleet.mesh_status", json.dumps({"plan": plan}))
+
+    assert result["changed"] is False
+    assert "ghost" in result["unreachable"]
+    assert [row["role"] for row in result["rows"]] == ["cortex", "senses"]
+    assert result["rows"][1]["where"] == "pooled over a, b"
+    assert result["table"][1].split() == ["ghost", "cortex", "here", "-", "-", "-"]
