@@ -7,3 +7,7 @@ echo "== ruff"
 ruff check .
 echo "== pytest"
 python -m pytest -q tests
+echo "== yamllint and ansible-lint"
+bash scripts/lint.sh
+echo "== ansible-test sanity"
+bash scripts/sanity.sh
