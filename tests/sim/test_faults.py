@@ -73,7 +73,7 @@ def test_die_after_chunks_truncates_the_stream(sim):
 
 
 def test_slow_factor_lowers_the_token_rate(sim_factory):
-    sim = sim_factory("spark-cortex", time_scale=20)
+    sim = sim_factory("spark-cortex", time_scale=4)
     payload = chat_payload(max_tokens=60, ignore_eos=True)
     started = time.monotonic()
     post(sim.url, CHAT, payload)
