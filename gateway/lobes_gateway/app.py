@@ -253,12 +253,22 @@ class Gateway:
         if isinstance(route, LocalRoute):
             return await self._local(req, lane, route, requested_tier, payload, writer)
         if isinstance(route, PoolRoute):
-            return await self.pools.serve(req, route, payload, writer, lambda: self._follow(
+            return await self.pools.serve(req, route, payload, writer, lambda: self._relayed(
                 req, lane, route.fall_through, requested_tier, payload, caller, writer))
         if isinstance(route, ProxyRoute):
             return await self.forwarder.proxy(req, route, payload, writer)
-        return await self.owners.serve(req, route, payload, writer, lambda: self._follow(
+        return await self.owners.serve(req, route, payload, writer, lambda: self._relayed(
             req, lane, route.fall_through, requested_tier, payload, caller, writer))
+
+    async def _relayed(self, req: Request, lane: str, route: Route, requested_tier: str | None,
+                       payload: dict | None, caller: Caller,
+                       writer: asyncio.StreamWriter) -> bool:
+        """Follow a fall-through route and relay it here, inside the caller's in-flight count."""
+        outcome = await self._follow(req, lane, route, requested_tier, payload, caller, writer)
+        if isinstance(outcome, Pending):
+            return await relay(self.pool, outcome.response, writer, outcome.extra,
+                               req.keep_alive)
+        return outcome
 
     async def _local(self, req: Request, lane: str, route: LocalRoute,
                      requested_tier: str | None, payload: dict | None,
