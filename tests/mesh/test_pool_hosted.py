@@ -97,8 +97,8 @@ def test_the_local_backend_is_a_replica_and_the_role_stays_hosted(thor_sim, spar
         (me, "fingerprint reference"), (spark.url, "")]
 
 
-def test_a_burst_goes_to_the_faster_peer_and_equal_rates_share_it_with_the_local(thor_sim,
-                                                                                  spark):
+def test_a_burst_goes_to_the_faster_peer_and_equal_rates_share_it_with_the_local(
+        thor_sim, spark):
     me, box = thor_box(thor_sim, spark, "11,48.9")
     with box:
         all_selectable(box)
