@@ -87,6 +87,8 @@ class Gateway:
         """Start the samplers; the first pressure sample is taken before serving."""
         self._loop = asyncio.get_running_loop()
         self.pressure.take_sample()
+        await self.views.windows.probe_once()  # before listening: advertise served windows
+        self._background.append(asyncio.create_task(self.views.windows.run()))
         self._background.append(asyncio.create_task(self.pressure.run()))
         self._background.append(asyncio.create_task(self.pools.run()))
         self._background.append(asyncio.create_task(self.adverts.run()))

@@ -17,8 +17,10 @@ KEY = "client-key"
 @pytest.fixture(scope="module")
 def box():
     # minor: a real decode step, so a slowed request stays visibly running in /metrics.
-    with start_sim("minor", served_name="sim-instant") as primary, \
-            start_sim("instant", served_name="e5") as embed:
+    with start_sim("minor", served_name="sim-instant",
+                   extra_args=["--max-model-len", "65536"]) as primary, \
+            start_sim("instant", served_name="e5",
+                      extra_args=["--max-model-len", "8192"]) as embed:
         env = {**wired(primary), "PRIMARY_MAX_MODEL_LEN": "65536",
                "EMBED_BASE_URL": embed.url, "EMBED_SERVED_NAME": "e5",
                "MULTIMODAL_FEASIBLE": "false", "MULTIMODAL_PEER_ORIGIN": "http://spark:8000",
