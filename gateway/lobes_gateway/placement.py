@@ -259,6 +259,12 @@ class Placer:
         self._in_flight[view.origin] += 1
         return Placement(self, view.origin, reason, view.in_flight // view.slots + 1)
 
+    def occupy(self, origin: str, slots: int) -> Placement:
+        """Count a request the policy did not place (a marked arrival served locally)."""
+        waves = self._in_flight[origin] // max(1, slots) + 1
+        self._in_flight[origin] += 1
+        return Placement(self, origin, RouteReason.NONE, waves)
+
     def release(self, origin: str) -> None:
         self._in_flight[origin] -= 1
 
