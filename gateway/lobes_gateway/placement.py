@@ -218,6 +218,8 @@ class Placer:
     ) -> None:
         self.policy = policy
         self._in_flight: dict[str, int] = {origin: 0 for origin in priors}
+        # Work other boxes have on a replica, from its probed running + waiting.
+        self._external: dict[str, int] = {origin: 0 for origin in priors}
         self._rates = {o: RateEstimate(prior, smoothing) for o, prior in priors.items()}
 
     def in_flight(self, origin: str) -> int:
@@ -235,6 +237,17 @@ class Placer:
             return own
         return max(known) if known else 1.0
 
+    def note_load(self, origin: str, load: int | None) -> None:
+        """A probe saw `load` requests running + waiting on the replica.
+
+        Those include this box's own in-flight requests there; the rest is other boxes'
+        work, counted until the next probe so a shared replica is not taken for idle.
+        """
+        self._external[origin] = max(0, (load or 0) - self._in_flight[origin])
+
+    def external_load(self, origin: str) -> int:
+        return self._external[origin]
+
     def views(self, candidates: Sequence[Candidate]) -> list[ReplicaView]:
         order = {origin: i for i, origin in enumerate(self._in_flight)}
         return [
@@ -242,7 +255,7 @@ class Placer:
                 origin=c.origin,
                 order=order[c.origin],
                 slots=max(1, c.slots),
-                in_flight=self._in_flight[c.origin],
+                in_flight=self._in_flight[c.origin] + self._external[c.origin],
                 rate=self._effective_rate(c.origin),
             )
             for c in candidates
@@ -257,6 +270,7 @@ class Placer:
             return None
         view, reason = choice
         self._in_flight[view.origin] += 1
+        # Waves ahead at dispatch (own and other boxes' work): the rate sample's divisor.
         return Placement(self, view.origin, reason, view.in_flight // view.slots + 1)
 
     def occupy(self, origin: str, slots: int) -> Placement:

@@ -122,6 +122,11 @@ class PooledRole:
     def hosted(self) -> bool:
         return self.local_origin is not None
 
+    def note_loads(self) -> None:
+        """Hand each peer's probed load to placement (a dark peer's is forgotten)."""
+        for state in self.pool.states:
+            self.placer.note_load(state.origin, state.load if state.ready else None)
+
     def _row(self, state: ReplicaState) -> dict[str, object]:
         """A replica's /capabilities row: its verdict plus the rate placement now uses."""
         row = state.snapshot()
@@ -220,6 +225,7 @@ class Pools:
 
     def _publish(self) -> None:
         for name, role in self.roles.items():
+            role.note_loads()
             self._views[name] = role.view()
         for name, pool in self.owned.items():
             served = pool.served_id
