@@ -19,7 +19,8 @@ X-Lobes-Route-Reason vocabulary (closed; RouteReason):
   peer-less-loaded    queue: the selectable replica with the least in flight per slot
   earliest-completion rate: the replica with the earliest expected completion
   pinned              pinned: the first selectable replica in declaration order
-  none                nothing was selectable; the request fell through to the singular forward
+  none                nothing was placed: the request fell through to the singular forward or
+                      the local path, or every replica tried failed
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ from typing import Protocol
 DEFAULT_EXPECTED_TOKENS = 256
 DEFAULT_SMOOTHING = 0.3
 # A slower replica must finish a request this much sooner than the fastest one to get it.
+# Why a margin and not a sharper formula: the wave model prices every stream at one rate per
+# replica, but a replica's per-stream rate depends on its batch (Spark 48.9 tok/s alone, 44.05
+# with 2 running: 11%), so the learned EWMA is a blend of solo and batched samples that moves
+# by that much. Seed 000's burst 8 is the near-tie: Spark's 4th wave 4 x 155/44.05 = 14.07 s
+# against Thor alone 155/11.0 = 14.09 s. Even a batch-aware estimate decides it on 0.1%, far
+# inside the estimate's own error, while a request wrongly sent to the slow replica sets the
+# burst's makespan. The margin is that error bound: a slower replica must win by more than the
+# spread between its rivals' solo and batched rates. Measured: docs/benchmarks.md.
 SLOWER_REPLICA_MARGIN = 0.1
 
 
@@ -60,7 +69,7 @@ class ReplicaView:
     origin: str
     order: int
     slots: int
-    in_flight: int
+    in_flight: int  # this box's dispatches plus other boxes' probed work
     rate: float
 
     def expected_completion_s(self, expected_tokens: int) -> float:

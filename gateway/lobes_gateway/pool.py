@@ -12,7 +12,8 @@ fingerprint-compatible), counted in flight before the dial and released when the
 ends. A transport error, a timeout, a 5xx or a 401/403/404 before any body moves on to the
 next replica (seed 003's rule); nothing selectable falls through to the singular forward
 (peer-only) or the local path (hosted). Answers from peers carry X-Lobes-Proxied-By and
-X-Lobes-Route-Reason; sized 200 answers from peers teach the replica's rate.
+X-Lobes-Route-Reason, local ones X-Lobes-Route-Reason (`none` on a fall-through); every 200
+answer, sized or streamed, from a peer or the local replica, teaches that replica's rate.
 """
 
 from __future__ import annotations
