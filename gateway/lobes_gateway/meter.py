@@ -46,4 +46,3 @@ class CountingWriter:
         if self.usage_tokens is not None:
             return self.usage_tokens
         return max(0, self.events - self.done)
-

@@ -155,7 +155,7 @@ def test_an_answer_from_the_local_replica_carries_its_reason_and_teaches_its_rat
 
 def test_a_marked_arrival_counts_on_the_local_replica_while_it_is_served(thor_sim, spark):
     """Another box's request on the local replica is load this box's placement sees."""
-    _, box = thor_box(thor_sim, spark, "11,11")
+    box = thor_box(thor_sim, spark, "11,11")[1]
     with box:
         all_selectable(box)
         with ThreadPoolExecutor(3) as pool:
