@@ -8,7 +8,10 @@ pooling peer reads: slots for placement, quantization for the fingerprint.
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 from tests.support.gateway_proc import start_gateway
 from tests.support.sim_proc import start_sim
@@ -81,3 +84,27 @@ def test_a_pool_refuses_a_replica_whose_quantization_differs():
         cortex = replicas_when_judged(pooler)
     assert [(r["compatible"], r["reason"]) for r in cortex["replicas"]] == [
         (True, "fingerprint reference"), (False, "runtime fp8, reference runtime nvfp4")]
+
+
+def test_a_pool_places_by_the_slots_each_replica_publishes():
+    """Equal rates; spark publishes 4 slots, thor 1: a burst of 4 fits in spark's one wave."""
+    with start_sim("spark-cortex", time_scale=5, extra_args=["--max-num-seqs", "4"]) as s_sim, \
+            start_sim("thor-cortex", time_scale=5) as t_sim, \
+            start_gateway(box_env(s_sim, PRIMARY_MAX_ACTIVE="4")) as spark, \
+            start_gateway(box_env(t_sim, PRIMARY_MAX_ACTIVE="1")) as thor, \
+            start_gateway({**pool_env([spark.url, thor.url]), "PRIMARY_PEER_RATES": "11,11",
+                           "PRIMARY_MAX_ACTIVE": "2"}) as pooler:
+        replicas_when_judged(pooler)
+        with ThreadPoolExecutor(4) as pool:
+            served = list(pool.map(lambda _: proxied_by(pooler.url), range(4)))
+    assert served == [spark.url] * 4
+
+
+def proxied_by(url):
+    body = json.dumps({"model": "cortex", "max_tokens": 40,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    request = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json", **KEY})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        response.read()
+        return response.headers["X-Lobes-Proxied-By"]
