@@ -251,7 +251,7 @@ def write_docs(section: list[str]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--time-scale", type=float, default=10.0)
     parser.add_argument("--arrivals-per-s", type=float, default=0.7,
                         help="sustained arrival rate in seed time (requests per second)")

@@ -19,10 +19,11 @@ LISTEN_BACKLOG = 4096
 async def serve(gateway: Gateway) -> None:
     """Listen until SIGTERM/SIGINT; the hot path is set up before gc.freeze()."""
     config = gateway.config
+    # First: the samplers' first pass completes before the first request can arrive.
+    await gateway.start_background()
     server = await asyncio.start_server(gateway.serve_connection, config.host, config.port,
                                         backlog=LISTEN_BACKLOG, reuse_address=True,
                                         limit=MAX_HEAD_BYTES)
-    await gateway.start_background()
     port = server.sockets[0].getsockname()[1]
     print(f"lobes_gateway {__version__} listening on http://{config.host}:{port}",
           file=sys.stderr, flush=True)

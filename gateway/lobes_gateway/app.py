@@ -87,6 +87,8 @@ class Gateway:
         """Start the samplers; the first pressure sample is taken before serving."""
         self._loop = asyncio.get_running_loop()
         self.pressure.take_sample()
+        await self.views.windows.probe_once()  # before listening: advertise served windows
+        self._background.append(asyncio.create_task(self.views.windows.run()))
         self._background.append(asyncio.create_task(self.pressure.run()))
         self._background.append(asyncio.create_task(self.pools.run()))
         self._background.append(asyncio.create_task(self.adverts.run()))
@@ -253,7 +255,8 @@ class Gateway:
         if isinstance(route, LocalRoute):
             return await self._local(req, lane, route, requested_tier, payload, writer)
         if isinstance(route, PoolRoute):
-            return await self.pools.serve(req, route, payload, writer, lambda: self._relayed(
+            # The pool relays the fall-through itself: it adds its headers and meters the rate.
+            return await self.pools.serve(req, route, payload, writer, lambda: self._follow(
                 req, lane, route.fall_through, requested_tier, payload, caller, writer))
         if isinstance(route, ProxyRoute):
             return await self.forwarder.proxy(req, route, payload, writer)

@@ -50,8 +50,8 @@ class Gate:
     def identify(self, authorization: str | None) -> Caller | None:
         """The caller, or None when the gate is on and the key is missing or wrong."""
         token = _bearer(authorization)
-        if token is not None and self._fleet is not None and hmac.compare_digest(token,
-                                                                                self._fleet):
+        if (token is not None and self._fleet is not None
+                and hmac.compare_digest(token, self._fleet)):
             return _FLEET
         if self._key is None:
             return _ANONYMOUS

@@ -65,6 +65,8 @@ class RoleConfig:
     peer_proxy: bool
     peer_api_key: str | None
     peers: tuple[PeerSpec, ...]
+    # P_QUANTIZATION: published on /capabilities so pooling peers compare it (fingerprint).
+    quantization: str | None = None
 
     @property
     def name(self) -> str:
@@ -254,6 +256,7 @@ def _role(env: _Env, role: Role) -> RoleConfig:
         peer_proxy=bool(env.bool(f"{p}_PEER_PROXY", False)),
         peer_api_key=peer_key,
         peers=_peers(env, p, peer_origin, peer_key),
+        quantization=env.str(f"{p}_QUANTIZATION"),
     )
 
 

@@ -19,7 +19,8 @@ X-Lobes-Route-Reason vocabulary (closed; RouteReason):
   peer-less-loaded    queue: the selectable replica with the least in flight per slot
   earliest-completion rate: the replica with the earliest expected completion
   pinned              pinned: the first selectable replica in declaration order
-  none                nothing was selectable; the request fell through to the singular forward
+  none                nothing was placed: the request fell through to the singular forward or
+                      the local path, or every replica tried failed
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ from typing import Protocol
 DEFAULT_EXPECTED_TOKENS = 256
 DEFAULT_SMOOTHING = 0.3
 # A slower replica must finish a request this much sooner than the fastest one to get it.
+# Why a margin and not a sharper formula: the wave model prices every stream at one rate per
+# replica, but a replica's per-stream rate depends on its batch (Spark 48.9 tok/s alone, 44.05
+# with 2 running: 11%), so the learned EWMA is a blend of solo and batched samples that moves
+# by that much. Seed 000's burst 8 is the near-tie: Spark's 4th wave 4 x 155/44.05 = 14.07 s
+# against Thor alone 155/11.0 = 14.09 s. Even a batch-aware estimate decides it on 0.1%, far
+# inside the estimate's own error, while a request wrongly sent to the slow replica sets the
+# burst's makespan. The margin is that error bound: a slower replica must win by more than the
+# spread between its rivals' solo and batched rates. Measured: docs/benchmarks.md.
 SLOWER_REPLICA_MARGIN = 0.1
 
 
@@ -60,7 +69,7 @@ class ReplicaView:
     origin: str
     order: int
     slots: int
-    in_flight: int
+    in_flight: int  # this box's dispatches plus other boxes' probed work
     rate: float
 
     def expected_completion_s(self, expected_tokens: int) -> float:
@@ -218,6 +227,8 @@ class Placer:
     ) -> None:
         self.policy = policy
         self._in_flight: dict[str, int] = {origin: 0 for origin in priors}
+        # Work other boxes have on a replica, from its probed running + waiting.
+        self._external: dict[str, int] = {origin: 0 for origin in priors}
         self._rates = {o: RateEstimate(prior, smoothing) for o, prior in priors.items()}
 
     def in_flight(self, origin: str) -> int:
@@ -235,6 +246,17 @@ class Placer:
             return own
         return max(known) if known else 1.0
 
+    def note_load(self, origin: str, load: int | None) -> None:
+        """A probe saw `load` requests running + waiting on the replica.
+
+        Those include this box's own in-flight requests there; the rest is other boxes'
+        work, counted until the next probe so a shared replica is not taken for idle.
+        """
+        self._external[origin] = max(0, (load or 0) - self._in_flight[origin])
+
+    def external_load(self, origin: str) -> int:
+        return self._external[origin]
+
     def views(self, candidates: Sequence[Candidate]) -> list[ReplicaView]:
         order = {origin: i for i, origin in enumerate(self._in_flight)}
         return [
@@ -242,7 +264,7 @@ class Placer:
                 origin=c.origin,
                 order=order[c.origin],
                 slots=max(1, c.slots),
-                in_flight=self._in_flight[c.origin],
+                in_flight=self._in_flight[c.origin] + self._external[c.origin],
                 rate=self._effective_rate(c.origin),
             )
             for c in candidates
@@ -257,7 +279,14 @@ class Placer:
             return None
         view, reason = choice
         self._in_flight[view.origin] += 1
+        # Waves ahead at dispatch (own and other boxes' work): the rate sample's divisor.
         return Placement(self, view.origin, reason, view.in_flight // view.slots + 1)
+
+    def occupy(self, origin: str, slots: int) -> Placement:
+        """Count a request the policy did not place (a marked arrival served locally)."""
+        waves = self._in_flight[origin] // max(1, slots) + 1
+        self._in_flight[origin] += 1
+        return Placement(self, origin, RouteReason.NONE, waves)
 
     def release(self, origin: str) -> None:
         self._in_flight[origin] -= 1

@@ -12,7 +12,8 @@ fingerprint-compatible), counted in flight before the dial and released when the
 ends. A transport error, a timeout, a 5xx or a 401/403/404 before any body moves on to the
 next replica (seed 003's rule); nothing selectable falls through to the singular forward
 (peer-only) or the local path (hosted). Answers from peers carry X-Lobes-Proxied-By and
-X-Lobes-Route-Reason; sized 200 answers from peers teach the replica's rate.
+X-Lobes-Route-Reason, local ones X-Lobes-Route-Reason (`none` on a fall-through); every 200
+answer, sized or streamed, from a peer or the local replica, teaches that replica's rate.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from .config import GatewayConfig, Origin, RoleConfig
 from .errors import ApiError
 from .forward import Forwarder, encode_for, forward_headers
 from .http import Request, error_bytes
-from .peers import Pool, Prober, ProbeTarget, ReplicaSpec, with_local_replica
+from .meter import CountingWriter
+from .peers import Pool, Prober, ProbeTarget, ReplicaSpec, ReplicaState, with_local_replica
 from .placement import (
     DEFAULT_EXPECTED_TOKENS,
     Candidate,
@@ -38,7 +40,7 @@ from .placement import (
     Policy,
     policy_named,
 )
-from .relay import head_bytes, relay
+from .relay import Pending, head_bytes, relay
 from .routing import OwnerRoute, PoolRoute, Router
 from .upstream import Pool as Connections
 from .upstream import Response, UpstreamError, exchange, fetch, finish, read_body, request_head
@@ -121,10 +123,23 @@ class PooledRole:
     def hosted(self) -> bool:
         return self.local_origin is not None
 
+    def note_loads(self) -> None:
+        """Hand each peer's probed load to placement (a dark peer's is forgotten)."""
+        for state in self.pool.states:
+            self.placer.note_load(state.origin, state.load if state.ready else None)
+
+    def _row(self, state: ReplicaState) -> dict[str, object]:
+        """A replica's /capabilities row: its verdict plus the rate placement now uses."""
+        row = state.snapshot()
+        rate = self.placer.rate(state.origin)
+        if rate is not None:
+            row["rate"] = round(rate, 2)
+        return row
+
     def view(self) -> PeerView:
         """What /capabilities and /v1/models publish for the role."""
         served = self.pool.served_id
-        extra: dict[str, object] = {"replicas": self.pool.capabilities()["replicas"]}
+        extra: dict[str, object] = {"replicas": [self._row(state) for state in self.pool.states]}
         if served is not None:
             extra["served_name"] = served
         if self.hosted:
@@ -146,7 +161,8 @@ class Failure:
         return f"{self.origin} ({'unreachable' if self.status is None else self.status})"
 
 
-FallThrough = Callable[[], Awaitable[bool]]
+# The local path or the singular forward: an answer already written (bool) or one to relay.
+FallThrough = Callable[[], Awaitable["bool | Pending"]]
 
 
 def _pooled_role(route: PoolRoute, policy: Policy, self_origin: str | None) -> PooledRole:
@@ -210,6 +226,7 @@ class Pools:
 
     def _publish(self) -> None:
         for name, role in self.roles.items():
+            role.note_loads()
             self._views[name] = role.view()
         for name, pool in self.owned.items():
             served = pool.served_id
@@ -227,8 +244,11 @@ class Pools:
         """Place, forward and relay one request; returns whether the connection stays usable."""
         role = self.roles[route.role]
         arrived = req.headers.get("x-lobes-proxied")
-        if arrived is not None and role.hosted:
-            return await fall_through()  # single hop: a marked arrival is served locally
+        if arrived is not None and role.hosted and role.local_origin is not None:
+            # Single hop: served locally, and counted there, so another box's share of the
+            # local replica is not mistaken for idle capacity by this box's own placements.
+            with role.placer.occupy(role.local_origin, role.default_slots) as placement:
+                return await self._local(req, placement, [], fall_through, writer)
         if arrived is not None:
             error = errors.proxy_loop(route.role, arrived, f"the {route.role} replica pool")
             writer.write(error_bytes(error, keep_alive=req.keep_alive))
@@ -239,13 +259,15 @@ class Pools:
         while (placement := role.placer.place(role.candidates(tried), want)) is not None:
             tried.add(placement.origin)
             with placement:
-                if placement.origin == role.local_origin:
-                    return await fall_through()  # the local path: pressure, tiers, failover
+                if placement.origin == role.local_origin:  # the local path: pressure, tiers
+                    reason = [b"X-Lobes-Route-Reason: " + placement.reason.value.encode()]
+                    return await self._local(req, placement, reason, fall_through, writer)
                 kept = await self._attempt(req, role, placement, payload, writer, failures)
             if kept is not None:
                 return kept
         if not tried:
-            return await fall_through()
+            return await self._local(req, None, [b"X-Lobes-Route-Reason: none"], fall_through,
+                                     writer)
         who = f"every replica of the {route.role} pool"
         return self._answer(req, writer, exhausted(who, failures, self._retry_after))
 
@@ -267,9 +289,35 @@ class Pools:
             return None
         extra = [b"X-Lobes-Proxied-By: " + spec.origin.encode(),
                  b"X-Lobes-Route-Reason: " + placement.reason.value.encode()]
-        if response.length is None or response.status != 200:
+        return await self._relay_metered(req, response, placement, started, extra, writer)
+
+    async def _local(self, req: Request, placement: Placement | None, extra: list[bytes],
+                     fall_through: FallThrough, writer: asyncio.StreamWriter) -> bool:
+        """Follow the fall-through and relay its answer with extra headers; a placement on
+        the local replica learns its rate from it."""
+        started = time.monotonic()
+        outcome = await fall_through()
+        if not isinstance(outcome, Pending):
+            return outcome  # answered already (a refusal, a shed, a failure)
+        response, headers = outcome.response, [*outcome.extra, *extra]
+        if placement is None:
+            return await relay(self._connections, response, writer, headers, req.keep_alive)
+        return await self._relay_metered(req, response, placement, started, headers, writer)
+
+    async def _relay_metered(self, req: Request, response: Response, placement: Placement,
+                             started: float, extra: list[bytes],
+                             writer: asyncio.StreamWriter) -> bool:
+        """Relay a replica's answer; a 200 teaches the replica's rate, streamed or not."""
+        if response.status != 200:
             return await relay(self._connections, response, writer, extra, req.keep_alive)
-        return await self._relay_learning(req, response, placement, started, extra, writer)
+        if response.length is not None:
+            return await self._relay_learning(req, response, placement, started, extra, writer)
+        counted = CountingWriter(writer)
+        kept = await relay(self._connections, response, counted, extra,  # type: ignore[arg-type]
+                           req.keep_alive)
+        if counted.done or counted.usage_tokens is not None:  # only a stream that ended whole
+            placement.record_completion(counted.completion_tokens, time.monotonic() - started)
+        return kept
 
     async def _dial(self, req: Request, url: str, headers: list[tuple[str, str]],
                     body: bytes) -> Response | None:

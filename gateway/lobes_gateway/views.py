@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from . import __version__
 from .catalog import CANDIDATES, GENERATE, ROLES
-from .config import GatewayConfig, Origin
+from .config import GatewayConfig, Origin, RoleConfig
 from .pressure import PressureMonitor
 from .routing import (
     LocalRoute,
@@ -22,6 +22,7 @@ from .routing import (
     Router,
 )
 from .upstream import Pool, UpstreamError, fetch
+from .windows import BackendWindows
 
 _METRICS = {
     "vllm:num_requests_running": "running",
@@ -75,6 +76,14 @@ class Backend:
     origin: Origin
 
 
+def _serving(rc: RoleConfig | None) -> dict[str, object]:
+    """What a pooling peer reads of a role served here: its slots and quantization."""
+    if rc is None:
+        return {}
+    known = {"max_active": rc.max_active, "quantization": rc.quantization}
+    return {key: value for key, value in known.items() if value is not None}
+
+
 class Views:
     """Builds the JSON of the gateway's own endpoints."""
 
@@ -88,6 +97,7 @@ class Views:
         self._created = int(time.time())
         self.health_body = json.dumps({"status": "ok", "version": __version__}).encode()
         self._backends = self._local_backends()
+        self.windows = BackendWindows(config, pool)
 
     def _local_backends(self) -> list[Backend]:
         backends = [Backend(rc.name, rc.role.task, rc.served_name, rc.base_url)
@@ -107,7 +117,8 @@ class Views:
 
     def models(self) -> bytes:
         """/v1/models: the loaded local backends, plus peer-served roles a peer now lists."""
-        data = [self._model_entry(rc.served_name, rc.name, rc.max_model_len)
+        data = [self._model_entry(rc.served_name, rc.name,
+                                  self.windows.get(rc.base_url, rc.served_name))
                 for rc in self._config.roles.values()
                 if rc.feasible and rc.base_url and rc.role.task != "stt" and rc.role.task != "tts"]
         for rc in self._config.roles.values():
@@ -184,9 +195,8 @@ class Views:
             target = route.targets[0]
             entry["ready"] = health.get(target.origin, False)
             entry["served_by"] = target.name
-            served = self._config.roles.get(target.name)
-            if served is not None and target.name != name:
-                entry["context"] = served.max_model_len
+            entry["context"] = self.windows.get(target.origin, target.served_name)
+            entry.update(_serving(self._config.roles.get(target.name)))
         elif isinstance(route, ProxyRoute | PoolRoute | OwnerRoute):
             view = self._peer_views(name)
             entry["proxied"] = True
@@ -194,6 +204,8 @@ class Views:
             entry["context"] = view.context if view else None
             if view and view.extra:
                 entry.update(view.extra)
+            if rc.feasible and rc.base_url is not None:  # a hosted pool's own replica
+                entry.update(_serving(rc))
         elif isinstance(route, Refusal):
             entry["reason"] = json.loads(route.error.body())["error"]["code"]
         return entry

@@ -161,7 +161,6 @@ class ServingPort:
             await conn.send_json(500, body, keep_alive=False)
             return False
 
-
     async def _answer_fault(self, conn: Connection, request: Request) -> bool | None:
         """Play the active hang and 5xx faults; None when the request should be served."""
         faults = self.state.faults

@@ -59,8 +59,8 @@ def test_completion_tokens_are_read_from_usage(body, tokens):
 
 
 def test_all_declined_is_a_404_naming_each():
-    error = exhausted("every owner of cortex", [Failure("http://a:1", 401),
-                                               Failure("http://b:1", 404)], 5)
+    declined = [Failure("http://a:1", 401), Failure("http://b:1", 404)]
+    error = exhausted("every owner of cortex", declined, 5)
     assert (error.status, error.type) == (404, "role_infeasible")
     assert "http://a:1 (401), http://b:1 (404)" in error.message
 

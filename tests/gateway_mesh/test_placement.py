@@ -234,3 +234,26 @@ def test_a_slower_replica_wins_when_it_finishes_clearly_sooner():
     candidates = [Candidate("spark", 2), Candidate("thor", 2)]
     origins = [p.place(candidates, SEED_TOKENS).origin for _ in range(9)]
     assert origins == ["spark"] * 8 + ["thor"]
+
+
+@pytest.mark.parametrize("policy", [RatePolicy(), QueuePolicy()])
+def test_a_replica_busy_with_other_boxes_work_is_not_taken_for_idle(policy):
+    p = placer(policy)
+    p.note_load(A, 2)  # its probe: two requests from elsewhere fill A's two slots
+    assert p.place(PAIR).origin == B
+
+
+def test_this_boxes_own_dispatches_are_not_counted_twice_as_probed_load():
+    p = placer(QueuePolicy())
+    mine = p.place(PAIR)
+    p.note_load(mine.origin, 1)  # the probe saw only this box's own request
+    assert p.external_load(mine.origin) == 0
+    p.note_load(mine.origin, 3)
+    assert p.external_load(mine.origin) == 2
+
+
+def test_a_peer_that_stops_reporting_load_is_no_longer_counted_busy():
+    p = placer(QueuePolicy())
+    p.note_load(A, 2)
+    p.note_load(A, None)
+    assert p.place(PAIR).origin == A

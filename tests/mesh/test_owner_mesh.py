@@ -178,9 +178,9 @@ def test_no_owner_reachable_is_a_retryable_503_naming_them():
 
 
 def test_only_the_fleet_key_is_exempt_from_the_owners_in_flight_limit():
+    limited = {"GATEWAY_MAX_INFLIGHT_PER_KEY": "1"}
     with start_sim("spark-cortex", time_scale=5) as slow, \
-            start_gateway(owner_env(slow, "unsloth/Qwen3.8-27B-NVFP4",
-                                  GATEWAY_MAX_INFLIGHT_PER_KEY="1")) as owner:
+            start_gateway(owner_env(slow, "unsloth/Qwen3.8-27B-NVFP4", **limited)) as owner:
 
         def three(key, headers=None):
             with ThreadPoolExecutor(3) as pool:

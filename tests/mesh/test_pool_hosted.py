@@ -20,15 +20,16 @@ SERVED = "unsloth/Qwen3.8-27B-NVFP4"
 TIME_SCALE = 5
 
 
-def chat(url, headers=None):
+def chat(url, headers=None, **body):
     payload = {"model": "cortex", "messages": [{"role": "user", "content": "hi"}],
-               "max_tokens": 160}
+               "max_tokens": 160, **body}
     request = urllib.request.Request(f"{url}/v1/chat/completions",
                                      data=json.dumps(payload).encode(),
                                      headers={"Content-Type": "application/json",
                                               **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
+            response.read()
             return response.status, response.headers
     except urllib.error.HTTPError as error:
         return error.code, error.headers
@@ -97,8 +98,8 @@ def test_the_local_backend_is_a_replica_and_the_role_stays_hosted(thor_sim, spar
         (me, "fingerprint reference"), (spark.url, "")]
 
 
-def test_a_burst_goes_to_the_faster_peer_and_equal_rates_share_it_with_the_local(thor_sim,
-                                                                                  spark):
+def test_a_burst_goes_to_the_faster_peer_and_equal_rates_share_it_with_the_local(
+        thor_sim, spark):
     me, box = thor_box(thor_sim, spark, "11,48.9")
     with box:
         all_selectable(box)
@@ -129,6 +130,46 @@ def test_a_dark_local_backend_leaves_the_pool_to_the_peer(thor_sim, spark):
         thor_sim.set_faults({"refuse": True})
         wait_for(lambda: not replicas(box)[0]["ready"])
         assert replicas(box)[0] == {"origin": me, "ready": False, "compatible": False,
-                                    "reason": "local backend unreachable"}
+                                    "reason": "local backend unreachable", "rate": 100}
         status, headers = chat(box.url)
     assert (status, headers["X-Lobes-Proxied-By"]) == (200, spark.url)
+
+
+def local_rate(box):
+    return replicas(box)[0]["rate"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_from_the_local_replica_carries_its_reason_and_teaches_its_rate(
+        thor_sim, spark, stream):
+    me, box = thor_box(thor_sim, spark, "1000,48.9")  # a prior far above what thor serves
+    with box:
+        all_selectable(box)
+        status, headers = chat(box.url, stream=stream)
+        # thor-cortex at time-scale 5 serves ~55 tok/s: one answer pulls the estimate well
+        # down (published with the next probe pass).
+        wait_for(lambda: 0 < local_rate(box) < 1000 * 0.9)
+    assert (status, headers["X-Lobes-Served-By"]) == (200, me)
+    assert headers["X-Lobes-Route-Reason"] == "earliest-completion"
+
+
+def test_a_marked_arrival_counts_on_the_local_replica_while_it_is_served(thor_sim, spark):
+    """Another box's request on the local replica is load this box's placement sees."""
+    box = thor_box(thor_sim, spark, "11,11")[1]
+    with box:
+        all_selectable(box)
+        with ThreadPoolExecutor(3) as pool:
+            marked = [pool.submit(chat, box.url, {"X-Lobes-Proxied": "cortex"}, max_tokens=400)
+                      for _ in range(2)]
+            wait_for(lambda: thor_sim_running(thor_sim) == 2)
+            own = pool.submit(chat, box.url).result()
+            assert all(m.result()[0] == 200 for m in marked)
+    # Equal rates, the local replica's 2 slots held by marked arrivals: spark is sooner.
+    assert own[1]["X-Lobes-Proxied-By"] == spark.url
+
+
+def thor_sim_running(sim):
+    with urllib.request.urlopen(f"{sim.url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running"))

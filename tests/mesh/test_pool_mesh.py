@@ -214,7 +214,7 @@ def test_nothing_selectable_falls_through_to_the_singular_forward(pair):
         status, headers, _ = chat(orin.url)
     assert status == 200
     assert headers["X-Lobes-Proxied-By"] == spark.url
-    assert "X-Lobes-Route-Reason" not in headers
+    assert headers["X-Lobes-Route-Reason"] == "none"
 
 
 def test_a_peer_that_goes_dark_is_not_compatible_and_comes_back(pair):
@@ -277,3 +277,17 @@ def test_every_replica_declining_is_a_404_naming_them(pair):
     error = json.loads(body)["error"]
     assert error["type"] == "role_infeasible"
     assert f"{first.url} (404)" in error["message"] and f"{second.url} (404)" in error["message"]
+
+
+def test_a_replica_busy_with_another_boxes_work_is_not_taken_for_idle(pair):
+    spark, thor = pair["spark"], pair["thor"]
+    env = pool_env(spark.url, [spark.url, thor.url], PRIMARY_PEER_RATES="11,11")
+    with start_gateway(env) as orin, ThreadPoolExecutor(2) as elsewhere:
+        all_selectable(orin)
+        # Another box's two long requests straight to spark fill its two slots.
+        held = [elsewhere.submit(chat, spark.url, {"Authorization": f"Bearer {SPARK_KEY}"},
+                                 max_tokens=600) for _ in range(2)]
+        wait_for(lambda: replicas(orin)[0].get("load") == 2)
+        status, headers, _ = chat(orin.url)
+        assert all(h.result()[0] == 200 for h in held)
+    assert (status, headers["X-Lobes-Proxied-By"]) == (200, thor.url)

@@ -56,6 +56,7 @@ def test_requests_beyond_max_num_seqs_wait_and_show_in_the_gauges(sim_factory):
     payload = chat_payload(max_tokens=150, ignore_eos=True)
     with ThreadPoolExecutor(4) as pool:
         replies = [pool.submit(post, sim.url, CHAT, payload) for _ in range(4)]
+
         def two_running_two_waiting() -> bool:
             busy = metrics(sim.url)
             running = busy["vllm:num_requests_running"]

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -40,15 +41,17 @@ class GatewayProcess:
                          "GATEWAY_PORT": str(self.port)})
         full_env.update(env)
         self.env = full_env
+        # A file, never an unread pipe: a chatty gateway must not block on a full pipe.
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
         self._proc = subprocess.Popen([sys.executable, "-m", "lobes_gateway"], env=full_env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                      stdout=self._log, stderr=subprocess.STDOUT)
         self._wait_ready(startup_timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                output = self._proc.stdout.read().decode(errors="replace")
+                output = self.output()
                 raise RuntimeError(f"gateway exited with {self._proc.returncode}: {output}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=1) as resp:
@@ -58,6 +61,11 @@ class GatewayProcess:
                 time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"gateway on port {self.port} did not answer /health")
+
+    def output(self) -> str:
+        """Everything the gateway has written to stdout and stderr so far."""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
 
     def alive(self) -> bool:
         return self._proc.poll() is None
@@ -75,8 +83,7 @@ class GatewayProcess:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-        if self._proc.stdout is not None:
-            self._proc.stdout.close()
+        self._log.close()
 
     def __enter__(self) -> GatewayProcess:
         return self
@@ -97,7 +104,7 @@ def run_config_check(env: dict[str, str]) -> subprocess.CompletedProcess:
     full_env.update({"PYTHONPATH": str(GATEWAY_DIR), "GATEWAY_PORT": str(free_port())})
     full_env.update(env)
     return subprocess.run([sys.executable, "-m", "lobes_gateway"], env=full_env,
-                          capture_output=True, text=True, timeout=15)
+                          capture_output=True, text=True, timeout=15, check=False)
 
 
 @pytest.fixture
