@@ -90,6 +90,9 @@ def _role_env(plan: dict, role: dict, secrets: dict) -> list:
     if gear and not role_spec(role["role"]).is_audio:
         env.append((f"{prefix}_BASE_URL", gear_base_url(plan, role)))
         env.append((f"{prefix}_MAX_ACTIVE", str(gear["max_active"])))
+        # Published on /capabilities, so peers pooling this gear compare it in the fingerprint.
+        if gear["quantization"]:
+            env.append((f"{prefix}_QUANTIZATION", gear["quantization"]))
     env.extend(_peer_env(plan, role, secrets))
     return env
 

@@ -64,6 +64,7 @@ def test_every_rendered_env_is_accepted_and_read_back_as_rendered(env_file):
         if f"{prefix}_MAX_MODEL_LEN" in env:
             assert role.max_model_len == int(env[f"{prefix}_MAX_MODEL_LEN"])
         assert role.wired == (f"{prefix}_BASE_URL" in env)
+        assert role.quantization == env.get(f"{prefix}_QUANTIZATION")
 
 
 def _inbound_keys(inventory: str) -> dict[str, str | None]:
