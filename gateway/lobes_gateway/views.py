@@ -195,6 +195,8 @@ class Views:
             target = route.targets[0]
             entry["ready"] = health.get(target.origin, False)
             entry["served_by"] = target.name
+            # An unwired tier answered upward (minor -> cortex) is served under that backend's name.
+            entry["served_name"] = target.served_name
             entry["context"] = self.windows.get(target.origin, target.served_name)
             entry.update(_serving(self._config.roles.get(target.name)))
         elif isinstance(route, ProxyRoute | PoolRoute | OwnerRoute):

@@ -99,6 +99,13 @@ def test_capabilities(box):
         embed.set_faults({})
 
 
+def test_capabilities_name_the_model_that_answers_an_unwired_tier(box):
+    roles = box[0].get_json("/capabilities")["roles"]
+    assert roles["minor"]["served_by"] == "cortex"
+    assert roles["minor"]["served_name"] == "sim-instant"
+    assert roles["cortex"]["served_name"] == "sim-instant"
+
+
 def test_openai_client_chat_stream_and_errors(box):
     gateway, primary, _ = box
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=KEY, max_retries=0)
