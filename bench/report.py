@@ -181,10 +181,13 @@ def render(results: dict, info: dict) -> str:
     concurrencies = sorted(int(p[1:]) for p in results if p.startswith("c") and p[1:].isdigit())
     lines = [
         f"Measured {info['date']} on {info['machine']}; Python {info['python']}, "
-        f"nginx {info['nginx']}, gateway at `{info['gateway']}`.",
+        f"nginx {info['nginx']}, gateway at `{info['gateway']}`. Host load average "
+        f"{info['load_before']} before, {info['load_after']} after (other work on the host "
+        "moves wall-time figures; CPU ratios and KiB per stream are the stable ones).",
         "",
         f"Command: `{info['command']}`. Backend: `bench/fast_backend.py` (stdlib asyncio, "
-        "pre-encoded responses); each proxy pinned to core 1, client and backend to core 0. "
+        "pre-encoded responses); each proxy pinned to core 1, client and backend to core 0, "
+        f"all at niceness {cfg.nice:+d}. "
         f"Figures are medians of {cfg.rounds} interleaved rounds of {cfg.window_s:g} s windows. "
         "CPU is the proxy process tree's utime+stime over the window. SSE chunks: "
         f"{cfg.sse_concurrency} concurrent streams of {cfg.sse_chunks} chunks "
