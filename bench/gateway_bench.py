@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import gc
 import json
 import os
 import platform
@@ -47,7 +46,6 @@ class Settings:
     rounds: int
     window_s: float
     streams: int
-    stream_chunks: int
     stream_interval_ms: int
     sse_concurrency: int
     sse_chunks: int
@@ -55,6 +53,7 @@ class Settings:
     gateway_dir: Path
     targets: tuple[str, ...]
     nice: int
+    realtime: bool
     write_docs: bool
 
 
@@ -155,37 +154,63 @@ async def interleaved(targets: list[Target], request: bytes, concurrency: int, c
     return {name: median_of(rounds) for name, rounds in per_target.items()}
 
 
-async def held_streams(target: Target, cfg: Settings) -> dict:
+async def phase(
+    targets: list[Target], request: bytes, concurrency: int, cfg: Settings, pids: list[int], log
+) -> dict:
+    """One interleaved phase; at c=1 every process of the run is real-time while it lasts."""
+    realtime = cfg.realtime and concurrency == 1
+    if realtime:
+        try:
+            procs.set_realtime(pids, True)
+        except PermissionError:
+            log("cannot use SCHED_FIFO (not root): c=1 runs at normal priority")
+            realtime = False
+    try:
+        return await interleaved(targets, request, concurrency, cfg)
+    finally:
+        if realtime:
+            procs.set_realtime(pids, False)
+
+
+async def http_get(port: int, path: str) -> bytes:
+    """One GET on a fresh connection; returns the response body (Content-Length framed)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    head = (await reader.readuntil(b"\r\n\r\n")).lower()
+    length = int(head.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+    body = await reader.readexactly(length)
+    writer.close()
+    return body
+
+
+async def held_streams(target: Target, backend_port: int, cfg: Settings) -> dict:
     """Hold cfg.streams SSE streams open at once; RSS per stream = (held - idle) / streams."""
+    interval_s = cfg.stream_interval_ms / 1000
     request = post(
-        chat_body(
-            stream=True, bench_chunks=cfg.stream_chunks, bench_interval_ms=cfg.stream_interval_ms
-        )
+        chat_body(stream=True, bench_chunks=1_000_000, bench_interval_ms=cfg.stream_interval_ms)
     )
     warm = post(chat_body(stream=True, bench_chunks=2))
     await loadgen.closed_loop("127.0.0.1", target.port, warm, 8, 0.3)
-    gc.collect()
     idle_kib = procs.rss_kib(target.service.pid) if target.service else None
 
     async def sample_rss() -> int | None:
         return procs.rss_kib(target.service.pid) if target.service else None
 
-    hold_s = cfg.stream_chunks * cfg.stream_interval_ms / 1000
     result = await loadgen.hold_streams(
         "127.0.0.1",
         target.port,
         request,
         cfg.streams,
-        expected_events=cfg.stream_chunks + 1,
+        interval_s,
         while_open=sample_rss,
-        timeout_s=hold_s + 60,
+        finish=lambda: http_get(backend_port, "/bench/finish"),
     )
     held_kib = result.sample
     return {
         "failed": result.failed,
         "failures": dict(result.failures),
         "open_s": result.open_s,
-        "open_at_sample": result.open_at_sample,
+        "live_at_sample": result.live_at_sample,
         "kib_per_stream": (held_kib - idle_kib) / cfg.streams if idle_kib is not None else None,
     }
 
@@ -222,11 +247,12 @@ async def run(cfg: Settings, workdir: Path, log) -> dict:
                 services.append(service)
                 targets.append(Target(name, service.port, service))
             log(f"[{name}] holding {cfg.streams} streams")
-            results["streams"][name] = await held_streams(targets[-1], cfg)
+            results["streams"][name] = await held_streams(targets[-1], backend_port, cfg)
+        pids = [os.getpid(), *(service.pid for service in services)]
         for concurrency in CONCURRENCIES:
             log(f"non-streaming c={concurrency}: {cfg.rounds} rounds x {cfg.window_s} s")
-            results[f"c{concurrency}"] = await interleaved(
-                targets, post(chat_body()), concurrency, cfg
+            results[f"c{concurrency}"] = await phase(
+                targets, post(chat_body()), concurrency, cfg, pids, log
             )
         log(f"SSE chunks: c={cfg.sse_concurrency}, {cfg.sse_chunks} chunks/stream")
         sse = post(
@@ -234,10 +260,10 @@ async def run(cfg: Settings, workdir: Path, log) -> dict:
                 stream=True, bench_chunks=cfg.sse_chunks, bench_interval_ms=cfg.sse_interval_ms
             )
         )
-        results["sse"] = await interleaved(targets, sse, cfg.sse_concurrency, cfg)
+        results["sse"] = await phase(targets, sse, cfg.sse_concurrency, cfg, pids, log)
         log("time to first chunk, c=1")
-        results["ttfc"] = await interleaved(
-            targets, post(chat_body(stream=True, bench_chunks=2)), 1, cfg
+        results["ttfc"] = await phase(
+            targets, post(chat_body(stream=True, bench_chunks=2)), 1, cfg, pids, log
         )
     finally:
         for service in reversed(services):
@@ -317,6 +343,11 @@ def parse_args(argv: list[str]) -> Settings:
         help="niceness increment for the benchmark's processes (default -10: other load on a "
         "shared host disturbs them less; 0 to leave priority alone)",
     )
+    parser.add_argument(
+        "--no-realtime",
+        action="store_true",
+        help="run the c=1 phases at normal priority instead of SCHED_FIFO",
+    )
     parser.add_argument("--no-docs", action="store_true", help="print only; leave the docs alone")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -329,14 +360,14 @@ def parse_args(argv: list[str]) -> Settings:
         rounds=args.rounds or (1 if quick else 3),
         window_s=args.window or (0.5 if quick else 3.0),
         streams=args.streams or (500 if quick else 4000),
-        stream_chunks=6 if quick else 30,
-        stream_interval_ms=500 if quick else 1000,
+        stream_interval_ms=1000,
         sse_concurrency=16,
         sse_chunks=50,
         sse_interval_ms=4,
         gateway_dir=args.gateway_dir.resolve(),
         targets=chosen,
         nice=args.nice,
+        realtime=not args.no_realtime,
         write_docs=not (args.no_docs or quick) and chosen == TARGETS,
     )
 

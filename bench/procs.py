@@ -63,6 +63,20 @@ def rss_kib(pid: int) -> int:
     return total
 
 
+def set_realtime(pids: list[int], enabled: bool) -> None:
+    """Put every thread of these process trees under SCHED_FIFO (or back to normal).
+
+    Used for the c=1 phases only: there the processes mostly sleep, and what is measured is
+    how fast each hop wakes up, which other work on a shared host otherwise dominates.
+    """
+    policy = os.SCHED_FIFO if enabled else os.SCHED_OTHER
+    param = os.sched_param(1 if enabled else 0)
+    for pid in pids:
+        for member in process_tree(pid):
+            for task in Path(f"/proc/{member}/task").iterdir():
+                os.sched_setscheduler(int(task.name), policy, param)
+
+
 def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 15.0) -> None:
     give_up = time.monotonic() + timeout_s
     while time.monotonic() < give_up:

@@ -83,7 +83,7 @@ def _stream_rows(results: dict, streams: int) -> list[str]:
     ttfc_added = {t: _added(results, "ttfc", t, "ttfc_p50") for t in COLUMNS[1:]}
     kib = {t: _get(results, "streams", t, "kib_per_stream") for t in COLUMNS}
     failed = {t: _get(results, "streams", t, "failed") for t in COLUMNS}
-    held = {t: _get(results, "streams", t, "open_at_sample") for t in COLUMNS}
+    held = {t: _get(results, "streams", t, "live_at_sample") for t in COLUMNS}
     return [
         _row(
             "proxy CPU per SSE chunk",
@@ -97,7 +97,7 @@ def _stream_rows(results: dict, streams: int) -> list[str]:
             _ratio(ttfc_added["gateway"], ttfc_added["nginx"]),
         ),
         _row(
-            f"{streams:,} SSE streams: open at once / failed",
+            f"{streams:,} SSE streams: live at once / failed",
             ["-" if held[t] is None else f"{held[t]:,.0f} / {failed[t]:,.0f}" for t in COLUMNS],
             None,
         ),
@@ -121,7 +121,7 @@ def targets(results: dict, streams: int) -> list[tuple[str, str, bool]]:
         _get(results, "sse", "nginx", "cpu_per_event_us"),
     )
     failed = _get(results, "streams", "gateway", "failed")
-    held = _get(results, "streams", "gateway", "open_at_sample")
+    held = _get(results, "streams", "gateway", "live_at_sample")
     kib = _get(results, "streams", "gateway", "kib_per_stream")
     streams_ok = failed == 0 and held == streams and kib is not None and kib <= MAX_KIB_PER_STREAM
     return [
@@ -192,9 +192,17 @@ def render(results: dict, info: dict) -> str:
         "CPU is the proxy process tree's utime+stime over the window. SSE chunks: "
         f"{cfg.sse_concurrency} concurrent streams of {cfg.sse_chunks} chunks "
         f"{cfg.sse_interval_ms} ms apart (CPU per chunk includes each stream's request, spread "
-        f"over its chunks). Held streams: one chunk every {cfg.stream_interval_ms} ms for "
-        f"{cfg.stream_chunks} chunks; RSS per stream = (RSS with all open - RSS idle) / "
-        f"{cfg.streams:,}, each proxy fresh.",
+        f"over its chunks). Held streams: opened 200 at a time, one chunk every "
+        f"{cfg.stream_interval_ms} ms, sampled 3 intervals after the last opened, then ended "
+        "by the backend; failed = not live at the sample (silent for 5 intervals or gone) or "
+        "not ending with `data: [DONE]`; RSS per stream = (RSS with all open - RSS idle) / "
+        f"{cfg.streams:,}, each proxy fresh."
+        + (
+            " The c=1 phases run under SCHED_FIFO (wake-up latency, not CPU share, is what"
+            " they measure)."
+            if cfg.realtime
+            else ""
+        ),
         "",
         "| figure | direct | nginx | gateway | gateway / nginx |",
         "|---|---|---|---|---|",
