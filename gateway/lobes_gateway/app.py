@@ -6,11 +6,14 @@ import asyncio
 import json
 
 from . import errors
+from .advert import ProxyAdverts
 from .auth import Caller, Gate, InflightLimits
 from .config import GatewayConfig
 from .errors import ApiError
 from .forward import Forwarder, forward_headers
 from .http import HttpError, Request, error_bytes, parse_head, read_body, response_bytes
+from .owner import Owners
+from .pool import Pools
 from .pressure import PressureMonitor
 from .realtime import tunnel
 from .routing import (
@@ -62,6 +65,10 @@ class Gateway:
         self.peer_views: dict[str, PeerView] = {}
         self.views = Views(config, self.router, self.pool, self.pressure, self.peer_views.get)
         self.forwarder = Forwarder(config, self.pool)
+        self.pools = Pools(config, self.router, self.pool, self.forwarder, self.peer_views)
+        self.owners = Owners(config, self.pool, self.forwarder)
+        self.adverts = ProxyAdverts(config, self.router, self.pool, self.forwarder,
+                                    self.peer_views)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: list[asyncio.Task] = []
 
@@ -70,6 +77,8 @@ class Gateway:
         self._loop = asyncio.get_running_loop()
         self.pressure.take_sample()
         self._background.append(asyncio.create_task(self.pressure.run()))
+        self._background.append(asyncio.create_task(self.pools.run()))
+        self._background.append(asyncio.create_task(self.adverts.run()))
 
     async def serve_connection(self, reader: asyncio.StreamReader,
                                writer: asyncio.StreamWriter) -> None:
@@ -222,12 +231,12 @@ class Gateway:
         if isinstance(route, LocalRoute):
             return await self._local(req, lane, route, requested_tier, payload, writer)
         if isinstance(route, PoolRoute):
-            return await self._follow(req, lane, route.fall_through, requested_tier, payload,
-                                      caller, writer)
+            return await self.pools.serve(req, route, payload, writer, lambda: self._follow(
+                req, lane, route.fall_through, requested_tier, payload, caller, writer))
         if isinstance(route, ProxyRoute):
             return await self.forwarder.proxy(req, route, payload, writer)
-        return await self._follow(req, lane, route.fall_through, requested_tier, payload,
-                                  caller, writer)
+        return await self.owners.serve(req, route, payload, writer, lambda: self._follow(
+            req, lane, route.fall_through, requested_tier, payload, caller, writer))
 
     async def _local(self, req: Request, lane: str, route: LocalRoute,
                      requested_tier: str | None, payload: dict | None,

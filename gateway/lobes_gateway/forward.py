@@ -144,7 +144,8 @@ class Forwarder:
             response = await self._send(req, self.origin(route.origin), headers, body)
         except UpstreamError:
             return self._peer_down(req, route, writer)
-        if response.status >= 500:
+        # A peer's 508 proxy_loop is a misdeclaration, not an outage: relayed, never retried.
+        if response.status >= 500 and response.status != 508:
             response.conn.close()
             return self._peer_down(req, route, writer)
         if response.status == 404:

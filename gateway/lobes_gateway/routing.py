@@ -193,6 +193,9 @@ class Router:
                                 _peer_model(rc))
         if rc.peers and rc.peer_proxy:
             return PoolRoute(rc.name, rc.role.tier, rc, single)
+        if self._config.fleet_key and not rc.peer_proxy and (rc.peers or rc.peer_origin):
+            owners = tuple(p.origin for p in rc.peers) or (rc.peer_origin,)
+            return OwnerRoute(rc.name, owners, refusal)
         return single
 
     def _lane_route(self, lane: str) -> Route:

@@ -204,11 +204,15 @@ async def fetch(pool: Pool, origin: Origin, path: str, headers: list[tuple[str, 
                 timeout_s: float) -> tuple[int, bytes]:
     """GET `path` from `origin`: (status, body); raises UpstreamError when nothing answers."""
     head = request_head("GET", path, origin, headers, None)
+    response = await exchange(pool, origin, head, b"", timeout_s)
+    timer = asyncio.get_running_loop().call_later(timeout_s, response.conn.abort)
     try:
-        response = await asyncio.wait_for(exchange(pool, origin, head, b"", timeout_s), timeout_s)
-        body = await asyncio.wait_for(read_body(response), timeout_s)
-    except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError,
+        body = await read_body(response)
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError,
             ValueError) as exc:
+        response.conn.close()
         raise UpstreamError(f"{origin.url}{path}: {type(exc).__name__}") from None
+    finally:
+        timer.cancel()
     finish(pool, response)
     return response.status, body

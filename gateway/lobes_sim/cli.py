@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of all generated output")
     parser.add_argument("--embed-dim", type=int, help="embedding dimension (embedder profile)")
-    parser.add_argument("--quantization", help="quantization reported by the gear")
+    parser.add_argument("--quantization", help="quantization the gear reports (admin GET /health)")
     parser.add_argument(
         "--admin-port", type=int, default=0,
         help="port of the admin API (faults, request recorder); 0 picks a free one",

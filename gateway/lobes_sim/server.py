@@ -16,6 +16,8 @@ from .state import ClientGone, SimState
 from .views import metrics_text, models_listing
 
 LISTEN_BACKLOG = 4096
+# The engine build the fleet's gears pin (seed 004: one nightly digest, fleet-wide).
+VLLM_VERSION = "0.23.1rc1.dev672"
 log = logging.getLogger("lobes_sim")
 
 Handler = Callable[[SimState, Connection, Request], Awaitable[None]]
@@ -33,6 +35,10 @@ async def _models(state: SimState, conn: Connection, request: Request) -> None:
 async def _metrics(state: SimState, conn: Connection, request: Request) -> None:
     body = metrics_text(state).encode()
     await conn.send_bytes(200, body, "text/plain; version=0.0.4; charset=utf-8", request.keep_alive)
+
+
+async def _version(state: SimState, conn: Connection, request: Request) -> None:
+    await conn.send_json(200, {"version": VLLM_VERSION}, request.keep_alive)
 
 
 async def _chat(state: SimState, conn: Connection, request: Request) -> None:
@@ -65,6 +71,8 @@ def serving_routes(task_routes: dict[tuple[str, str], Handler]) -> ServingRoutes
         ("GET", "/health"): _health,
         ("GET", "/v1/models"): _models,
         ("GET", "/metrics"): _metrics,
+        ("GET", "/version"): _version,
+        ("GET", "/ping"): _health,
     }
     return ServingRoutes({**common, **task_routes})
 
@@ -185,7 +193,17 @@ class AdminPort:
     async def _answer(self, request: Request) -> tuple[int, object]:
         key = (request.method, request.path)
         if key == ("GET", "/health"):
-            return 200, {"status": "ok", "serving_port": self.serving.port}
+            profile = self.state.profile
+            return 200, {
+                "status": "ok",
+                "serving_port": self.serving.port,
+                "profile": profile.name,
+                "served_name": profile.served_name,
+                "max_model_len": profile.max_model_len,
+                "max_num_seqs": profile.max_num_seqs,
+                "quantization": profile.quantization,
+                "time_scale": self.state.time_scale,
+            }
         if key == ("GET", "/admin/faults"):
             return 200, self.state.faults.as_json()
         if key == ("POST", "/admin/faults"):

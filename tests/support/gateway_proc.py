@@ -10,7 +10,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY_DIR = ROOT / "gateway"
@@ -94,3 +98,18 @@ def run_config_check(env: dict[str, str]) -> subprocess.CompletedProcess:
     full_env.update(env)
     return subprocess.run([sys.executable, "-m", "lobes_gateway"], env=full_env,
                           capture_output=True, text=True, timeout=15)
+
+
+@pytest.fixture
+def gateway_factory() -> Iterator[Any]:
+    """A function with start_gateway's signature; every gateway it starts stops at teardown."""
+    started: list[GatewayProcess] = []
+
+    def factory(env: dict[str, str], **options: Any) -> GatewayProcess:
+        gateway = start_gateway(env, **options)
+        started.append(gateway)
+        return gateway
+
+    yield factory
+    for gateway in started:
+        gateway.stop()

@@ -1,0 +1,285 @@
+"""Pool placement benchmark: pinned vs queue depth vs service rate, through real gateways.
+
+Replays seed 000 section 4: an "orin" gateway that does not host cortex pools it from two
+peer gateways, each fronting a calibrated simulator (spark-cortex 48.9 tok/s, thor-cortex
+11.0 tok/s, 2 slots each), then a homogeneous pair (two spark-cortex). For each pool policy
+it sends bursts of 4, 8 and 16 concurrent chat requests (max_tokens=160, as in the seed) and
+a sustained Poisson arrival stream, and reports aggregate tok/s in the seed's own time
+(wall tok/s divided by the simulator's time-scale), so the figures compare to seed 000.
+
+    PYTHONPATH=gateway python3 bench/placement_bench.py [--time-scale 10] [--write-docs]
+
+--write-docs rewrites the placement-bench section of docs/benchmarks.md and the plot
+docs/img/placement-bench.png (matplotlib is needed for the plot only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import platform
+import random
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "gateway")]
+
+from tests.support.gateway_proc import start_gateway  # noqa: E402
+from tests.support.sim_proc import start_sim  # noqa: E402
+
+DOCS = ROOT / "docs" / "benchmarks.md"
+PLOT = ROOT / "docs" / "img" / "placement-bench.png"
+START, END = "<!-- placement-bench:start -->", "<!-- placement-bench:end -->"
+SPARK_KEY = "spark-inbound-key"
+BURSTS = (4, 8, 16)
+POLICIES = ("pinned", "queue", "rate")
+SEED_RATES = {"spark-cortex": 48.9, "thor-cortex": 11.0}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One completed request: tokens, when it was sent and finished, where it was served."""
+
+    tokens: int
+    sent: float
+    done: float
+    served_by: str
+    reason: str
+
+
+@dataclass
+class Run:
+    """The answers of one burst or one sustained stream."""
+
+    answers: list[Answer] = field(default_factory=list)
+
+    def tok_per_s(self, time_scale: float) -> float:
+        span = max(a.done for a in self.answers) - min(a.sent for a in self.answers)
+        return sum(a.tokens for a in self.answers) / span / time_scale
+
+    def latency_s(self, quantile: float, time_scale: float) -> float:
+        latencies = sorted((a.done - a.sent) * time_scale for a in self.answers)
+        return latencies[min(len(latencies) - 1, int(quantile * len(latencies)))]
+
+    def split(self, names: dict[str, str]) -> str:
+        counts = Counter(names.get(a.served_by, a.served_by) for a in self.answers)
+        return "/".join(f"{counts.get(n, 0)}" for n in names.values())
+
+
+def chat(port: int, index: int) -> Answer:
+    """One non-streamed chat request to the pooling gateway, as seed 000 sent them."""
+    body = json.dumps({
+        "model": "cortex",
+        "messages": [{"role": "user", "content": f"Describe replica pools, part {index}."}],
+        "max_tokens": 160,
+        "temperature": 0,
+    })
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    sent = time.monotonic()
+    connection.request("POST", "/v1/chat/completions", body,
+                       {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    payload = response.read()
+    done = time.monotonic()
+    connection.close()
+    if response.status != 200:
+        raise RuntimeError(f"request {index}: HTTP {response.status} {payload[:200]!r}")
+    tokens = json.loads(payload)["usage"]["completion_tokens"]
+    served_by = response.getheader("X-Lobes-Proxied-By") or "local"
+    return Answer(tokens, sent, done, served_by, response.getheader("X-Lobes-Route-Reason", ""))
+
+
+def burst(port: int, size: int) -> Run:
+    with ThreadPoolExecutor(size) as pool:
+        return Run(list(pool.map(lambda i: chat(port, i), range(size))))
+
+
+def sustained(port: int, per_s: float, count: int, seed: int = 0) -> Run:
+    """count requests with Poisson arrivals at per_s (wall) per second."""
+    rng = random.Random(seed)
+    answers: list[Answer] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        answer = chat(port, i)
+        with lock:
+            answers.append(answer)
+
+    with ThreadPoolExecutor(count) as pool:
+        futures = []
+        for i in range(count):
+            futures.append(pool.submit(one, i))
+            time.sleep(rng.expovariate(per_s))
+        for future in futures:
+            future.result()
+    return Run(answers)
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)
+
+
+def wait_pool_ready(url: str, replicas: int, timeout_s: float = 30.0) -> None:
+    """Until /capabilities shows every replica of the cortex pool ready and compatible."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        cortex = get_json(f"{url}/capabilities")["roles"]["cortex"]
+        rows = cortex.get("replicas", [])
+        if len(rows) == replicas and all(r["ready"] and r["compatible"] for r in rows):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"pool at {url} never became ready: {cortex}")
+
+
+def peer_gateway(stack: ExitStack, sim_url: str, served: str, api_key: str | None):
+    env = {"PRIMARY_BASE_URL": sim_url, "PRIMARY_SERVED_NAME": served,
+           "PRIMARY_MAX_MODEL_LEN": "262144", "PRIMARY_MAX_ACTIVE": "2"}
+    if api_key:
+        env["GATEWAY_API_KEY"] = api_key
+    return stack.enter_context(start_gateway(env))
+
+
+def pooling_env(spark_url: str, thor_url: str, policy: str, rates: tuple[float, float]) -> dict:
+    """Seed 000 section 0's configuration, with the policy under test and scaled priors."""
+    return {
+        "PRIMARY_FEASIBLE": "false",
+        "PRIMARY_PEER_ORIGIN": spark_url,
+        "PRIMARY_PEER_PROXY": "true",
+        "PRIMARY_PEER_API_KEY": SPARK_KEY,
+        "PRIMARY_PEER_ORIGINS": f"{spark_url},{thor_url}",
+        "PRIMARY_PEER_API_KEYS": ",",
+        "PRIMARY_PEER_RATES": ",".join(f"{r:g}" for r in rates),
+        "PRIMARY_MAX_ACTIVE": "2",
+        "GATEWAY_POOL_POLICY": policy,
+        "GATEWAY_PROBE_INTERVAL_S": "0.5",
+    }
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    bursts: dict[int, Run]
+    stream: Run
+
+
+def measure_pair(profiles: tuple[str, str], args: argparse.Namespace) -> list[PolicyResult]:
+    """Start the pair, then one pooling gateway per policy; bursts and a sustained stream."""
+    scale = args.time_scale
+    results = []
+    with ExitStack() as stack:
+        sims = [stack.enter_context(start_sim(p, time_scale=scale)) for p in profiles]
+        served = "unsloth/Qwen3.8-27B-NVFP4"
+        spark = peer_gateway(stack, sims[0].url, served, SPARK_KEY)
+        thor = peer_gateway(stack, sims[1].url, served, None)
+        names = {spark.url: "first", thor.url: "second"}
+        rates = tuple(SEED_RATES[p] * scale for p in profiles)
+        for policy in POLICIES:
+            with start_gateway(pooling_env(spark.url, thor.url, policy, rates)) as orin:
+                wait_pool_ready(orin.url, 2)
+                burst(orin.port, 2)  # warm the keep-alive connections
+                runs = {size: burst(orin.port, size) for size in BURSTS}
+                stream = sustained(orin.port, args.arrivals_per_s * scale, args.stream_count)
+                results.append(PolicyResult(policy, runs, stream))
+                print(f"  {policy:7s} " + "  ".join(
+                    f"N={n}: {r.tok_per_s(scale):6.1f} tok/s ({r.split(names)})"
+                    for n, r in runs.items())
+                    + f"  sustained: {stream.tok_per_s(scale):6.1f} tok/s "
+                    f"p95 {stream.latency_s(0.95, scale):5.1f} s ({stream.split(names)})",
+                    flush=True)
+    return results
+
+
+def table(title: str, results: list[PolicyResult], scale: float) -> list[str]:
+    pinned = {n: results[0].bursts[n].tok_per_s(scale) for n in BURSTS}
+    pinned_stream = results[0].stream.tok_per_s(scale)
+    lines = [f"**{title}** (aggregate tok/s in seed time; ratio to pinned in brackets)", "",
+             "| policy | burst 4 | burst 8 | burst 16 | sustained | sustained p95 latency |",
+             "|---|---|---|---|---|---|"]
+    for result in results:
+        cells = [f"{r.tok_per_s(scale):.1f} ({r.tok_per_s(scale) / pinned[n]:.2f}x)"
+                 for n, r in result.bursts.items()]
+        stream = result.stream.tok_per_s(scale)
+        cells.append(f"{stream:.1f} ({stream / pinned_stream:.2f}x)")
+        cells.append(f"{result.stream.latency_s(0.95, scale):.1f} s")
+        lines.append(f"| {result.policy} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def plot(pairs: dict[str, list[PolicyResult]], scale: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(pairs), figsize=(11, 4), sharey=False)
+    labels = [f"burst {n}" for n in BURSTS] + ["sustained"]
+    for ax, (title, results) in zip(axes, pairs.items(), strict=True):
+        width = 0.8 / len(results)
+        for i, result in enumerate(results):
+            values = [r.tok_per_s(scale) for r in result.bursts.values()]
+            values.append(result.stream.tok_per_s(scale))
+            ax.bar([x + i * width for x in range(len(labels))], values, width,
+                   label=result.policy)
+        ax.set_xticks([x + width for x in range(len(labels))], labels)
+        ax.set_title(title)
+        ax.set_ylabel("aggregate tok/s (seed time)")
+        ax.legend()
+    figure.tight_layout()
+    PLOT.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(PLOT, dpi=110)
+
+
+def write_docs(section: list[str]) -> None:
+    text = DOCS.read_text()
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    DOCS.write_text(head + START + "\n" + "\n".join(section) + "\n" + END + tail)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--time-scale", type=float, default=10.0)
+    parser.add_argument("--arrivals-per-s", type=float, default=0.7,
+                        help="sustained arrival rate in seed time (requests per second)")
+    parser.add_argument("--stream-count", type=int, default=60)
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    scale = args.time_scale
+    pairs = {}
+    for title, profiles in (("seed 000 pair: spark-cortex + thor-cortex",
+                             ("spark-cortex", "thor-cortex")),
+                            ("homogeneous pair: spark-cortex + spark-cortex",
+                             ("spark-cortex", "spark-cortex"))):
+        print(title, flush=True)
+        pairs[title] = measure_pair(profiles, args)
+    section = [
+        f"Run `{' '.join(['python3', 'bench/placement_bench.py', *sys.argv[1:]])}` on "
+        f"{platform.machine()} / {platform.python_version()}, "
+        f"{time.strftime('%Y-%m-%d', time.gmtime())}: real gateway processes (a pooling "
+        "gateway in front of two peer gateways, each fronting a calibrated `lobes_sim`) at "
+        f"time-scale {scale:g}; tok/s are converted back to seed time. Bursts send N "
+        f"concurrent chat requests (max_tokens=160); sustained sends {args.stream_count} "
+        f"requests with Poisson arrivals at {args.arrivals_per_s:g} req/s (seed time).",
+        "",
+    ]
+    for title, results in pairs.items():
+        section += table(title, results, scale)
+    section.append("![placement benchmark](img/placement-bench.png)")
+    print("\n".join(section))
+    if args.write_docs:
+        plot(pairs, scale)
+        write_docs(section)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""Replica-pool dispatch: probe the replicas, place each request, forward, fail over, relay.
+
+A pooled role is one this box does not host, declared with P_PEER_ORIGINS and armed with
+P_PEER_PROXY=true (routing's PoolRoute). Each request is placed by the pool policy on a
+selectable replica (ready and fingerprint-compatible), counted in flight before the dial
+and released when the answer ends. A transport error, a timeout, a 5xx or a 401/403/404
+before any body moves on to the next replica (seed 003's rule); nothing selectable falls
+through to the singular forward (seed 000). Answers carry X-Lobes-Proxied-By and
+X-Lobes-Route-Reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from . import errors
+from .catalog import AUDIO_STT, AUDIO_TTS
+from .config import GatewayConfig, Origin, RoleConfig
+from .errors import ApiError
+from .forward import Forwarder, encode_for, forward_headers
+from .http import Request, error_bytes
+from .peers import Pool, Prober, ProbeTarget, ReplicaSpec
+from .placement import DEFAULT_EXPECTED_TOKENS, Candidate, Placement, Placer, policy_named
+from .relay import head_bytes, relay
+from .routing import PoolRoute, Router
+from .upstream import Pool as Connections
+from .upstream import Response, UpstreamError, exchange, fetch, finish, read_body, request_head
+from .views import PeerView
+
+_DECLINES = frozenset({401, 403, 404})
+_BROKEN = (asyncio.IncompleteReadError, ConnectionError, ValueError)
+
+
+def replica_specs(rc: RoleConfig) -> tuple[ReplicaSpec, ...]:
+    """The pool's replicas as config declared them (keys already inherited)."""
+    return tuple(ReplicaSpec(origin=p.origin, api_key=p.api_key, prior_rate=p.rate)
+                 for p in rc.peers)
+
+
+def peer_headers(headers: dict[str, str], api_key: str | None,
+                 markers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The caller's headers for a peer: its own key and markers stripped, ours attached."""
+    forwarded = [(n, v) for n, v in forward_headers(headers)
+                 if n != "authorization" and not n.startswith(("x-lobes-proxied",
+                                                               "x-lobes-forwarded"))]
+    if api_key:
+        forwarded.append(("Authorization", f"Bearer {api_key}"))
+    return forwarded + markers
+
+
+async def dial(connections: Connections, origin: Origin, target: str,
+               headers: list[tuple[str, str]], body: bytes, timeout_s: float) -> Response | None:
+    """POST to a peer on the caller's path; None when no response head came back."""
+    head = request_head("POST", target, origin, headers, len(body))
+    try:
+        return await exchange(connections, origin, head, body, timeout_s)
+    except UpstreamError:
+        return None
+
+
+def moves_on(status: int) -> bool:
+    """Seed 003: a 5xx or a 401/403/404 sends the request to the next replica or owner."""
+    return status >= 500 or status in _DECLINES
+
+
+def expected_tokens(payload: dict | None) -> int:
+    """The tokens a request asks for (max_tokens), the unit of expected completion time."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = payload.get(key) if payload else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return DEFAULT_EXPECTED_TOKENS
+
+
+def completion_tokens(body: bytes) -> int:
+    """usage.completion_tokens of a JSON answer, 0 when it carries none."""
+    try:
+        usage = json.loads(body).get("usage") or {}
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return 0
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) else 0
+
+
+@dataclass
+class PooledRole:
+    """One pooled role: its replicas' state, its placer, and the slots each replica runs."""
+
+    role: str
+    pool: Pool
+    placer: Placer
+    default_slots: int
+
+    def candidates(self, exclude: set[str]) -> list[Candidate]:
+        return [Candidate(s.origin, s.slots or self.default_slots)
+                for s in self.pool.selectable() if s.origin not in exclude]
+
+    def view(self) -> PeerView:
+        """What /capabilities and /v1/models publish for the role."""
+        served = self.pool.served_id
+        extra: dict[str, object] = {"replicas": self.pool.capabilities()["replicas"]}
+        if served is not None:
+            extra["served_name"] = served
+        return PeerView(ready=self.pool.ready,
+                        listed=served is not None and self.pool.peer_lists(served),
+                        context=self.pool.context, extra=extra)
+
+
+@dataclass
+class Failure:
+    """A replica or owner that did not answer the request: unreachable or the status."""
+
+    origin: str
+    status: int | None  # None: no answer at all
+
+    def describe(self) -> str:
+        return f"{self.origin} ({'unreachable' if self.status is None else self.status})"
+
+
+FallThrough = Callable[[], Awaitable[bool]]
+
+
+class Pools:
+    """Every pooled role of this gateway, the prober that keeps them judged, and dispatch."""
+
+    def __init__(self, config: GatewayConfig, router: Router, connections: Connections,
+                 forwarder: Forwarder, views: dict[str, PeerView]) -> None:
+        self._connections = connections
+        self._forwarder = forwarder
+        self._views = views
+        self._limits = config.limits
+        self._timeout = config.limits.upstream_timeout_s
+        self._retry_after = config.pressure.retry_after_s
+        policy = policy_named(config.pool_policy)
+        routes = [*router.generate_routes.values(), *router.lane_routes.values()]
+        self.roles: dict[str, PooledRole] = {}
+        targets: list[tuple[Pool, ProbeTarget]] = []
+        for route in routes:
+            if isinstance(route, PoolRoute) and route.role not in self.roles:
+                specs = replica_specs(route.config)
+                pool = Pool(route.role, specs)
+                self.roles[route.role] = PooledRole(
+                    route.role, pool, Placer(policy, {s.origin: s.prior_rate for s in specs}),
+                    route.config.max_active or 1)
+                audio = route.config.role.task in (AUDIO_STT, AUDIO_TTS)
+                targets.append((pool, ProbeTarget(route.role, audio=audio)))
+        self._prober = Prober(targets, self._fetch, interval_s=config.limits.probe_interval_s,
+                              timeout_s=config.limits.probe_timeout_s, on_pass=self._publish)
+        self._publish()
+
+    async def _fetch(self, url: str, path: str, api_key: str | None) -> tuple[int, bytes]:
+        headers = [("Authorization", f"Bearer {api_key}")] if api_key else []
+        try:
+            return await fetch(self._connections, self._forwarder.origin(url), path, headers,
+                               self._limits.probe_timeout_s)
+        except UpstreamError as exc:
+            raise ConnectionError(str(exc)) from None
+
+    def _publish(self) -> None:
+        for name, role in self.roles.items():
+            self._views[name] = role.view()
+
+    async def run(self) -> None:
+        """Probe every pool forever (a background task); nothing to do without pools."""
+        if self.roles:
+            await self._prober.run()
+
+    async def serve(self, req: Request, route: PoolRoute, payload: dict | None,
+                    writer: asyncio.StreamWriter, fall_through: FallThrough) -> bool:
+        """Place, forward and relay one request; returns whether the connection stays usable."""
+        role = self.roles[route.role]
+        arrived = req.headers.get("x-lobes-proxied")
+        if arrived is not None:
+            error = errors.proxy_loop(route.role, arrived, f"the {route.role} replica pool")
+            writer.write(error_bytes(error, keep_alive=req.keep_alive))
+            return req.keep_alive
+        tried: set[str] = set()
+        failures: list[Failure] = []
+        want = expected_tokens(payload)
+        while (placement := role.placer.place(role.candidates(tried), want)) is not None:
+            tried.add(placement.origin)
+            with placement:
+                kept = await self._attempt(req, role, placement, payload, writer, failures)
+            if kept is not None:
+                return kept
+        if not tried:
+            return await fall_through()
+        who = f"every replica of the {route.role} pool"
+        return self._answer(req, writer, exhausted(who, failures, self._retry_after))
+
+    async def _attempt(self, req: Request, role: PooledRole, placement: Placement,
+                       payload: dict | None, writer: asyncio.StreamWriter,
+                       failures: list[Failure]) -> bool | None:
+        """One replica: None when it failed before answering (recorded), else the relay."""
+        spec = next(s for s in role.pool.specs if s.origin == placement.origin)
+        headers = peer_headers(req.headers, spec.api_key, [("X-Lobes-Proxied", role.role)])
+        body = encode_for(req.body, payload, role.pool.served_id if payload else None, False)
+        started = time.monotonic()
+        response = await self._dial(req, spec.origin, headers, body)
+        if response is None:
+            failures.append(Failure(spec.origin, None))
+            return None
+        if moves_on(response.status):
+            response.conn.close()
+            failures.append(Failure(spec.origin, response.status))
+            return None
+        extra = [b"X-Lobes-Proxied-By: " + spec.origin.encode(),
+                 b"X-Lobes-Route-Reason: " + placement.reason.value.encode()]
+        if response.length is None or response.status != 200:
+            return await relay(self._connections, response, writer, extra, req.keep_alive)
+        return await self._relay_learning(req, response, placement, started, extra, writer)
+
+    async def _dial(self, req: Request, url: str, headers: list[tuple[str, str]],
+                    body: bytes) -> Response | None:
+        return await dial(self._connections, self._forwarder.origin(url), req.target, headers,
+                          body, self._timeout)
+
+    async def _relay_learning(self, req: Request, response: Response, placement: Placement,
+                              started: float, extra: list[bytes],
+                              writer: asyncio.StreamWriter) -> bool:
+        """A sized 200 answer: read whole, teach the replica's rate, then relay it."""
+        try:
+            body = await read_body(response)
+        except _BROKEN:
+            response.conn.close()
+            return False
+        finish(self._connections, response)
+        placement.record_completion(completion_tokens(body), time.monotonic() - started)
+        framing = b"Content-Length: %d" % len(body)
+        writer.write(head_bytes(response, extra, framing, req.keep_alive) + body)
+        return req.keep_alive
+
+    @staticmethod
+    def _answer(req: Request, writer: asyncio.StreamWriter, error: ApiError) -> bool:
+        writer.write(error_bytes(error, (("X-Lobes-Route-Reason", "none"),),
+                                 keep_alive=req.keep_alive))
+        return req.keep_alive
+
+
+def exhausted(who: str, failures: list[Failure], retry_after: int) -> ApiError:
+    """Everyone tried failed: 404 when all declined (401/403/404), else a retryable 503.
+
+    who names them, e.g. "every replica of the cortex pool".
+    """
+    named = ", ".join(f.describe() for f in failures)
+    if all(f.status in _DECLINES for f in failures):
+        return ApiError(404, "role_infeasible", "role_infeasible",
+                        f"{who} declined the request: {named}; check the keys "
+                        "(P_PEER_API_KEYS, GATEWAY_FLEET_KEY) and that each one hosts the role")
+    return errors.backend_unavailable(f"{who} ({named})", retry_after)

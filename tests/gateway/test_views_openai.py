@@ -1,0 +1,139 @@
+"""/health, /v1/models(/supported), /status, /capabilities, and the official openai client."""
+
+import threading
+import time
+
+import openai
+import pytest
+from lobes_gateway import __version__
+
+from tests.gateway.client import call, wired
+from tests.support.gateway_proc import start_gateway
+from tests.support.sim_proc import start_sim
+
+KEY = "client-key"
+
+
+@pytest.fixture(scope="module")
+def box():
+    # minor: a real decode step, so a slowed request stays visibly running in /metrics.
+    with start_sim("minor", served_name="sim-instant") as primary, \
+            start_sim("instant", served_name="e5") as embed:
+        env = {**wired(primary), "PRIMARY_MAX_MODEL_LEN": "65536",
+               "EMBED_BASE_URL": embed.url, "EMBED_SERVED_NAME": "e5",
+               "MULTIMODAL_FEASIBLE": "false", "MULTIMODAL_PEER_ORIGIN": "http://spark:8000",
+               "GATEWAY_API_KEY": KEY, "GATEWAY_MAX_INFLIGHT_PER_KEY": "1"}
+        with start_gateway(env) as gateway:
+            yield gateway, primary, embed
+
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def test_health_reports_version(box):
+    assert box[0].get_json("/health") == {"status": "ok", "version": __version__}
+
+
+def test_models_lists_loaded_backends(box):
+    data = box[0].get_json("/v1/models", AUTH)["data"]
+    assert {m["id"]: m.get("max_model_len") for m in data} == {"sim-instant": 65536,
+                                                                "e5": 8192}
+
+
+def test_supported_catalog_flags(box):
+    data = box[0].get_json("/v1/models/supported", AUTH)["data"]
+    by_role = {m["role"]: m for m in data}
+    assert by_role["cortex"]["status"] == "load-tested"
+    assert by_role["cortex"]["default"] is True and by_role["cortex"]["loaded"] is True
+    assert by_role["minor"]["tags"] == ["configured"] and by_role["minor"]["loaded"] is False
+    assert by_role["embedder"]["loaded"] is True
+    assert any(m["role"] is None and "coder" in m["id"] for m in data)
+    assert len(data) == 12
+
+
+def test_status_aggregate(box):
+    gateway, primary, _ = box
+    primary.set_faults({"slow_factor": 100.0})
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=KEY, max_retries=0)
+    worker = threading.Thread(target=client.chat.completions.create,
+                              kwargs={"model": "main", "max_tokens": 2,
+                                      "messages": [{"role": "user", "content": "x"}]})
+    worker.start()
+    try:
+        deadline = time.monotonic() + 5
+        while True:
+            status = gateway.get_json("/status")
+            if status["busy"]["running"] + status["busy"]["waiting"] >= 1:
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(0.05)
+    finally:
+        primary.set_faults({})
+        worker.join()
+    assert status["object"] == "lobes.fleet_status"
+    assert status["default_model"] == "sim-instant"
+    names = {b["name"]: b for b in status["backends"]}
+    assert names["cortex"]["health"] == "ok" and names["embedder"]["health"] == "ok"
+    assert "running" in names["cortex"]["metrics"]
+    assert "/v1/embeddings" in status["endpoints"]
+    assert "/v1/audio/speech" not in status["endpoints"]
+    assert status["pressure"]["mode"] == "warm"
+
+
+def test_capabilities(box):
+    gateway, _, embed = box
+    roles = gateway.get_json("/capabilities")["roles"]
+    expected = {"feasible": True, "ready": True, "context": 65536, "proxied": False,
+                "hosted_by": None}
+    assert {key: roles["cortex"][key] for key in expected} == expected
+    assert roles["senses"]["feasible"] is False and roles["senses"]["ready"] is False
+    assert roles["senses"]["hosted_by"] == "http://spark:8000"
+    assert roles["muse"]["feasible"] is False
+    assert roles["embedder"]["ready"] is True
+    embed.set_faults({"refuse": True})
+    try:
+        assert gateway.get_json("/capabilities")["roles"]["embedder"]["ready"] is False
+    finally:
+        embed.set_faults({})
+
+
+def test_openai_client_chat_stream_and_errors(box):
+    gateway, primary, _ = box
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=KEY, max_retries=0)
+    reply = client.chat.completions.create(model="main", max_tokens=4,
+                                           messages=[{"role": "user", "content": "hi"}])
+    assert reply.model == "sim-instant" and reply.choices[0].message.content
+    stream = client.chat.completions.create(model="cortex", max_tokens=6, stream=True,
+                                            messages=[{"role": "user", "content": "hi"}])
+    pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta]
+    assert "".join(p for p in pieces if p)
+    with pytest.raises(openai.AuthenticationError) as info:
+        openai.OpenAI(base_url=gateway.url + "/v1", api_key="wrong",
+                      max_retries=0).models.list()
+    assert info.value.status_code == 401
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="senses", max_tokens=1,
+                                       messages=[{"role": "user", "content": "x"}])
+    primary.set_faults({"hang_s": 1.0})
+    holder = threading.Thread(target=client.chat.completions.create,
+                              kwargs={"model": "main", "max_tokens": 2,
+                                      "messages": [{"role": "user", "content": "x"}]})
+    holder.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not [r for r in primary.requests() if r["method"] == "POST" and
+                   r["body"].endswith('"max_tokens":2}')]:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with pytest.raises(openai.RateLimitError) as limited:
+            client.chat.completions.create(model="main", max_tokens=1,
+                                           messages=[{"role": "user", "content": "x"}])
+        assert limited.value.body["type"] == "rate_limit_exceeded"
+    finally:
+        holder.join()
+        primary.set_faults({})
+
+
+def test_keyless_paths_without_key(box):
+    for path in ("/health", "/status", "/capabilities"):
+        assert call(box[0].url, "GET", path).status == 200

@@ -1,0 +1,191 @@
+"""Owner forwarding (seed 003) across real processes: an entry gateway that does not host
+cortex forwards it, under the fleet key, to the gateways that do, in routing order.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.support.gateway_proc import start_gateway
+from tests.support.sim_proc import start_sim
+
+FLEET = "fleet-secret"
+ENTRY = "http://entry.test:8000"
+OWNER_KEY = "owner-inbound"
+
+
+def owner_env(sim, served="sim-instant", **extra):
+    env = {"PRIMARY_BASE_URL": sim.url, "PRIMARY_SERVED_NAME": served,
+           "GATEWAY_FLEET_KEY": FLEET, "GATEWAY_API_KEY": OWNER_KEY}
+    env.update(extra)
+    return env
+
+
+def entry_env(*owners, **extra):
+    env = {"PRIMARY_FEASIBLE": "false", "PRIMARY_PEER_ORIGINS": ",".join(owners),
+           "GATEWAY_FLEET_KEY": FLEET, "GATEWAY_API_KEY": "entry-client-key",
+           "GATEWAY_SELF_ORIGIN": ENTRY}
+    env.update(extra)
+    return env
+
+
+def dead_origin():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def chat(url, key="entry-client-key", headers=None, **body):
+    payload = {"messages": [{"role": "user", "content": "decide"}], "max_tokens": 16, **body}
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions", data=json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}",
+                 **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read()
+
+
+def posts(sim):
+    return [r for r in sim.requests() if r["method"] == "POST"]
+
+
+@pytest.fixture(scope="module")
+def sims():
+    with start_sim("instant") as first, start_sim("instant") as second:
+        yield first, second
+
+
+@pytest.fixture(autouse=True)
+def clean_recorders(sims):
+    for sim in sims:
+        sim.clear_requests()
+        sim.set_faults({})
+
+
+def test_the_owner_answers_under_the_fleet_key_marked_with_this_box(sims):
+    sim, _ = sims
+    with start_gateway(owner_env(sim)) as owner, \
+            start_gateway(entry_env(owner.url)) as entry:
+        status, headers, body = chat(entry.url)
+    assert status == 200 and json.loads(body)["model"] == "sim-instant"
+    assert headers["X-Lobes-Proxied-By"] == owner.url
+    (received,) = posts(sim)
+    assert received["headers"]["authorization"] == f"Bearer {FLEET}"
+    assert received["headers"]["x-lobes-forwarded-by"] == ENTRY
+
+
+def test_a_request_without_a_model_is_forwarded_for_the_role_this_box_resolved(sims):
+    # The bare simulator stands first as an owner that records what arrives and 404s the
+    # unknown model "cortex", so the request moves on to the real owner.
+    recorder, sim = sims
+    with start_gateway(owner_env(sim)) as owner, \
+            start_gateway(entry_env(recorder.url, owner.url)) as entry:
+        status, headers, _ = chat(entry.url)
+    assert (status, headers["X-Lobes-Proxied-By"]) == (200, owner.url)
+    (arrived,) = posts(recorder)
+    assert json.loads(arrived["body"])["model"] == "cortex"
+    assert arrived["headers"]["authorization"] == f"Bearer {FLEET}"
+
+
+def test_an_owners_own_4xx_answer_comes_back_as_it_is(sims):
+    first_sim, second_sim = sims
+    with start_gateway(owner_env(first_sim)) as first, \
+            start_gateway(owner_env(second_sim)) as second, \
+            start_gateway(entry_env(first.url, second.url)) as entry:
+        status, headers, body = chat(entry.url, max_tokens=10**7)
+    assert status == 400
+    assert headers["X-Lobes-Proxied-By"] == first.url
+    assert "max_tokens" in body.decode() or "context" in body.decode()
+    assert posts(second_sim) == []
+
+
+def test_a_dead_owner_then_a_503_owner_fail_over_to_the_healthy_one(sims):
+    failing_sim, healthy_sim = sims
+    failing_sim.set_faults({"error_status": 503})
+    with start_gateway(owner_env(failing_sim)) as failing, \
+            start_gateway(owner_env(healthy_sim)) as healthy, \
+            start_gateway(entry_env(dead_origin(), failing.url, healthy.url)) as entry:
+        status, headers, _ = chat(entry.url)
+    assert (status, headers["X-Lobes-Proxied-By"]) == (200, healthy.url)
+    (received,) = posts(healthy_sim)
+    assert received["headers"]["authorization"] == f"Bearer {FLEET}"
+    assert received["headers"]["x-lobes-forwarded-by"] == ENTRY
+
+
+def test_an_owner_without_the_role_404s_and_the_next_one_answers(sims):
+    sim, _ = sims
+    with start_gateway({"PRIMARY_FEASIBLE": "false", "GATEWAY_FLEET_KEY": FLEET}) as declining, \
+            start_gateway(owner_env(sim)) as owner, \
+            start_gateway(entry_env(declining.url, owner.url)) as entry:
+        status, headers, _ = chat(entry.url)
+    assert (status, headers["X-Lobes-Proxied-By"]) == (200, owner.url)
+
+
+def test_a_forwarded_request_is_never_forwarded_again(sims):
+    sim, _ = sims
+    with start_gateway(owner_env(sim)) as far_owner, \
+            start_gateway(entry_env(far_owner.url, GATEWAY_SELF_ORIGIN="http://middle.test:1")
+                          ) as middle, \
+            start_gateway(entry_env(middle.url)) as entry:
+        status, _, body = chat(entry.url)
+    assert status == 404
+    message = json.loads(body)["error"]["message"]
+    assert "every owner of cortex declined" in message and f"{middle.url} (404)" in message
+    assert posts(sim) == []
+
+
+def test_a_marked_arrival_is_answered_where_it_lands(sims):
+    sim, _ = sims
+    with start_gateway(owner_env(sim)) as owner, \
+            start_gateway(entry_env(owner.url, PRIMARY_PEER_ORIGIN=owner.url)) as entry:
+        status, headers, body = chat(entry.url, headers={"X-Lobes-Forwarded-By": "http://x:1"})
+    assert status == 404
+    assert json.loads(body)["error"]["type"] == "role_infeasible"
+    assert owner.url in json.loads(body)["error"]["message"]  # the referral names hosted_by
+    assert "X-Lobes-Proxied-By" not in headers
+    assert posts(sim) == []
+
+
+def test_a_box_declared_twice_is_asked_once(sims):
+    sim, _ = sims
+    sim.set_faults({"error_status": 503})
+    with start_gateway(owner_env(sim)) as owner, \
+            start_gateway(entry_env(owner.url, owner.url)) as entry:
+        status, headers, body = chat(entry.url)
+    assert status == 503 and headers["Retry-After"]
+    error = json.loads(body)["error"]
+    assert error["type"] == "backend_unavailable"
+    assert f"{owner.url} (503)" in error["message"]
+    assert len(posts(sim)) == 1
+
+
+def test_no_owner_reachable_is_a_retryable_503_naming_them():
+    dead = dead_origin()
+    with start_gateway(entry_env(dead)) as entry:
+        status, headers, body = chat(entry.url)
+    assert status == 503 and headers["Retry-After"]
+    assert f"{dead} (unreachable)" in json.loads(body)["error"]["message"]
+
+
+def test_only_the_fleet_key_is_exempt_from_the_owners_in_flight_limit():
+    with start_sim("spark-cortex", time_scale=5) as slow, \
+            start_gateway(owner_env(slow, "unsloth/Qwen3.8-27B-NVFP4",
+                                  GATEWAY_MAX_INFLIGHT_PER_KEY="1")) as owner:
+
+        def three(key, headers=None):
+            with ThreadPoolExecutor(3) as pool:
+                return sorted(s for s, _, _ in pool.map(
+                    lambda _: chat(owner.url, key, headers, max_tokens=160), range(3)))
+
+        assert three(FLEET) == [200, 200, 200]
+        claimed = three(OWNER_KEY, {"X-Lobes-Forwarded-By": ENTRY})
+        assert claimed.count(429) == 2 and claimed.count(200) == 1

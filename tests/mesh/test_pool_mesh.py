@@ -1,0 +1,279 @@
+"""Replica pools across real processes: a pooling gateway, two peer gateways, two simulators.
+
+Seed 000's shape: the pooling box does not host cortex (PRIMARY_FEASIBLE=false) and pools it
+from a "spark" peer (gated by its own key, inherited through an empty key slot) and a
+"thor" peer (no gate). Simulators run spark-cortex and thor-cortex, time-scaled.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.support.gateway_proc import start_gateway
+from tests.support.sim_proc import start_sim
+
+SERVED = "unsloth/Qwen3.8-27B-NVFP4"
+SPARK_KEY = "spark-inbound"
+REASONS = {"sole-ready", "peer-less-loaded", "earliest-completion", "pinned"}
+TIME_SCALE = 20
+
+
+def peer_env(sim, api_key=None):
+    env = {"PRIMARY_BASE_URL": sim.url, "PRIMARY_SERVED_NAME": SERVED,
+           "PRIMARY_MAX_MODEL_LEN": "262144"}
+    if api_key:
+        env["GATEWAY_API_KEY"] = api_key
+    return env
+
+
+def pool_env(singular, origins, **extra):
+    env = {
+        "PRIMARY_FEASIBLE": "false",
+        "PRIMARY_PEER_ORIGIN": singular,
+        "PRIMARY_PEER_PROXY": "true",
+        "PRIMARY_PEER_API_KEY": SPARK_KEY,
+        "PRIMARY_PEER_ORIGINS": ",".join(origins),
+        "PRIMARY_PEER_API_KEYS": "," * (len(origins) - 1),
+        "PRIMARY_MAX_ACTIVE": "2",
+        "GATEWAY_PROBE_INTERVAL_S": "0.1",
+    }
+    env.update(extra)
+    return env
+
+
+def dead_origin():
+    """An origin nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def chat(url, headers=None, **body):
+    payload = {"model": "cortex", "messages": [{"role": "user", "content": "hi"}],
+               "max_tokens": 160, **body}
+    request = urllib.request.Request(f"{url}/v1/chat/completions",
+                                     data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read()
+
+
+def burst(url, size, headers=None):
+    with ThreadPoolExecutor(size) as pool:
+        return list(pool.map(lambda _: chat(url, headers), range(size)))
+
+
+def replicas(gateway):
+    return gateway.get_json("/capabilities")["roles"]["cortex"].get("replicas", [])
+
+
+def wait_for(predicate, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"condition never held: {predicate.__doc__ or predicate}")
+
+
+def all_selectable(gateway, count=2):
+    def check():
+        rows = replicas(gateway)
+        return len(rows) == count and all(r["ready"] and r["compatible"] for r in rows)
+
+    wait_for(check)
+
+
+def posts(sim):
+    return [r for r in sim.requests() if r["method"] == "POST"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """spark and thor: a simulator and a peer gateway each; spark's gateway is gated."""
+    with start_sim("spark-cortex", time_scale=TIME_SCALE) as spark_sim, \
+            start_sim("thor-cortex", time_scale=TIME_SCALE) as thor_sim, \
+            start_gateway(peer_env(spark_sim, SPARK_KEY)) as spark, \
+            start_gateway(peer_env(thor_sim)) as thor:
+        yield {"spark": spark, "thor": thor, "spark_sim": spark_sim, "thor_sim": thor_sim}
+
+
+def test_the_pool_advertises_ready_the_agreed_window_and_its_replicas(pair):
+    spark, thor = pair["spark"], pair["thor"]
+    with start_gateway(pool_env(spark.url, [spark.url, thor.url])) as orin:
+        all_selectable(orin)
+        cortex = orin.get_json("/capabilities")["roles"]["cortex"]
+        assert (cortex["feasible"], cortex["ready"], cortex["proxied"]) == (False, True, True)
+        assert cortex["context"] == 262144
+        assert cortex["served_name"] == SERVED
+        assert [(r["origin"], r["reason"]) for r in cortex["replicas"]] == [
+            (spark.url, "fingerprint reference"), (thor.url, "")]
+        listed = [m["id"] for m in orin.get_json("/v1/models")["data"]]
+        assert "cortex" in listed
+
+
+def test_concurrent_placements_spread_across_replicas(pair):
+    spark, thor = pair["spark"], pair["thor"]
+    env = pool_env(spark.url, [spark.url, thor.url], PRIMARY_PEER_RATES="11,11")
+    with start_gateway(env) as orin:
+        all_selectable(orin)
+        answers = burst(orin.url, 4)
+    assert [status for status, _, _ in answers] == [200] * 4
+    split = Counter(h["X-Lobes-Proxied-By"] for _, h, _ in answers)
+    assert split == {spark.url: 2, thor.url: 2}
+    assert {h["X-Lobes-Route-Reason"] for _, h, _ in answers} <= REASONS
+
+
+def test_rate_placement_keeps_a_burst_of_4_on_the_fast_replica_where_queue_splits_it(pair):
+    spark, thor = pair["spark"], pair["thor"]
+    origins = [spark.url, thor.url]
+    rates = {"PRIMARY_PEER_RATES": "48.9,11"}
+    with start_gateway(pool_env(spark.url, origins, **rates)) as orin:
+        all_selectable(orin)
+        rate = burst(orin.url, 4)
+    with start_gateway(pool_env(spark.url, origins, GATEWAY_POOL_POLICY="queue", **rates)) as orin:
+        all_selectable(orin)
+        queue = burst(orin.url, 4)
+    assert Counter(h["X-Lobes-Proxied-By"] for _, h, _ in rate) == {spark.url: 4}
+    assert {h["X-Lobes-Route-Reason"] for _, h, _ in rate} == {"earliest-completion"}
+    assert Counter(h["X-Lobes-Proxied-By"] for _, h, _ in queue) == {spark.url: 2, thor.url: 2}
+    assert {h["X-Lobes-Route-Reason"] for _, h, _ in queue} <= {"peer-less-loaded", "sole-ready"}
+
+
+def test_the_inherited_key_reaches_spark_and_the_callers_key_reaches_no_peer(pair):
+    spark, thor = pair["spark"], pair["thor"]
+    pair["spark_sim"].clear_requests()
+    pair["thor_sim"].clear_requests()
+    env = pool_env(spark.url, [spark.url, thor.url], PRIMARY_PEER_RATES="11,11",
+                   GATEWAY_API_KEY="orin-caller-key")
+    with start_gateway(env) as orin:
+        all_selectable(orin)
+        answers = burst(orin.url, 4, {"Authorization": "Bearer orin-caller-key"})
+    assert Counter(h["X-Lobes-Proxied-By"] for _, h, _ in answers) == {spark.url: 2, thor.url: 2}
+    spark_posts, thor_posts = posts(pair["spark_sim"]), posts(pair["thor_sim"])
+    assert [r["headers"].get("authorization") for r in spark_posts] == [f"Bearer {SPARK_KEY}"] * 2
+    assert [r["headers"].get("authorization") for r in thor_posts] == [None, None]
+    assert all(json.loads(r["body"])["model"] == SERVED for r in spark_posts + thor_posts)
+
+
+def test_a_stream_is_relayed_through_the_pool_with_its_markers(pair):
+    spark, thor = pair["spark"], pair["thor"]
+    with start_gateway(pool_env(spark.url, [spark.url, thor.url])) as orin:
+        all_selectable(orin)
+        status, headers, body = chat(orin.url, stream=True)
+    assert status == 200
+    assert headers["X-Lobes-Proxied-By"] == spark.url
+    assert headers["X-Lobes-Route-Reason"] == "earliest-completion"
+    events = [line for line in body.decode().split("\n") if line.startswith("data: ")]
+    assert len(events) > 10 and events[-1] == "data: [DONE]"
+
+
+def test_a_marked_arrival_is_refused_508_without_dialling_any_replica(pair):
+    spark, thor = pair["spark"], pair["thor"]
+    with start_gateway(pool_env(spark.url, [spark.url, thor.url])) as orin:
+        all_selectable(orin)
+        pair["spark_sim"].clear_requests()
+        pair["thor_sim"].clear_requests()
+        status, headers, body = chat(orin.url, {"X-Lobes-Proxied": "cortex"})
+    assert status == 508
+    assert json.loads(body)["error"]["type"] == "proxy_loop"
+    assert "X-Lobes-Proxied-By" not in headers
+    assert posts(pair["spark_sim"]) == [] and posts(pair["thor_sim"]) == []
+
+
+def test_the_reference_is_the_first_ready_peer_not_the_first_declared(pair):
+    thor, dead = pair["thor"], dead_origin()
+    with start_gateway(pool_env(thor.url, [dead, thor.url])) as orin:
+        rows = wait_for(lambda: replicas(orin) if replicas(orin)[1]["ready"] else None)
+        assert [(r["origin"], r["ready"], r["compatible"], r["reason"]) for r in rows] == [
+            (dead, False, False, "peer gateway unreachable"),
+            (thor.url, True, True, "fingerprint reference")]
+        status, headers, _ = chat(orin.url)
+    assert status == 200
+    assert (headers["X-Lobes-Proxied-By"], headers["X-Lobes-Route-Reason"]) == (
+        thor.url, "sole-ready")
+
+
+def test_nothing_selectable_falls_through_to_the_singular_forward(pair):
+    spark, dead = pair["spark"], dead_origin()
+    with start_gateway(pool_env(spark.url, [dead])) as orin:
+        wait_for(lambda: replicas(orin)[0]["reason"] == "peer gateway unreachable")
+        status, headers, _ = chat(orin.url)
+    assert status == 200
+    assert headers["X-Lobes-Proxied-By"] == spark.url
+    assert "X-Lobes-Route-Reason" not in headers
+
+
+def test_a_peer_that_goes_dark_is_not_compatible_and_comes_back(pair):
+    spark = pair["spark"]
+    with start_sim("thor-cortex", time_scale=TIME_SCALE) as thor_sim:
+        thor = start_gateway(peer_env(thor_sim))
+        port = thor.port
+        try:
+            with start_gateway(pool_env(spark.url, [spark.url, thor.url])) as orin:
+                all_selectable(orin)
+                thor.stop()
+                rows = wait_for(lambda: [r for r in [replicas(orin)] if not r[1]["ready"]])[0]
+                assert (rows[1]["ready"], rows[1]["compatible"], rows[1]["reason"]) == (
+                    False, False, "peer gateway unreachable")
+                cortex = orin.get_json("/capabilities")["roles"]["cortex"]
+                assert cortex["ready"] is True and cortex["context"] == 262144
+                answers = burst(orin.url, 2)
+                assert {h["X-Lobes-Proxied-By"] for _, h, _ in answers} == {spark.url}
+                thor = start_gateway(peer_env(thor_sim), port=port)
+                all_selectable(orin)
+                assert replicas(orin)[1]["reason"] == ""
+        finally:
+            thor.stop()
+
+
+def test_a_placed_replica_that_fails_moves_the_request_to_the_next(pair):
+    spark = pair["spark"]
+    with start_sim("thor-cortex", time_scale=TIME_SCALE) as thor_sim, \
+            start_gateway(peer_env(thor_sim)) as thor:
+        # Thor looks faster, so it is placed first; a slow prober keeps it selectable.
+        env = pool_env(spark.url, [spark.url, thor.url], PRIMARY_PEER_RATES="10,100",
+                       GATEWAY_PROBE_INTERVAL_S="60")
+        with start_gateway(env) as orin:
+            all_selectable(orin)
+            thor_sim.set_faults({"error_status": 503})
+            status, headers, _ = chat(orin.url)
+            assert (status, headers["X-Lobes-Proxied-By"]) == (200, spark.url)
+            thor.stop()
+            status, headers, _ = chat(orin.url)
+            assert (status, headers["X-Lobes-Proxied-By"]) == (200, spark.url)
+
+
+def test_every_replica_declining_is_a_404_naming_them(pair):
+    with start_sim("spark-cortex", time_scale=TIME_SCALE) as sim:
+        first, second = start_gateway(peer_env(sim)), start_gateway(peer_env(sim))
+        try:
+            env = pool_env(first.url, [first.url, second.url], GATEWAY_PROBE_INTERVAL_S="60")
+            with start_gateway(env) as orin:
+                all_selectable(orin)
+                declined = {"PRIMARY_FEASIBLE": "false"}
+                for index, peer in enumerate((first, second)):
+                    peer.stop()
+                    replacement = start_gateway(declined, port=peer.port)
+                    first, second = (replacement, second) if index == 0 else (first, replacement)
+                status, _, body = chat(orin.url)
+        finally:
+            first.stop()
+            second.stop()
+    assert status == 404
+    error = json.loads(body)["error"]
+    assert error["type"] == "role_infeasible"
+    assert f"{first.url} (404)" in error["message"] and f"{second.url} (404)" in error["message"]
