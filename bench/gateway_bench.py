@@ -89,11 +89,11 @@ def percentile_ms(samples_ns: list[int], pct: float) -> float:
 
 
 def start_gateway(
-    backend_port: int, gateway_dir: Path, workdir: Path, runner: list[str] | None = None
+    backend_port: int, gateway_dir: Path, workdir: Path, argv: list[str] | None = None
 ) -> procs.Service:
     """The gateway with auth on and the in-flight cap above the stream count.
 
-    `runner` replaces the plain interpreter (profile_gateway.py runs it under cProfile).
+    `argv` replaces `python3 -m lobes_gateway` (profile_gateway.py runs it under cProfile).
     """
     port = procs.free_port()
     env = {
@@ -107,8 +107,8 @@ def start_gateway(
         "GATEWAY_API_KEY": API_KEY,
         "GATEWAY_MAX_INFLIGHT_PER_KEY": "100000",
     }
-    argv = [*(runner or [sys.executable]), "-m", "lobes_gateway"]
-    return procs.spawn("gateway", argv, port, PROXY_CORE, workdir, env)
+    command = argv or [sys.executable, "-m", "lobes_gateway"]
+    return procs.spawn("gateway", command, port, PROXY_CORE, workdir, env)
 
 
 async def measure_window(target: Target, request: bytes, concurrency: int, window_s: float):
