@@ -55,12 +55,34 @@ def cpu_seconds(pid: int) -> float:
     return total / CLOCK_TICKS
 
 
+def sched_ns(pid: int) -> tuple[int, int]:
+    """(ns on a CPU, ns runnable but waiting for one) over every thread of the process tree."""
+    ran = waited = 0
+    for member in process_tree(pid):
+        for stat in Path(f"/proc/{member}/task").glob("*/schedstat"):
+            on_cpu, on_queue, _ = stat.read_text().split()
+            ran += int(on_cpu)
+            waited += int(on_queue)
+    return ran, waited
+
+
 def rss_kib(pid: int) -> int:
     """Resident set size of the whole process tree, in KiB."""
     total = 0
     for member in process_tree(pid):
         total += int(Path(f"/proc/{member}/statm").read_text().split()[1]) * PAGE_KIB
     return total
+
+
+def raise_priority(nice: int) -> None:
+    """Renice this process, and its autogroup (its session's scheduling group) where there is one.
+
+    Children inherit both. Raises PermissionError when not allowed (not root).
+    """
+    autogroup = Path("/proc/self/autogroup")
+    if autogroup.exists():
+        autogroup.write_text(str(nice))
+    os.nice(nice)
 
 
 def set_realtime(pids: list[int], enabled: bool) -> None:

@@ -65,6 +65,14 @@ def _throughput_and_cpu_rows(results: dict, concurrencies: list[int]) -> list[st
                 _ratio(rps["gateway"], rps["nginx"]),
             )
         )
+    wait = {t: _get(results, "c64", t, "wait_share") for t in COLUMNS}
+    rows.append(
+        _row(
+            "proxy waiting for a CPU, c=64 (share of its runnable time; host load)",
+            [_fmt(wait[t] and wait[t] * 100, "{:.0f}%") for t in COLUMNS],
+            None,
+        )
+    )
     for concurrency in concurrencies:
         phase = f"c{concurrency}"
         cpu = {t: _get(results, phase, t, "cpu_per_req_us") for t in COLUMNS}
@@ -187,7 +195,7 @@ def render(results: dict, info: dict) -> str:
         "",
         f"Command: `{info['command']}`. Backend: `bench/fast_backend.py` (stdlib asyncio, "
         "pre-encoded responses); each proxy pinned to core 1, client and backend to core 0, "
-        f"all at niceness {cfg.nice:+d}. "
+        f"all in a session of their own at niceness {cfg.nice:+d} (its autogroup too). "
         f"Figures are medians of {cfg.rounds} interleaved rounds of {cfg.window_s:g} s windows. "
         "CPU is the proxy process tree's utime+stime over the window. SSE chunks: "
         f"{cfg.sse_concurrency} concurrent streams of {cfg.sse_chunks} chunks "
