@@ -30,7 +30,8 @@ def _added(results: dict, phase: str, target: str, key: str) -> float | None:
 
 
 def _ratio(value: float | None, reference: float | None) -> float | None:
-    return None if value is None or not reference else value / reference
+    """value / reference; none when the reference is not a positive figure (noise around 0)."""
+    return None if value is None or reference is None or reference <= 0 else value / reference
 
 
 def _fmt(value: float | None, pattern: str) -> str:
