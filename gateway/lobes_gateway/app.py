@@ -16,6 +16,7 @@ from .owner import Owners
 from .pool import Pools
 from .pressure import PressureMonitor
 from .realtime import tunnel
+from .relay import Pending, relay
 from .routing import (
     CHAT,
     COMPLETIONS,
@@ -202,12 +203,19 @@ class Gateway:
                 return False
             if writer.transport.is_closing():
                 return False
-            return await self._dispatch(req, lane, caller, writer)
+            outcome = await self._dispatch(req, lane, caller, writer)
+            if isinstance(outcome, Pending):
+                keep_alive = req.keep_alive
+                # A stream may be held for minutes: keep only what the relay needs.
+                req.body, req.headers = b"", {}
+                return await relay(self.pool, outcome.response, writer, outcome.extra,
+                                   keep_alive)
+            return outcome
         finally:
             self.inflight.release(caller)
 
     async def _dispatch(self, req: Request, lane: str, caller: Caller,
-                        writer: asyncio.StreamWriter) -> bool:
+                        writer: asyncio.StreamWriter) -> bool | Pending:
         payload = None
         if lane in _JSON_LANES:
             try:
@@ -225,7 +233,8 @@ class Gateway:
         return await self._follow(req, lane, route, requested_tier, payload, caller, writer)
 
     async def _follow(self, req: Request, lane: str, route: Route, requested_tier: str | None,
-                      payload: dict | None, caller: Caller, writer: asyncio.StreamWriter) -> bool:
+                      payload: dict | None, caller: Caller,
+                      writer: asyncio.StreamWriter) -> bool | Pending:
         if isinstance(route, Refusal):
             return self._answer(req, writer, route.error)
         if isinstance(route, LocalRoute):
@@ -240,7 +249,7 @@ class Gateway:
 
     async def _local(self, req: Request, lane: str, route: LocalRoute,
                      requested_tier: str | None, payload: dict | None,
-                     writer: asyncio.StreamWriter) -> bool:
+                     writer: asyncio.StreamWriter) -> bool | Pending:
         override = req.headers.get("x-lobes-override", "").lower() == "true"
         extra: list[bytes] = []
         if route.tier is not None and lane in GENERATE_LANES:

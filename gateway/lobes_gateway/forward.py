@@ -9,7 +9,7 @@ from . import errors
 from .config import GatewayConfig, Origin, parse_origin
 from .errors import ApiError
 from .http import Request, error_bytes, response_bytes
-from .relay import relay
+from .relay import Pending
 from .routing import LocalRoute, ProxyRoute, Target
 from .upstream import Pool, Response, UpstreamError, exchange, finish, read_body, request_head
 
@@ -80,7 +80,7 @@ class Forwarder:
 
     async def local(self, req: Request, route: LocalRoute, payload: dict | None,
                     headers: list[tuple[str, str]], extra: list[bytes],
-                    writer: asyncio.StreamWriter) -> bool:
+                    writer: asyncio.StreamWriter) -> bool | Pending:
         """Try the targets in order: refused or 5xx-before-body moves on; a 4xx is final."""
         strict = inject_strict(payload) if route.strict_lane and payload is not None else None
         targets = route.targets
@@ -94,7 +94,7 @@ class Forwarder:
             if response.status >= 500 and index + 1 < len(targets):
                 response.conn.close()
                 continue
-            return await relay(self._pool, response, writer, extra, req.keep_alive)
+            return Pending(response, extra)
         if len(targets) == 1:
             error = errors.backend_unavailable(f"the {route.role} backend", self._retry_after)
         else:
@@ -126,7 +126,7 @@ class Forwarder:
             return None
 
     async def proxy(self, req: Request, route: ProxyRoute, payload: dict | None,
-                    writer: asyncio.StreamWriter) -> bool:
+                    writer: asyncio.StreamWriter) -> bool | Pending:
         """Forward to the declared peer: single hop, pairwise key, attributed answers."""
         arrived = req.headers.get("x-lobes-proxied")
         if arrived is not None:
@@ -150,7 +150,7 @@ class Forwarder:
             return self._peer_down(req, route, writer)
         if response.status == 404:
             return await self._peer_404(req, route, response, attribution, writer)
-        return await relay(self._pool, response, writer, attribution, req.keep_alive)
+        return Pending(response, attribution)
 
     def _peer_down(self, req: Request, route: ProxyRoute, writer: asyncio.StreamWriter) -> bool:
         error = errors.backend_unavailable(f"peer {route.origin} (role {route.role})",

@@ -1,12 +1,18 @@
 """Replica-pool dispatch: probe the replicas, place each request, forward, fail over, relay.
 
-A pooled role is one this box does not host, declared with P_PEER_ORIGINS and armed with
-P_PEER_PROXY=true (routing's PoolRoute). Each request is placed by the pool policy on a
-selectable replica (ready and fingerprint-compatible), counted in flight before the dial
-and released when the answer ends. A transport error, a timeout, a 5xx or a 401/403/404
-before any body moves on to the next replica (seed 003's rule); nothing selectable falls
-through to the singular forward (seed 000). Answers carry X-Lobes-Proxied-By and
-X-Lobes-Route-Reason.
+Two kinds of pool reach here as routing's PoolRoute:
+  peer-only  the role is not hosted here (P_FEASIBLE=false), P_PEER_ORIGINS lists its
+             replicas and P_PEER_PROXY=true arms forwarding to them (seed 000's Orin);
+  hosted     the role has a local backend and P_PEER_ORIGINS adds peers (seed 000's Thor);
+             the local replica is GATEWAY_SELF_ORIGIN's slot among the origins (with its
+             rate prior) or else comes first, and a request placed on it takes the local
+             path (pressure, tier headers, X-Lobes-Served-By, failover).
+Each request is placed by the pool policy on a selectable replica (ready and
+fingerprint-compatible), counted in flight before the dial and released when the answer
+ends. A transport error, a timeout, a 5xx or a 401/403/404 before any body moves on to the
+next replica (seed 003's rule); nothing selectable falls through to the singular forward
+(peer-only) or the local path (hosted). Answers from peers carry X-Lobes-Proxied-By and
+X-Lobes-Route-Reason; sized 200 answers from peers teach the replica's rate.
 """
 
 from __future__ import annotations
@@ -23,10 +29,17 @@ from .config import GatewayConfig, Origin, RoleConfig
 from .errors import ApiError
 from .forward import Forwarder, encode_for, forward_headers
 from .http import Request, error_bytes
-from .peers import Pool, Prober, ProbeTarget, ReplicaSpec
-from .placement import DEFAULT_EXPECTED_TOKENS, Candidate, Placement, Placer, policy_named
+from .peers import Pool, Prober, ProbeTarget, ReplicaSpec, with_local_replica
+from .placement import (
+    DEFAULT_EXPECTED_TOKENS,
+    Candidate,
+    Placement,
+    Placer,
+    Policy,
+    policy_named,
+)
 from .relay import head_bytes, relay
-from .routing import PoolRoute, Router
+from .routing import OwnerRoute, PoolRoute, Router
 from .upstream import Pool as Connections
 from .upstream import Response, UpstreamError, exchange, fetch, finish, read_body, request_head
 from .views import PeerView
@@ -99,15 +112,27 @@ class PooledRole:
         return [Candidate(s.origin, s.slots or self.default_slots)
                 for s in self.pool.selectable() if s.origin not in exclude]
 
+    @property
+    def local_origin(self) -> str | None:
+        """The origin of this box's own backend when it is one of the replicas."""
+        return next((spec.origin for spec in self.pool.specs if spec.is_local), None)
+
+    @property
+    def hosted(self) -> bool:
+        return self.local_origin is not None
+
     def view(self) -> PeerView:
         """What /capabilities and /v1/models publish for the role."""
         served = self.pool.served_id
         extra: dict[str, object] = {"replicas": self.pool.capabilities()["replicas"]}
         if served is not None:
             extra["served_name"] = served
-        return PeerView(ready=self.pool.ready,
-                        listed=served is not None and self.pool.peer_lists(served),
-                        context=self.pool.context, extra=extra)
+        if self.hosted:
+            extra["proxied"] = False
+        # A hosted pool's model is listed as this box's own backend already.
+        listed = not self.hosted and served is not None and self.pool.peer_lists(served)
+        return PeerView(ready=self.pool.ready, listed=listed, context=self.pool.context,
+                        extra=extra)
 
 
 @dataclass
@@ -124,8 +149,28 @@ class Failure:
 FallThrough = Callable[[], Awaitable[bool]]
 
 
+def _pooled_role(route: PoolRoute, policy: Policy, self_origin: str | None) -> PooledRole:
+    rc = route.config
+    specs = replica_specs(rc)
+    if rc.base_url is not None:
+        specs = with_local_replica(specs, local_url=rc.base_url.url, self_origin=self_origin)
+    placer = Placer(policy, {s.origin: s.prior_rate for s in specs})
+    return PooledRole(route.role, Pool(route.role, specs), placer, rc.max_active or 1)
+
+
+def _probe_target(config: GatewayConfig, role: str) -> ProbeTarget:
+    """Audio roles are judged from /capabilities alone: they have no /v1/models entry.
+
+    served_id is what this box's own backend must list when it is one of the replicas.
+    """
+    rc = config.roles[role]
+    return ProbeTarget(role, served_id=rc.served_name,
+                       audio=rc.role.task in (AUDIO_STT, AUDIO_TTS))
+
+
 class Pools:
-    """Every pooled role of this gateway, the prober that keeps them judged, and dispatch."""
+    """Every pooled role of this gateway, the prober that keeps them (and the owners of
+    owner-routed roles) judged, and dispatch."""
 
     def __init__(self, config: GatewayConfig, router: Router, connections: Connections,
                  forwarder: Forwarder, views: dict[str, PeerView]) -> None:
@@ -135,19 +180,22 @@ class Pools:
         self._limits = config.limits
         self._timeout = config.limits.upstream_timeout_s
         self._retry_after = config.pressure.retry_after_s
-        policy = policy_named(config.pool_policy)
-        routes = [*router.generate_routes.values(), *router.lane_routes.values()]
         self.roles: dict[str, PooledRole] = {}
-        targets: list[tuple[Pool, ProbeTarget]] = []
+        routes = [*router.generate_routes.values(), *router.lane_routes.values()]
+        policy = policy_named(config.pool_policy)
         for route in routes:
             if isinstance(route, PoolRoute) and route.role not in self.roles:
-                specs = replica_specs(route.config)
-                pool = Pool(route.role, specs)
-                self.roles[route.role] = PooledRole(
-                    route.role, pool, Placer(policy, {s.origin: s.prior_rate for s in specs}),
-                    route.config.max_active or 1)
-                audio = route.config.role.task in (AUDIO_STT, AUDIO_TTS)
-                targets.append((pool, ProbeTarget(route.role, audio=audio)))
+                self.roles[route.role] = _pooled_role(route, policy, config.self_origin)
+        # Owner-routed roles are probed too (fleet key), for /capabilities and /v1/models only:
+        # requests still ask the owners in routing order (seed 003).
+        self.owned: dict[str, Pool] = {}
+        for route in routes:
+            if isinstance(route, OwnerRoute) and route.role not in self.owned:
+                specs = tuple(ReplicaSpec(origin=o, api_key=config.fleet_key)
+                              for o in dict.fromkeys(route.owners))
+                self.owned[route.role] = Pool(route.role, specs)
+        pools = [r.pool for r in self.roles.values()] + list(self.owned.values())
+        targets = [(pool, _probe_target(config, pool.role)) for pool in pools]
         self._prober = Prober(targets, self._fetch, interval_s=config.limits.probe_interval_s,
                               timeout_s=config.limits.probe_timeout_s, on_pass=self._publish)
         self._publish()
@@ -163,10 +211,15 @@ class Pools:
     def _publish(self) -> None:
         for name, role in self.roles.items():
             self._views[name] = role.view()
+        for name, pool in self.owned.items():
+            served = pool.served_id
+            self._views[name] = PeerView(
+                ready=pool.ready, listed=served is not None and pool.peer_lists(served),
+                context=pool.context, extra={"owners": pool.capabilities()["replicas"]})
 
     async def run(self) -> None:
-        """Probe every pool forever (a background task); nothing to do without pools."""
-        if self.roles:
+        """Probe forever (a background task); nothing to do without pools or owners."""
+        if self._prober.pools:
             await self._prober.run()
 
     async def serve(self, req: Request, route: PoolRoute, payload: dict | None,
@@ -174,6 +227,8 @@ class Pools:
         """Place, forward and relay one request; returns whether the connection stays usable."""
         role = self.roles[route.role]
         arrived = req.headers.get("x-lobes-proxied")
+        if arrived is not None and role.hosted:
+            return await fall_through()  # single hop: a marked arrival is served locally
         if arrived is not None:
             error = errors.proxy_loop(route.role, arrived, f"the {route.role} replica pool")
             writer.write(error_bytes(error, keep_alive=req.keep_alive))
@@ -184,6 +239,8 @@ class Pools:
         while (placement := role.placer.place(role.candidates(tried), want)) is not None:
             tried.add(placement.origin)
             with placement:
+                if placement.origin == role.local_origin:
+                    return await fall_through()  # the local path: pressure, tiers, failover
                 kept = await self._attempt(req, role, placement, payload, writer, failures)
             if kept is not None:
                 return kept

@@ -18,6 +18,20 @@ _INTERRUPTED = json.dumps({"error": {
     "message": "the backend closed the stream mid-response; retry the request"}}).encode()
 
 
+class Pending:
+    """A response head chosen for the client, relayed by the connection's top frame.
+
+    Dispatch returns it instead of relaying, so the routing frames (payload, bodies, headers)
+    are gone while a long stream is held.
+    """
+
+    __slots__ = ("extra", "response")
+
+    def __init__(self, response: Response, extra: list[bytes]) -> None:
+        self.response = response
+        self.extra = extra
+
+
 def head_bytes(response: Response, extra: list[bytes], framing: bytes, keep_alive: bool) -> bytes:
     """Status line, upstream headers minus hop-by-hop ones, the gateway's headers, framing."""
     lines = [*response.relayed_headers(), *extra, framing]
@@ -77,18 +91,33 @@ async def _relay_stream(pool: Pool, response: Response, client: asyncio.StreamWr
                         extra: list[bytes], keep_alive: bool) -> bool:
     """Pass chunks through as they arrive, one client write per upstream chunk."""
     client.write(head_bytes(response, extra, b"Transfer-Encoding: chunked", keep_alive))
+    event_stream, chunked = _is_event_stream(response), response.chunked
+    response.header_lines, response.headers = [], {}  # sent; not kept for a held stream
     reader = response.conn.reader
     transport = client.transport
     try:
-        if response.chunked:
-            await _pass_chunks(reader, client, transport)
+        if chunked:
+            # Inline on purpose: one frame per held stream, one client write per chunk.
+            while True:
+                line = await reader.readuntil(b"\r\n")
+                size = int(line.split(b";", 1)[0], 16)
+                if size == 0:
+                    while await reader.readuntil(b"\r\n") != b"\r\n":
+                        pass
+                    break
+                data = await reader.readexactly(size + 2)
+                if transport.is_closing():
+                    raise ConnectionResetError("client went away")
+                client.write(line + data)
+                if transport.get_write_buffer_size() > HIGH_WATER:
+                    await client.drain()
         else:
             await _frame_until_eof(reader, client, transport)
             response.keep_alive = False
     except _BROKEN:
         response.conn.close()
         if not transport.is_closing():
-            if _is_event_stream(response):
+            if event_stream:
                 event = b"data: " + _INTERRUPTED + b"\n\n"
                 client.write(b"%x\r\n%s\r\n" % (len(event), event) + _STREAM_END)
             transport.close()
@@ -96,23 +125,6 @@ async def _relay_stream(pool: Pool, response: Response, client: asyncio.StreamWr
     client.write(_STREAM_END)
     finish(pool, response)
     return keep_alive
-
-
-async def _pass_chunks(reader: asyncio.StreamReader, client: asyncio.StreamWriter,
-                       transport: asyncio.WriteTransport) -> None:
-    while True:
-        line = await reader.readuntil(b"\r\n")
-        size = int(line.split(b";", 1)[0], 16)
-        if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":
-                pass
-            return
-        data = await reader.readexactly(size + 2)
-        if transport.is_closing():
-            raise ConnectionResetError("client went away")
-        client.write(line + data)
-        if transport.get_write_buffer_size() > HIGH_WATER:
-            await client.drain()
 
 
 async def _frame_until_eof(reader: asyncio.StreamReader, client: asyncio.StreamWriter,

@@ -169,7 +169,9 @@ class Router:
         if not rc.feasible:
             return self._elsewhere(rc)
         if rc.wired:
-            return self._local(rc, lane)
+            local = self._local(rc, lane)
+            # A hosted pool: this box's own backend and its peers' (P_PEER_ORIGINS).
+            return PoolRoute(name, rc.role.tier, rc, local) if rc.peers else local
         if name in _UPWARD_TO_PRIMARY and name != PRIMARY_ROLE:
             return self._generate_route(PRIMARY_ROLE, lane)
         return Refusal(name, errors.not_wired(name, f"{rc.role.prefix}_BASE_URL"))

@@ -14,6 +14,7 @@ from .config import GatewayConfig, Origin
 from .pressure import PressureMonitor
 from .routing import (
     LocalRoute,
+    OwnerRoute,
     PoolRoute,
     ProxyRoute,
     Refusal,
@@ -111,7 +112,8 @@ class Views:
                 if rc.feasible and rc.base_url and rc.role.task != "stt" and rc.role.task != "tts"]
         for rc in self._config.roles.values():
             route = self._role_route(rc.name)
-            if isinstance(route, ProxyRoute | PoolRoute) and rc.role.task not in ("stt", "tts"):
+            if (isinstance(route, ProxyRoute | PoolRoute | OwnerRoute)
+                    and rc.role.task not in ("stt", "tts")):
                 view = self._peer_views(rc.name)
                 if view is not None and view.listed:
                     data.append(self._model_entry(rc.name, rc.name, view.context, proxied=True))
@@ -185,7 +187,7 @@ class Views:
             served = self._config.roles.get(target.name)
             if served is not None and target.name != name:
                 entry["context"] = served.max_model_len
-        elif isinstance(route, ProxyRoute | PoolRoute):
+        elif isinstance(route, ProxyRoute | PoolRoute | OwnerRoute):
             view = self._peer_views(name)
             entry["proxied"] = True
             entry["ready"] = bool(view and view.ready)

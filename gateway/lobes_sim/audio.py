@@ -8,11 +8,11 @@ import json
 import struct
 
 from . import errors
-from .generate import request_json
 from .httpio import Connection, Request
 from .pooling import run_prefill
 from .state import ClientGone, SimState
 from .textgen import TokenStream
+from .validation import request_json
 
 WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 # 16 kHz mono 16-bit audio: 32,000 bytes a second, about two spoken words.

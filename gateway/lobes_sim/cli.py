@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import resource
 import signal
 from collections.abc import Sequence
 
@@ -107,6 +108,13 @@ def task_routes(task: str) -> dict:
     raise ValueError(f"profile task {task!r} has no routes")
 
 
+def raise_open_file_limit() -> None:
+    """Thousands of held streams need thousands of sockets: lift the soft limit to the hard."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 async def serve(args: argparse.Namespace) -> None:
     """Start both listeners and the engine; run until SIGTERM or SIGINT."""
     state = SimState(profile_from_args(args), args.time_scale, args.seed, faults_from_args(args))
@@ -134,4 +142,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.time_scale <= 0:
         parser.error("--time-scale must be positive")
     logging.basicConfig(level=args.log_level.upper())
+    raise_open_file_limit()
     asyncio.run(serve(args))

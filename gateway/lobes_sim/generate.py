@@ -20,6 +20,7 @@ from .textgen import (
     digest_seed,
     natural_length,
 )
+from .validation import checked_model, int_field, request_json
 
 # vLLM's /v1/completions default when the caller names no max_tokens (as OpenAI's).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -38,25 +39,6 @@ class GenerateCall:
     stream: bool
     include_usage: bool
     continuous_usage: bool
-
-
-def request_json(request: Request) -> dict[str, Any]:
-    """The request body as a JSON object, or vLLM's 400."""
-    try:
-        body = request.json()
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise errors.bad_request(f"Invalid JSON in request body: {exc}") from exc
-    if not isinstance(body, dict):
-        raise errors.bad_request("The request body must be a JSON object.")
-    return body
-
-
-def checked_model(state: SimState, body: dict[str, Any]) -> str:
-    """The served name the request addresses; an unknown model is vLLM's 404."""
-    model = body.get("model") or state.profile.served_name
-    if model != state.profile.served_name:
-        raise errors.unknown_model(str(model))
-    return model
 
 
 def _has_strict_tool(body: dict[str, Any]) -> bool:
@@ -107,8 +89,10 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
     natural: int | None = None
     if not body.get("ignore_eos"):
         natural = max(natural_length(seed, state.profile.natural_length), 1)
-        natural = max(natural, int(body.get("min_tokens") or 0))
+        natural = max(natural, int_field(body, "min_tokens", 0))
     options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise errors.bad_request("'stream_options' must be an object.", "stream_options")
     return GenerateCall(
         chat=chat,
         model=model,
@@ -197,6 +181,19 @@ def _sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
+class _TokenEvents:
+    """SSE bytes of plain token chunks from a pre-rendered template (no dict, no full dump)."""
+
+    _MARK = "\x00piece\x00"
+
+    def __init__(self, answer: _Answer) -> None:
+        rendered = _sse(answer.chunk(self._MARK, None))
+        self._head, self._tail = rendered.split(json.dumps(self._MARK).encode())
+
+    def event(self, piece: str) -> bytes:
+        return self._head + json.dumps(piece).encode() + self._tail
+
+
 async def handle_generate(
     state: SimState, conn: Connection, request: Request, chat: bool
 ) -> None:
@@ -233,53 +230,69 @@ async def _stream(
 ) -> None:
     answer = _Answer(call)
     tokens = TokenStream(call.seed)
-    writer = _ChunkBudget(state, conn, sequence)
+    plain = _TokenEvents(answer)
+    writer = _SseWriter(state.faults.die_after_chunks)
     await conn.start_chunked(200, "text/event-stream; charset=utf-8", keep_alive)
-    if call.chat:
-        await writer.send([answer.chunk(None, None)])
     sent = 0
-    while True:
-        await sequence.progress()
-        if sequence.finish_reason == ABORT:
-            raise ClientGone
-        events = []
-        while sent < sequence.generated:
-            last = sequence.finished and sent + 1 == sequence.generated
-            chunk = answer.chunk(tokens.token(sent), sequence.finish_reason if last else None)
-            sent += 1
-            if call.include_usage and call.continuous_usage:
-                chunk["usage"] = _usage(call.prompt_tokens, sent)
-            events.append(chunk)
-        await writer.send(events)
-        if sequence.finished:
-            break
-    if call.include_usage:
-        await writer.send([answer.usage_chunk(sequence.generated)])
-    await writer.send_raw(b"data: [DONE]\n\n")
-    await conn.end_chunked()
+    try:
+        while not sequence.finished or sent < sequence.generated:
+            await sequence.progress()
+            if sequence.finish_reason == ABORT:
+                raise ClientGone
+            # As vLLM, the chat role delta goes out with the first output, after prefill.
+            if call.chat and sent == 0:
+                writer.add(_sse(answer.chunk(None, None)))
+            while sent < sequence.generated:
+                piece = tokens.token(sent)
+                sent += 1
+                if (sequence.finished and sent == sequence.generated) or call.continuous_usage:
+                    writer.add(_sse(_final_or_usage_chunk(answer, call, sequence, piece, sent)))
+                else:
+                    writer.add(plain.event(piece))
+            if not sequence.finished:
+                await writer.flush(conn)
+        if call.include_usage:
+            writer.add(_sse(answer.usage_chunk(sequence.generated)))
+        writer.add(b"data: [DONE]\n\n")
+        await writer.flush(conn, end=True)
+    except _StreamCut:
+        await writer.flush(conn)
+        state.engine.abort(sequence)
+        conn.drop()
+        raise ClientGone from None
 
 
-class _ChunkBudget:
-    """Writes SSE events, dropping the connection after the die_after_chunks fault's count."""
+def _final_or_usage_chunk(
+    answer: _Answer, call: GenerateCall, sequence: Sequence, piece: str, sent: int
+) -> dict[str, Any]:
+    last = sequence.finished and sent == sequence.generated
+    chunk = answer.chunk(piece, sequence.finish_reason if last else None)
+    if call.include_usage and call.continuous_usage:
+        chunk["usage"] = _usage(call.prompt_tokens, sent)
+    return chunk
 
-    def __init__(self, state: SimState, conn: Connection, sequence: Sequence) -> None:
-        self.state = state
-        self.conn = conn
-        self.sequence = sequence
+
+class _StreamCut(Exception):
+    """The die_after_chunks fault's budget is spent: the stream must end here."""
+
+
+class _SseWriter:
+    """Collects SSE events as HTTP chunks and writes them in one go (one syscall per wake)."""
+
+    def __init__(self, die_after_chunks: int) -> None:
+        self.limit = die_after_chunks
         self.sent = 0
+        self.pending: list[bytes] = []
 
-    async def send(self, events: list[dict[str, Any]]) -> None:
-        for event in events:
-            await self.send_raw(_sse(event), flush=False)
-        await self.conn.writer.drain()
-
-    async def send_raw(self, data: bytes, flush: bool = True) -> None:
-        limit = self.state.faults.die_after_chunks
-        if limit and self.sent >= limit:
-            self.state.engine.abort(self.sequence)
-            self.conn.drop()
-            raise ClientGone
-        self.conn.writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+    def add(self, event: bytes) -> None:
+        if self.limit and self.sent >= self.limit:
+            raise _StreamCut
+        self.pending.append(b"%x\r\n%s\r\n" % (len(event), event))
         self.sent += 1
-        if flush:
-            await self.conn.writer.drain()
+
+    async def flush(self, conn: Connection, end: bool = False) -> None:
+        if end:
+            self.pending.append(b"0\r\n\r\n")
+        conn.writer.write(b"".join(self.pending))
+        self.pending.clear()
+        await conn.writer.drain()

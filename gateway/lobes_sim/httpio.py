@@ -88,6 +88,9 @@ class Connection:
         head = bytes(self._buffer[:end]).decode("latin-1")
         del self._buffer[: end + 4]
         method, target, headers = _parse_head(head)
+        if headers.get("expect", "").lower() == "100-continue":
+            # curl waits a second for this before sending a large body.
+            self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = await self._read_body(headers)
         return Request(method, target, headers, body)
 
@@ -187,14 +190,6 @@ class Connection:
             "connection": "keep-alive" if keep_alive else "close",
         }
         self.writer.write(self._head(status, headers))
-        await self.writer.drain()
-
-    async def write_chunk(self, data: bytes) -> None:
-        self.writer.write(b"%x\r\n%s\r\n" % (len(data), data))
-        await self.writer.drain()
-
-    async def end_chunked(self) -> None:
-        self.writer.write(b"0\r\n\r\n")
         await self.writer.drain()
 
     def drop(self) -> None:

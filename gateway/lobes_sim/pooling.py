@@ -14,7 +14,6 @@ from typing import Any
 
 from . import errors
 from .engine import ABORT, Sequence
-from .generate import checked_model, request_json
 from .httpio import Connection, Request, stop_watching
 from .state import ClientGone, SimState
 from .textgen import (
@@ -24,6 +23,7 @@ from .textgen import (
     pack_base64_floats,
     relevance,
 )
+from .validation import checked_model, request_json
 
 
 async def run_prefill(state: SimState, conn: Connection, token_counts: list[int]) -> None:

@@ -136,17 +136,10 @@ class ServingPort:
         """Answer one request; False when the connection must close."""
         state = self.state
         state.recorder.record(request.method, request.target, request.headers, request.body)
-        faults = state.faults
         try:
-            if faults.hang:
-                await conn.watch_disconnect(lambda: None)
-                return False
-            if faults.hang_s:
-                await asyncio.sleep(state.sim_seconds(faults.hang_s))
-            if faults.error_status:
-                body = errors.error_body(faults.error_status, "Simulated server fault.")
-                await conn.send_json(faults.error_status, body, request.keep_alive)
-                return True
+            faulted = await self._answer_fault(conn, request)
+            if faulted is not None:
+                return faulted
             handler = self.routes.find(request.method, request.path)
             if isinstance(handler, int):
                 detail = NOT_FOUND if handler == 404 else {"detail": "Method Not Allowed"}
@@ -159,6 +152,30 @@ class ServingPort:
             return True
         except ClientGone:
             return False
+        except (ConnectionError, OSError):
+            raise
+        except Exception:
+            # A simulator bug must still answer like a server, not drop the connection.
+            log.exception("internal error answering %s %s", request.method, request.target)
+            body = errors.error_body(500, "Internal simulator error; see its log.")
+            await conn.send_json(500, body, keep_alive=False)
+            return False
+
+
+    async def _answer_fault(self, conn: Connection, request: Request) -> bool | None:
+        """Play the active hang and 5xx faults; None when the request should be served."""
+        faults = self.state.faults
+        if faults.hang:
+            await conn.watch_disconnect(lambda: None)
+            return False
+        if faults.hang_s:
+            await asyncio.sleep(self.state.sim_seconds(faults.hang_s))
+        if faults.error_status:
+            message = "Simulated server fault (error_status); clear it: POST /admin/faults {}."
+            body = errors.error_body(faults.error_status, message)
+            await conn.send_json(faults.error_status, body, request.keep_alive)
+            return True
+        return None
 
 
 class AdminPort:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -189,3 +190,35 @@ def test_only_the_fleet_key_is_exempt_from_the_owners_in_flight_limit():
         assert three(FLEET) == [200, 200, 200]
         claimed = three(OWNER_KEY, {"X-Lobes-Forwarded-By": ENTRY})
         assert claimed.count(429) == 2 and claimed.count(200) == 1
+
+
+def test_an_owner_routed_role_is_advertised_while_an_owner_serves_it(sims):
+    sim, _ = sims
+    owner = start_gateway(owner_env(sim))
+    dead = dead_origin()
+    try:
+        with start_gateway(entry_env(dead, owner.url, GATEWAY_PROBE_INTERVAL_S="0.1")) as entry:
+
+            def cortex():
+                return entry.get_json("/capabilities")["roles"]["cortex"]
+
+            def models():
+                auth = {"Authorization": "Bearer entry-client-key"}
+                return [m["id"] for m in entry.get_json("/v1/models", auth)["data"]]
+
+            wait_until(lambda: cortex()["ready"])
+            assert [(o["origin"], o["ready"]) for o in cortex()["owners"]] == [
+                (dead, False), (owner.url, True)]
+            assert "cortex" in models()
+            owner.stop()
+            wait_until(lambda: not cortex()["ready"])
+            assert "cortex" not in models()
+    finally:
+        owner.stop()
+
+
+def wait_until(predicate, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.05)

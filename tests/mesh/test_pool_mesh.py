@@ -23,7 +23,7 @@ from tests.support.sim_proc import start_sim
 SERVED = "unsloth/Qwen3.8-27B-NVFP4"
 SPARK_KEY = "spark-inbound"
 REASONS = {"sole-ready", "peer-less-loaded", "earliest-completion", "pinned"}
-TIME_SCALE = 20
+TIME_SCALE = 5
 
 
 def peer_env(sim, api_key=None):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import time
 
@@ -121,6 +122,16 @@ def test_recorder_keeps_method_path_lowercased_headers_and_body(sim):
     assert entry["body"] == body.decode()
     sim.clear_requests()
     assert sim.requests() == []
+
+
+def test_recorder_fingerprints_binary_bodies_byte_for_byte(sim):
+    sim.clear_requests()
+    payload = bytes(range(256)) * 3
+    request(sim.url, "POST", "/v1/audio/transcriptions", raw=payload,
+            headers={"Content-Type": "application/octet-stream"})
+    [entry] = sim.requests()
+    assert entry["body_length"] == len(payload)
+    assert entry["body_sha256"] == hashlib.sha256(payload).hexdigest()
 
 
 def test_recorder_records_requests_answered_by_a_fault(sim):

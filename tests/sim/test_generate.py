@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
+import json
+
 import openai
 import pytest
 
@@ -179,3 +182,44 @@ def test_the_openai_sdk_streams_from_the_simulator(instant):
     assert chunks[-1].usage.completion_tokens == 9
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(text.split()) == 9
+
+
+def test_keep_alive_serves_several_requests_on_one_connection(sim):
+    conn = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=10)
+    try:
+        for stream_it in (False, True, False):
+            body = json.dumps(chat_payload(max_tokens=3, stream=stream_it))
+            conn.request("POST", CHAT, body=body)
+            response = conn.getresponse()
+            assert response.status == 200
+            assert response.getheader("connection") == "keep-alive"
+            text = response.read()
+            assert (b"data: [DONE]" in text) == stream_it
+        sock_before = conn.sock
+        conn.request("GET", "/health")
+        conn.getresponse().read()
+        assert conn.sock is sock_before
+    finally:
+        conn.close()
+
+
+def test_a_chunked_request_body_is_read(sim):
+    body = json.dumps(chat_payload(max_tokens=2)).encode()
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:10], body[10:]))
+    reply = request(sim.url, "POST", CHAT, raw=chunked + b"0\r\n\r\n",
+                    headers={"Transfer-Encoding": "chunked"})
+    assert reply.status == 200
+    assert reply.json()["usage"]["completion_tokens"] == 2
+
+
+def test_min_tokens_lengthens_the_natural_stop(instant):
+    answer = post(instant.url, CHAT, chat_payload(min_tokens=100, max_tokens=200)).json()
+    assert answer["usage"]["completion_tokens"] == 100
+    assert answer["choices"][0]["finish_reason"] == "stop"
+
+
+def test_ill_typed_fields_are_400_naming_the_field(instant):
+    for field, value in (("min_tokens", "many"), ("stream_options", "yes"), ("max_tokens", 0)):
+        reply = post(instant.url, CHAT, chat_payload(**{field: value}))
+        assert reply.status == 400, field
+        assert reply.json()["error"]["param"] == field

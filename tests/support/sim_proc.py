@@ -179,6 +179,7 @@ def start_sim(
         stderr = sim.stderr()
         sim.stop()
         raise SimStartError(f"lobes_sim {profile} did not become ready: {' '.join(args)}\n{stderr}")
+    sim.clear_requests()  # the readiness probe is not the test's traffic
     return sim
 
 

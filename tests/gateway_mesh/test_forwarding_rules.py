@@ -1,0 +1,78 @@
+"""The pure rules shared by pool dispatch and owner forwarding."""
+
+import json
+
+import pytest
+from lobes_gateway.owner import distinct_boxes
+from lobes_gateway.placement import DEFAULT_EXPECTED_TOKENS
+from lobes_gateway.pool import (
+    Failure,
+    completion_tokens,
+    exhausted,
+    expected_tokens,
+    moves_on,
+    peer_headers,
+)
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 508, 401, 403, 404])
+def test_server_errors_and_declines_move_on(status):
+    assert moves_on(status)
+
+
+@pytest.mark.parametrize("status", [200, 400, 413, 422, 429])
+def test_any_other_status_is_the_answer(status):
+    assert not moves_on(status)
+
+
+def test_peer_headers_strip_the_callers_key_and_markers_and_attach_ours():
+    caller = {"authorization": "Bearer caller", "content-type": "application/json",
+              "x-lobes-proxied": "cortex", "x-lobes-forwarded-by": "http://x:1",
+              "host": "box:8000", "x-request-id": "r1"}
+    headers = peer_headers(caller, "pairwise", [("X-Lobes-Proxied", "cortex")])
+    assert headers == [("content-type", "application/json"), ("x-request-id", "r1"),
+                       ("Authorization", "Bearer pairwise"), ("X-Lobes-Proxied", "cortex")]
+
+
+def test_peer_headers_without_a_key_send_none():
+    headers = peer_headers({"authorization": "Bearer caller"}, None, [])
+    assert headers == []
+
+
+@pytest.mark.parametrize(
+    ("payload", "tokens"),
+    [({"max_tokens": 160}, 160), ({"max_completion_tokens": 64, "max_tokens": 9}, 64),
+     ({}, DEFAULT_EXPECTED_TOKENS), (None, DEFAULT_EXPECTED_TOKENS),
+     ({"max_tokens": True}, DEFAULT_EXPECTED_TOKENS), ({"max_tokens": 0}, DEFAULT_EXPECTED_TOKENS)],
+)
+def test_expected_tokens_come_from_the_request(payload, tokens):
+    assert expected_tokens(payload) == tokens
+
+
+@pytest.mark.parametrize(
+    ("body", "tokens"),
+    [(json.dumps({"usage": {"completion_tokens": 154}}).encode(), 154),
+     (b'{"usage": null}', 0), (b"not json", 0), (b"[1, 2]", 0)],
+)
+def test_completion_tokens_are_read_from_usage(body, tokens):
+    assert completion_tokens(body) == tokens
+
+
+def test_all_declined_is_a_404_naming_each():
+    error = exhausted("every owner of cortex", [Failure("http://a:1", 401),
+                                               Failure("http://b:1", 404)], 5)
+    assert (error.status, error.type) == (404, "role_infeasible")
+    assert "http://a:1 (401), http://b:1 (404)" in error.message
+
+
+def test_any_unreachable_or_5xx_makes_it_a_retryable_503():
+    error = exhausted("every replica of the cortex pool",
+                      [Failure("http://a:1", None), Failure("http://b:1", 404)], 5)
+    assert (error.status, error.code) == (503, "backend_unavailable")
+    assert ("Retry-After", "5") in error.headers
+    assert "http://a:1 (unreachable)" in error.message
+
+
+def test_a_box_declared_twice_is_asked_once_in_routing_order():
+    assert distinct_boxes(("http://b:1", "http://a:1", "http://b:1")) == [
+        "http://b:1", "http://a:1"]
