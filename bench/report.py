@@ -228,6 +228,9 @@ def render(results: dict, info: dict) -> str:
             f"| {name} | {measured} | {_verdict(met, 'gateway' in results.get('streams', {}))} |"
             for name, measured, met in targets(results, cfg.streams)
         ),
+        "",
+        "Where the gateway spends its CPU: `python3 bench/profile_gateway.py [--sse]` (cProfile "
+        "on the gateway's own CPU clock, same load and pinning).",
     ]
     return "\n".join(lines)
 
