@@ -5,7 +5,7 @@ and per SSE chunk as a ratio to nginx, time-to-first-chunk overhead, RSS per str
 SSE streams held open) plus PASS/MISS per target, and writes it between the gateway-bench
 markers of docs/benchmarks.md. A benchmark, not a test: it asserts nothing, it reports.
 
-    python3 bench/gateway_bench.py             # the full run (about 5 minutes)
+    python3 bench/gateway_bench.py             # the full run (about 7 minutes)
     python3 bench/gateway_bench.py --quick     # a smoke run with short windows, 500 streams
 
 Each proxy is pinned to core 1; the load generator (this process) and the backend share core 0.
@@ -233,8 +233,8 @@ async def run(cfg: Settings, workdir: Path, log) -> dict:
     if cfg.nice:
         try:
             procs.raise_priority(cfg.nice)  # inherited by the backend and the proxies
-        except PermissionError:
-            log(f"cannot renice by {cfg.nice} (not root): running at normal priority")
+        except OSError as error:
+            log(f"cannot renice by {cfg.nice} ({error}): running at normal priority")
     backend_port = procs.free_port()
     backend = procs.spawn(
         "backend",
