@@ -305,7 +305,7 @@ def describe_run(cfg: Settings, argv: list[str]) -> dict:
             str(cfg.gateway_dir),
             "log",
             "-1",
-            "--format=%h %cI %s",
+            "--format=%h %cI",
             "--",
             "lobes_gateway",
         ],
