@@ -383,6 +383,16 @@ def parse_args(argv: list[str]) -> Settings:
     )
 
 
+def save_raw(results: dict, run_info: dict) -> None:
+    """Keep the run's raw figures in bench/out/ (git-ignored) for a closer look later."""
+    out = REPO / "bench" / "out"
+    out.mkdir(exist_ok=True)
+    cfg = run_info["settings"]
+    info = {**run_info, "settings": {**vars(cfg), "gateway_dir": str(cfg.gateway_dir)}}
+    raw = json.dumps({"run": info, "results": results}, indent=1)
+    (out / "gateway_bench.json").write_text(raw)
+
+
 def rerun_in_own_session(argv: list[str]) -> int:
     """Run the benchmark as a child in a new session, so it gets its own scheduling group.
 
@@ -419,6 +429,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
         results = asyncio.run(run(cfg, Path(tmp), lambda line: print(line, file=sys.stderr)))
     run_info["load_after"] = load_average()
+    save_raw(results, run_info)
     text = report.render(results, run_info)
     print(text)
     if cfg.write_docs:
