@@ -92,7 +92,8 @@ async def _relay_stream(pool: Pool, response: Response, client: asyncio.StreamWr
     """Pass chunks through as they arrive, one client write per upstream chunk."""
     client.write(head_bytes(response, extra, b"Transfer-Encoding: chunked", keep_alive))
     event_stream, chunked = _is_event_stream(response), response.chunked
-    response.header_lines, response.headers = [], {}  # sent; not kept for a held stream
+    # Sent: not kept for a held stream.
+    response.header_lines, response.headers, response.relayed = [], {}, []
     reader = response.conn.reader
     transport = client.transport
     try:

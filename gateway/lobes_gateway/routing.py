@@ -118,6 +118,12 @@ class Router:
         self.completion_routes = {name: self._generate_route(name, COMPLETIONS)
                                   for name in self.generate_routes}
         self.lane_routes = {lane: self._lane_route(lane) for lane in _LANE_ROLE}
+        self._resolved = {
+            lane: {name: Resolved(route, self._roles[name].role.tier)
+                   for name, route in table.items()}
+            for lane, table in ((CHAT, self.generate_routes),
+                                (COMPLETIONS, self.completion_routes))
+        }
 
     @property
     def default_role(self) -> str:
@@ -160,9 +166,7 @@ class Router:
 
     def resolve(self, lane: str, model: object) -> Resolved:
         """The route of a generate-lane request by its model name."""
-        role = self.role_for_model(model)
-        table = self.generate_routes if lane == CHAT else self.completion_routes
-        return Resolved(table[role], self._roles[role].role.tier)
+        return self._resolved[lane][self.role_for_model(model)]
 
     def _generate_route(self, name: str, lane: str) -> Route:
         rc = self._roles[name]

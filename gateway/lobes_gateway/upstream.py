@@ -51,14 +51,15 @@ class Connection:
 class Response:
     """A response head read from upstream; the body is still on `conn`."""
 
-    __slots__ = ("conn", "header_lines", "headers", "keep_alive", "length", "status")
+    __slots__ = ("conn", "header_lines", "headers", "keep_alive", "length", "relayed", "status")
 
     def __init__(self, conn: Connection, status: int, header_lines: list[bytes],
-                 headers: dict[bytes, bytes]) -> None:
+                 headers: dict[bytes, bytes], relayed: list[bytes]) -> None:
         self.conn = conn
         self.status = status
         self.header_lines = header_lines
         self.headers = headers
+        self.relayed = relayed
         self.keep_alive = headers.get(b"connection", b"").lower() != b"close"
         raw_length = headers.get(b"content-length")
         self.length = int(raw_length) if raw_length is not None else None
@@ -69,8 +70,7 @@ class Response:
 
     def relayed_headers(self) -> list[bytes]:
         """The upstream header lines a client may see (hop-by-hop headers dropped)."""
-        return [line for line in self.header_lines
-                if line.split(b":", 1)[0].strip().lower() not in HOP_HEADERS]
+        return self.relayed
 
 
 class Pool:
@@ -136,10 +136,14 @@ def _parse_head(conn: Connection, raw: bytes) -> Response:
     lines = raw[:-4].split(b"\r\n")
     status = int(lines[0][9:12])
     headers: dict[bytes, bytes] = {}
+    relayed: list[bytes] = []
     for line in lines[1:]:
         name, _, value = line.partition(b":")
-        headers[name.strip().lower()] = value.strip()
-    return Response(conn, status, lines[1:], headers)
+        key = name.strip().lower()
+        headers[key] = value.strip()
+        if key not in HOP_HEADERS:
+            relayed.append(line)
+    return Response(conn, status, lines[1:], headers, relayed)
 
 
 async def exchange(pool: Pool, origin: Origin, head: bytes, body: bytes,

@@ -184,3 +184,15 @@ def test_each_event_reaches_the_client_while_the_backend_still_generates(gateway
     assert running and float(running[0].rsplit(" ", 1)[1]) == 1.0  # still generating
     primary.set_faults({})
     conn.close()
+
+
+def test_self_origin_stamps_served_by_on_local_answers(gateway_factory, sim_factory):
+    primary = sim_factory("instant")
+    gateway = gateway_factory({"PRIMARY_BASE_URL": primary.url,
+                               "PRIMARY_SERVED_NAME": "sim-instant",
+                               "GATEWAY_SELF_ORIGIN": "http://orin.example:8000/"})
+    reply = chat(gateway.url, {"model": "main"})
+    assert reply.status == 200
+    assert reply.headers["x-lobes-served-by"] == "http://orin.example:8000"
+    refused = chat(gateway.url, {"model": "muse"})
+    assert refused.status == 404 and "x-lobes-served-by" not in refused.headers
