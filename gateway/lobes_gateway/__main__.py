@@ -11,6 +11,7 @@ import sys
 from . import __version__
 from .app import Gateway
 from .config import ConfigError, load_config
+from .http import MAX_HEAD_BYTES
 
 LISTEN_BACKLOG = 4096
 
@@ -19,7 +20,8 @@ async def serve(gateway: Gateway) -> None:
     """Listen until SIGTERM/SIGINT; the hot path is set up before gc.freeze()."""
     config = gateway.config
     server = await asyncio.start_server(gateway.serve_connection, config.host, config.port,
-                                        backlog=LISTEN_BACKLOG, reuse_address=True)
+                                        backlog=LISTEN_BACKLOG, reuse_address=True,
+                                        limit=MAX_HEAD_BYTES)
     await gateway.start_background()
     port = server.sockets[0].getsockname()[1]
     print(f"lobes_gateway {__version__} listening on http://{config.host}:{port}",

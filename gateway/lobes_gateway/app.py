@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+import traceback
 
 from . import errors
 from .advert import ProxyAdverts
@@ -11,7 +13,15 @@ from .auth import Caller, Gate, InflightLimits
 from .config import GatewayConfig
 from .errors import ApiError
 from .forward import Forwarder, forward_headers
-from .http import HttpError, Request, error_bytes, parse_head, read_body, response_bytes
+from .http import (
+    MAX_HEAD_BYTES,
+    HttpError,
+    Request,
+    error_bytes,
+    parse_head,
+    read_body,
+    response_bytes,
+)
 from .owner import Owners
 from .pool import Pools
 from .pressure import PressureMonitor
@@ -93,7 +103,7 @@ class Gateway:
                 try:
                     head = await reader.readuntil(b"\r\n\r\n")
                 except asyncio.LimitOverrunError:
-                    writer.write(error_bytes(errors.bad_request("request head too large"),
+                    writer.write(error_bytes(errors.head_too_large(MAX_HEAD_BYTES),
                                              keep_alive=False))
                     return
                 finally:
@@ -106,6 +116,9 @@ class Gateway:
                 if not await self.handle(request, reader, writer):
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        except Exception:  # a gateway bug: drop this connection, never the process
+            traceback.print_exc(file=sys.stderr)
             return
         finally:
             writer.transport.close()
@@ -240,12 +253,22 @@ class Gateway:
         if isinstance(route, LocalRoute):
             return await self._local(req, lane, route, requested_tier, payload, writer)
         if isinstance(route, PoolRoute):
-            return await self.pools.serve(req, route, payload, writer, lambda: self._follow(
+            return await self.pools.serve(req, route, payload, writer, lambda: self._relayed(
                 req, lane, route.fall_through, requested_tier, payload, caller, writer))
         if isinstance(route, ProxyRoute):
             return await self.forwarder.proxy(req, route, payload, writer)
-        return await self.owners.serve(req, route, payload, writer, lambda: self._follow(
+        return await self.owners.serve(req, route, payload, writer, lambda: self._relayed(
             req, lane, route.fall_through, requested_tier, payload, caller, writer))
+
+    async def _relayed(self, req: Request, lane: str, route: Route, requested_tier: str | None,
+                       payload: dict | None, caller: Caller,
+                       writer: asyncio.StreamWriter) -> bool:
+        """Follow a fall-through route and relay it here, inside the caller's in-flight count."""
+        outcome = await self._follow(req, lane, route, requested_tier, payload, caller, writer)
+        if isinstance(outcome, Pending):
+            return await relay(self.pool, outcome.response, writer, outcome.extra,
+                               req.keep_alive)
+        return outcome
 
     async def _local(self, req: Request, lane: str, route: LocalRoute,
                      requested_tier: str | None, payload: dict | None,

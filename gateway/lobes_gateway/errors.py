@@ -66,6 +66,11 @@ def request_timeout() -> ApiError:
                     "the request did not arrive in time; send headers and body promptly")
 
 
+def head_too_large(limit: int) -> ApiError:
+    return ApiError(431, "invalid_request_error", "request_header_fields_too_large",
+                    f"request line and headers exceed {limit} bytes; send fewer or shorter headers")
+
+
 def payload_too_large(limit: int) -> ApiError:
     return ApiError(413, "invalid_request_error", "payload_too_large",
                     f"request body exceeds {limit} bytes (GATEWAY_MAX_BODY_BYTES); send less")

@@ -84,13 +84,14 @@ class PressureMonitor:
             return False
         return served_tier in SHEDDABLE_TIERS
 
-    def block(self) -> dict[str, object]:
-        """The /status pressure block."""
+    def block(self, floor_model: str | None) -> dict[str, object]:
+        """The /status pressure block; floor_model is what an explicit minor request gets."""
         busy = self.busy
         return {
             "mode": "busy" if busy else "warm",
             "shed": busy,
             "servable_tier": "minor" if busy else "main",
+            "model": floor_model,
             "reason": "pressure" if busy else "none",
             "retry_after": self.config.retry_after_s,
             "pressure": {"swap_used_percent": round(self.sample.swap_used_percent, 1),

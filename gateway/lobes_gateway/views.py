@@ -209,8 +209,13 @@ class Views:
             "default_model": default_rc.served_name,
             "busy": {"running": int(running), "waiting": int(waiting)},
             "backends": rows, "endpoints": self.endpoints(),
-            "pressure": self._pressure.block(),
+            "pressure": self._pressure.block(self._floor_model()),
         }).encode()
+
+    def _floor_model(self) -> str | None:
+        """The served name a minor request reaches (its own gear, or the primary it falls to)."""
+        route = self._router.resolve("chat", "minor").route
+        return route.targets[0].served_name if isinstance(route, LocalRoute) else None
 
     async def _backend_status(self, backend: Backend) -> dict:
         timeout = self._config.limits.probe_timeout_s

@@ -156,3 +156,10 @@ def test_garbage_requests_get_400_and_the_process_survives(limited, garbage):
     reply = raw_exchange(limited.url, garbage)
     assert reply.startswith(b"HTTP/1.1 400 ")
     assert call(limited.url, "GET", "/health").status == 200
+
+
+def test_oversized_request_head_is_431(limited):
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n"
+    reply = raw_exchange(limited.url, head)
+    assert reply.startswith(b"HTTP/1.1 431 ")
+    assert call(limited.url, "GET", "/health").status == 200

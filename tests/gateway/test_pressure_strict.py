@@ -79,6 +79,7 @@ def test_status_reports_the_pressure_block(busy):
     block = busy.get_json("/status")["pressure"]
     assert block["mode"] == "busy" and block["shed"] is True
     assert block["servable_tier"] == "minor" and block["retry_after"] == 5
+    assert block["model"] == "small"  # the minor gear's served name
 
 
 def test_threshold_is_strictly_greater(pressured):

@@ -53,7 +53,7 @@ def test_thresholds_come_from_config(tmp_path):
 def test_unreadable_proc_means_no_pressure_and_reports_why(tmp_path):
     m = monitor(tmp_path / "missing")
     m.take_sample()
-    assert not m.busy and "cannot read" in m.block()["error"]
+    assert not m.busy and "cannot read" in m.block(None)["error"]
 
 
 def test_shed_decision(tmp_path):
