@@ -157,7 +157,7 @@ def median_of(rounds: list[dict]) -> dict:
 async def interleaved(targets: list[Target], request: bytes, concurrency: int, cfg: Settings):
     """Rounds of direct, nginx, gateway in turn, so load drifts on the host hit all alike."""
     per_target: dict[str, list[dict]] = {t.name: [] for t in targets}
-    for _ in range(cfg.rounds):
+    for _round in range(cfg.rounds):
         for target in targets:
             per_target[target.name].append(
                 await measure_window(target, request, concurrency, cfg.window_s)
@@ -311,11 +311,13 @@ def describe_run(cfg: Settings, argv: list[str]) -> dict:
         ],
         capture_output=True,
         text=True,
+        check=False,
     ).stdout.strip()
     dirty = subprocess.run(
         ["git", "-C", str(cfg.gateway_dir), "status", "--porcelain", "--", "lobes_gateway"],
         capture_output=True,
         text=True,
+        check=False,
     ).stdout.strip()
     return {
         "machine": f"{cpu_model}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, "

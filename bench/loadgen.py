@@ -198,7 +198,7 @@ class _LoopConnection(ResponseReader):
 
 async def _connect(factory: Callable[[], asyncio.Protocol], host: str, port: int):
     loop = asyncio.get_running_loop()
-    _, protocol = await loop.create_connection(factory, host, port)
+    _transport, protocol = await loop.create_connection(factory, host, port)
     return protocol
 
 
@@ -210,7 +210,7 @@ async def closed_loop(
     deadline = [0]
     conns = [
         await _connect(lambda: _LoopConnection(request, result, deadline), host, port)
-        for _ in range(concurrency)
+        for _conn in range(concurrency)
     ]
     start = time.perf_counter_ns()
     deadline[0] = start + int(duration_s * 1e9)
@@ -284,7 +284,7 @@ async def _open_batch(
     failures: Counter[str] = Counter()
     conns: list[_StreamConnection] = []
     outcomes = await asyncio.gather(
-        *(_connect(lambda: _StreamConnection(request), host, port) for _ in range(size)),
+        *(_connect(lambda: _StreamConnection(request), host, port) for _conn in range(size)),
         return_exceptions=True,
     )
     for outcome in outcomes:

@@ -24,7 +24,7 @@ def free_port() -> int:
 
 def raise_fd_limit() -> int:
     """Lift this process's (and so its children's) open-file limit to the hard limit."""
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return hard
 
@@ -60,7 +60,7 @@ def sched_ns(pid: int) -> tuple[int, int]:
     ran = waited = 0
     for member in process_tree(pid):
         for stat in Path(f"/proc/{member}/task").glob("*/schedstat"):
-            on_cpu, on_queue, _ = stat.read_text().split()
+            on_cpu, on_queue, _slices = stat.read_text().split()
             ran += int(on_cpu)
             waited += int(on_queue)
     return ran, waited
@@ -174,7 +174,7 @@ def ensure_nginx() -> str:
 
 
 def nginx_version(binary: str) -> str:
-    out = subprocess.run([binary, "-v"], capture_output=True, text=True)
+    out = subprocess.run([binary, "-v"], capture_output=True, text=True, check=False)
     return (out.stderr or out.stdout).strip().split("/", 1)[-1]
 
 

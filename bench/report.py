@@ -239,5 +239,5 @@ def write_docs(path: Path, table: str) -> None:
     """Replace the text between the gateway-bench markers, leaving the rest of the page."""
     page = path.read_text()
     head, rest = page.split(START_MARKER, 1)
-    _, tail = rest.split(END_MARKER, 1)
+    _table, tail = rest.split(END_MARKER, 1)
     path.write_text(f"{head}{START_MARKER}\n{table}\n{END_MARKER}{tail}")
