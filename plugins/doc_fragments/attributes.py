@@ -48,3 +48,23 @@ attributes:
   diff_mode:
     support: none
 """
+
+    CHANGES = r"""
+options: {}
+attributes:
+  check_mode:
+    support: full
+    details: Reports what would change and changes nothing.
+  diff_mode:
+    support: full
+    details: Shows what changes, before and after.
+"""
+
+    POSIX = r"""
+options: {}
+attributes:
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+"""

@@ -20,6 +20,10 @@ description:
   - Read-only; run it once on the controller.
 author:
   - lobes.fleet maintainers (@lobes-fleet)
+extends_documentation_fragment:
+  - lobes.fleet.attributes
+  - lobes.fleet.attributes.read_only
+  - lobes.fleet.attributes.posix
 options:
   plan:
     description: The mesh plan (the C(plan) that M(lobes.fleet.mesh_plan) returns).
@@ -29,19 +33,6 @@ options:
     description: Seconds to wait for each gateway's answer.
     type: float
     default: 5.0
-attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying
-      target.
-    support: full
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in
-      check_mode), when in diff mode.
-    support: none
-  platform:
-    description: Target OS/families that can be operated against.
-    support: full
-    platforms: posix
 """
 
 EXAMPLES = r"""

@@ -19,6 +19,10 @@ description:
     memory checks.
 author:
   - lobes.fleet maintainers (@lobes-fleet)
+extends_documentation_fragment:
+  - lobes.fleet.attributes
+  - lobes.fleet.attributes.read_only
+  - lobes.fleet.attributes.posix
 options:
   hardware:
     description: The box's declared hardware profile (inventory C(fleet_hardware)).
@@ -34,19 +38,6 @@ options:
       (inventory C(fleet_python)); it must be Python 3.10 or newer.
     type: str
     default: python3
-attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying
-      target.
-    support: full
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in
-      check_mode), when in diff mode.
-    support: none
-  platform:
-    description: Target OS/families that can be operated against.
-    support: full
-    platforms: posix
 """
 
 EXAMPLES = r"""

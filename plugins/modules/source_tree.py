@@ -21,6 +21,10 @@ description:
     module run whatever the number of files.
 author:
   - lobes.fleet maintainers (@lobes-fleet)
+extends_documentation_fragment:
+  - lobes.fleet.attributes
+  - lobes.fleet.attributes.changes
+  - lobes.fleet.attributes.posix
 options:
   src:
     description: The directory on the controller to mirror.
@@ -38,19 +42,6 @@ options:
     description:
       - Filled by the action plugin from O(src); not set by hand.
     type: str
-attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying
-      target.
-    support: full
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in
-      check_mode), when in diff mode.
-    support: full
-  platform:
-    description: Target OS/families that can be operated against.
-    support: full
-    platforms: posix
 """
 
 EXAMPLES = r"""

@@ -22,6 +22,10 @@ description:
     every O(watch) path) changed is restarted; services the file no longer lists are stopped.
 author:
   - lobes.fleet maintainers (@lobes-fleet)
+extends_documentation_fragment:
+  - lobes.fleet.attributes
+  - lobes.fleet.attributes.changes
+  - lobes.fleet.attributes.posix
 options:
   state:
     description:
@@ -66,19 +70,6 @@ options:
     type: list
     elements: path
     default: []
-attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying
-      target.
-    support: full
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in
-      check_mode), when in diff mode.
-    support: full
-  platform:
-    description: Target OS/families that can be operated against.
-    support: full
-    platforms: posix
 notes:
   - Linux only (reads C(/proc/<pid>/stat) for process identity).
 """
