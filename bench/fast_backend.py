@@ -5,6 +5,8 @@ not the backend, is what the benchmark sees. A streamed request takes its shape 
 two extra body fields the proxies pass through untouched:
 ``bench_chunks`` (content chunks before ``data: [DONE]``) and ``bench_interval_ms``
 (the spacing between chunks, so streams stay open and each chunk travels alone).
+``GET /bench/finish`` ends every open stream at once (``data: [DONE]`` and the last chunk),
+so a benchmark can hold streams for as long as it needs and still see each one end cleanly.
 
 Run: ``python3 bench/fast_backend.py --port P`` (it serves the model ``bench-model``).
 """
@@ -104,6 +106,9 @@ METRICS_RESPONSE = _plain(
 )
 NOT_FOUND = _plain(b"404 Not Found", b'{"error":{"type":"NotFoundError","code":404}}')
 
+# Streams now being sent, so that /bench/finish can end them all.
+OPEN_STREAMS: set[BackendProtocol] = set()
+
 
 class BackendProtocol(asyncio.Protocol):
     """One keep-alive client connection; requests are handled strictly in order."""
@@ -113,6 +118,7 @@ class BackendProtocol(asyncio.Protocol):
         self.buffer = bytearray()
         self.streaming = False
         self.closed = False
+        self.next_chunk: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -122,6 +128,7 @@ class BackendProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        OPEN_STREAMS.discard(self)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -181,6 +188,11 @@ class BackendProtocol(asyncio.Protocol):
 
     @staticmethod
     def _answer_get(path: bytes) -> bytes:
+        if path == b"/bench/finish":
+            ended = len(OPEN_STREAMS)
+            for stream in list(OPEN_STREAMS):
+                stream.finish_now()
+            return _plain(b"200 OK", b'{"finished":%d}' % ended)
         if path == b"/health":
             return HEALTH_RESPONSE
         if path == b"/v1/models":
@@ -197,8 +209,15 @@ class BackendProtocol(asyncio.Protocol):
         chunks = int(request.get("bench_chunks", 8))
         interval = float(request.get("bench_interval_ms", 0)) / 1000.0
         self.streaming = True
+        OPEN_STREAMS.add(self)
         self.transport.write(STREAM_HEAD + CHUNK_FRAME)
         self._continue_stream(chunks - 1, interval)
+
+    def finish_now(self) -> None:
+        """End this stream with its last frames, whatever chunks it had left."""
+        if self.next_chunk is not None:
+            self.next_chunk.cancel()
+        self._continue_stream(0, 0.0)
 
     def _continue_stream(self, remaining: int, interval: float) -> None:
         """Send the rest of a stream one chunk per interval, then resume reading requests."""
@@ -207,6 +226,8 @@ class BackendProtocol(asyncio.Protocol):
         if remaining <= 0:
             self.transport.write(LAST_FRAMES)
             self.streaming = False
+            self.next_chunk = None
+            OPEN_STREAMS.discard(self)
             while self._handle_one():
                 pass
             return
@@ -214,7 +235,9 @@ class BackendProtocol(asyncio.Protocol):
             self.transport.write(CHUNK_FRAME * remaining)
             self._continue_stream(0, interval)
             return
-        asyncio.get_running_loop().call_later(interval, self._send_chunk, remaining, interval)
+        self.next_chunk = asyncio.get_running_loop().call_later(
+            interval, self._send_chunk, remaining, interval
+        )
 
     def _send_chunk(self, remaining: int, interval: float) -> None:
         if self.closed:

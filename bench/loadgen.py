@@ -53,6 +53,7 @@ class ResponseReader(asyncio.Protocol):
         self.sent_ns = 0
         self.response_sent_ns = 0
         self.first_event_ns = 0
+        self.last_event_ns = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -138,8 +139,9 @@ class ResponseReader(asyncio.Protocol):
             found += 1
         self.ended_with_newline = payload[-1:] == b"\n"
         if found:
+            self.last_event_ns = time.perf_counter_ns()
             if not self.events:
-                self.first_event_ns = time.perf_counter_ns()
+                self.first_event_ns = self.last_event_ns
             self.events += found
             if b"[DONE]" in payload:
                 self.done_event = True
@@ -222,39 +224,42 @@ async def closed_loop(
 
 
 class _StreamConnection(ResponseReader):
-    """One held SSE stream: records whether it ended cleanly with every expected event."""
+    """One held SSE stream: records how it ended, or that it never did."""
 
-    def __init__(self, request: bytes, expected_events: int) -> None:
+    def __init__(self, request: bytes) -> None:
         super().__init__(request)
-        self.expected_events = expected_events
         self.finished = asyncio.get_running_loop().create_future()
-        self.failure: str | None = "timed out"  # until the stream ends one way or another
+        self.failure: str | None = "never ended"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.send()
 
     def response_done(self, latency_ns: int) -> None:
-        if self.status != 200:
-            self.failure = f"status {self.status}"
-        elif not self.done_event or self.events != self.expected_events:
-            self.failure = f"ended after {self.events} of {self.expected_events} events"
-        else:
-            self.failure = None
+        if self.failure == "never ended":
+            if self.status != 200:
+                self.failure = f"status {self.status}"
+            elif not self.done_event:
+                self.failure = "ended without data: [DONE]"
+            else:
+                self.failure = None
         self._finish()
         self.transport.close()
 
     def response_failed(self) -> None:
-        self.failure = "connection closed mid-stream"
+        if self.failure == "never ended":
+            self.failure = "connection closed mid-stream"
         self._finish()
 
     def _finish(self) -> None:
         if not self.finished.done():
             self.finished.set_result(None)
 
-    @property
-    def open_now(self) -> bool:
-        return self.events > 0 and not self.finished.done()
+    def live(self, now_ns: int, stall_ns: int) -> bool:
+        """Open, and its last event came within `stall_ns`."""
+        return (
+            self.events > 0 and not self.finished.done() and now_ns - self.last_event_ns < stall_ns
+        )
 
 
 @dataclass
@@ -262,7 +267,7 @@ class StreamsResult:
     """Outcome of holding many streams at once; `failures` counts each way a stream failed."""
 
     opened: int
-    open_at_sample: int
+    live_at_sample: int
     open_s: float
     failures: Counter[str]
     sample: object
@@ -272,25 +277,24 @@ class StreamsResult:
         return sum(self.failures.values())
 
 
-async def _open_streams(
-    host: str, port: int, request: bytes, count: int, expected_events: int, batch: int
+async def _open_batch(
+    host: str, port: int, request: bytes, size: int, timeout_s: float
 ) -> tuple[list[_StreamConnection], Counter[str]]:
-    """Connect in batches (each sends its request at once) so no listen queue overflows."""
-    conns: list[_StreamConnection] = []
+    """Open `size` streams at once and wait until each has its first event (or ended)."""
     failures: Counter[str] = Counter()
-    for first in range(0, count, batch):
-        outcomes = await asyncio.gather(
-            *(
-                _connect(lambda: _StreamConnection(request, expected_events), host, port)
-                for _ in range(min(batch, count - first))
-            ),
-            return_exceptions=True,
-        )
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                failures[f"connect: {type(outcome).__name__}"] += 1
-            else:
-                conns.append(outcome)
+    conns: list[_StreamConnection] = []
+    outcomes = await asyncio.gather(
+        *(_connect(lambda: _StreamConnection(request), host, port) for _ in range(size)),
+        return_exceptions=True,
+    )
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            failures[f"connect: {type(outcome).__name__}"] += 1
+        else:
+            conns.append(outcome)
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up and any(not c.events and not c.finished.done() for c in conns):
+        await asyncio.sleep(0.02)
     return conns, failures
 
 
@@ -299,30 +303,45 @@ async def hold_streams(
     port: int,
     request: bytes,
     count: int,
-    expected_events: int,
+    interval_s: float,
     while_open: Callable[[], Awaitable[object]],
-    timeout_s: float,
-    connect_batch: int = 250,
+    finish: Callable[[], Awaitable[object]],
+    batch: int = 200,
 ) -> StreamsResult:
-    """Open `count` streams, call `while_open` once all have their first event, await the end."""
+    """Hold `count` streams open at once, sample while they are, then have them all end.
+
+    Streams open in batches, each waiting for its first events, so the figure is about
+    holding streams rather than surviving one connect storm. Once all are open the streams
+    run for a few chunk intervals; `while_open` is sampled; a stream that is not live then
+    (ended, or silent for 5 intervals) fails as stalled. `finish` makes the backend end
+    every stream, and each must then close cleanly with ``data: [DONE]``.
+    """
     start = time.monotonic()
-    conns, failures = await _open_streams(
-        host, port, request, count, expected_events, connect_batch
-    )
-    give_up = start + timeout_s
-    while time.monotonic() < give_up and any(not c.events and not c.finished.done() for c in conns):
-        await asyncio.sleep(0.05)
+    conns: list[_StreamConnection] = []
+    failures: Counter[str] = Counter()
+    for first in range(0, count, batch):
+        opened, failed = await _open_batch(
+            host, port, request, min(batch, count - first), timeout_s=30 + 5 * interval_s
+        )
+        conns += opened
+        failures += failed
     open_s = time.monotonic() - start
-    open_at_sample = sum(c.open_now for c in conns)
+    await asyncio.sleep(3 * interval_s)
+    now, stall_ns = time.perf_counter_ns(), int(5 * interval_s * 1e9)
+    live = [c.live(now, stall_ns) for c in conns]
     sample = await while_open()
-    await asyncio.wait([c.finished for c in conns], timeout=max(1.0, give_up - time.monotonic()))
+    for conn, is_live in zip(conns, live, strict=True):
+        if not is_live and conn.failure == "never ended":
+            conn.failure = "stalled or ended before the sample"
+    await finish()
+    await asyncio.wait([c.finished for c in conns], timeout=30)
     failures.update(c.failure for c in conns if c.failure is not None)
     for conn in conns:
         if not conn.finished.done():
             conn.transport.abort()
     return StreamsResult(
         opened=len(conns),
-        open_at_sample=open_at_sample,
+        live_at_sample=sum(live),
         open_s=open_s,
         failures=failures,
         sample=sample,

@@ -77,16 +77,17 @@ class Run:
 
 def chat(port: int, index: int) -> Answer:
     """One non-streamed chat request to the pooling gateway, as seed 000 sent them."""
-    body = json.dumps({
-        "model": "cortex",
-        "messages": [{"role": "user", "content": f"Describe replica pools, part {index}."}],
-        "max_tokens": 160,
-        "temperature": 0,
-    })
+    body = json.dumps(
+        {
+            "model": "cortex",
+            "messages": [{"role": "user", "content": f"Describe replica pools, part {index}."}],
+            "max_tokens": 160,
+            "temperature": 0,
+        }
+    )
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     sent = time.monotonic()
-    connection.request("POST", "/v1/chat/completions", body,
-                       {"Content-Type": "application/json"})
+    connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
     response = connection.getresponse()
     payload = response.read()
     done = time.monotonic()
@@ -142,8 +143,12 @@ def wait_pool_ready(url: str, replicas: int, timeout_s: float = 30.0) -> None:
 
 
 def peer_gateway(stack: ExitStack, sim_url: str, served: str, api_key: str | None):
-    env = {"PRIMARY_BASE_URL": sim_url, "PRIMARY_SERVED_NAME": served,
-           "PRIMARY_MAX_MODEL_LEN": "262144", "PRIMARY_MAX_ACTIVE": "2"}
+    env = {
+        "PRIMARY_BASE_URL": sim_url,
+        "PRIMARY_SERVED_NAME": served,
+        "PRIMARY_MAX_MODEL_LEN": "262144",
+        "PRIMARY_MAX_ACTIVE": "2",
+    }
     if api_key:
         env["GATEWAY_API_KEY"] = api_key
     return stack.enter_context(start_gateway(env))
@@ -172,8 +177,9 @@ class PolicyResult:
     stream: Run
 
 
-def measure_pair(profiles: tuple[str, str],
-                 args: argparse.Namespace) -> tuple[list[PolicyResult], dict[str, str]]:
+def measure_pair(
+    profiles: tuple[str, str], args: argparse.Namespace
+) -> tuple[list[PolicyResult], dict[str, str]]:
     """Start the pair, then one pooling gateway per policy; bursts and a sustained stream."""
     scale = args.time_scale
     results = []
@@ -191,29 +197,38 @@ def measure_pair(profiles: tuple[str, str],
                 runs = {size: burst(orin.port, size) for size in BURSTS}
                 stream = sustained(orin.port, args.arrivals_per_s * scale, args.stream_count)
                 results.append(PolicyResult(policy, runs, stream))
-                print(f"  {policy:7s} " + "  ".join(
-                    f"N={n}: {r.tok_per_s(scale):6.1f} tok/s ({r.split(names)})"
-                    for n, r in runs.items())
+                print(
+                    f"  {policy:7s} "
+                    + "  ".join(
+                        f"N={n}: {r.tok_per_s(scale):6.1f} tok/s ({r.split(names)})"
+                        for n, r in runs.items()
+                    )
                     + f"  sustained: {stream.tok_per_s(scale):6.1f} tok/s "
                     f"p95 {stream.latency_s(0.95, scale):5.1f} s ({stream.split(names)})",
-                    flush=True)
+                    flush=True,
+                )
     return results, names
 
 
-def table(title: str, results: list[PolicyResult], scale: float,
-          names: dict[str, str]) -> list[str]:
+def table(
+    title: str, results: list[PolicyResult], scale: float, names: dict[str, str]
+) -> list[str]:
     pinned = {n: results[0].bursts[n].tok_per_s(scale) for n in BURSTS}
     pinned_stream = results[0].stream.tok_per_s(scale)
-    lines = [f"**{title}**: aggregate tok/s in seed time (ratio to pinned; requests served "
-             "by the first/second replica)", "",
-             "| policy | burst 4 | burst 8 | burst 16 | sustained | sustained p95 latency |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"**{title}**: aggregate tok/s in seed time (ratio to pinned; requests served "
+        "by the first/second replica)",
+        "",
+        "| policy | burst 4 | burst 8 | burst 16 | sustained | sustained p95 latency |",
+        "|---|---|---|---|---|---|",
+    ]
     for result in results:
-        cells = [f"{r.tok_per_s(scale):.1f} ({r.tok_per_s(scale) / pinned[n]:.2f}x; "
-                 f"{r.split(names)})" for n, r in result.bursts.items()]
+        cells = [
+            f"{r.tok_per_s(scale):.1f} ({r.tok_per_s(scale) / pinned[n]:.2f}x; {r.split(names)})"
+            for n, r in result.bursts.items()
+        ]
         stream = result.stream.tok_per_s(scale)
-        cells.append(f"{stream:.1f} ({stream / pinned_stream:.2f}x; "
-                     f"{result.stream.split(names)})")
+        cells.append(f"{stream:.1f} ({stream / pinned_stream:.2f}x; {result.stream.split(names)})")
         cells.append(f"{result.stream.latency_s(0.95, scale):.1f} s")
         lines.append(f"| {result.policy} | " + " | ".join(cells) + " |")
     return [*lines, ""]
@@ -232,8 +247,7 @@ def plot(pairs: dict[str, list[PolicyResult]], scale: float) -> None:
         for i, result in enumerate(results):
             values = [r.tok_per_s(scale) for r in result.bursts.values()]
             values.append(result.stream.tok_per_s(scale))
-            ax.bar([x + i * width for x in range(len(labels))], values, width,
-                   label=result.policy)
+            ax.bar([x + i * width for x in range(len(labels))], values, width, label=result.policy)
         ax.set_xticks([x + width for x in range(len(labels))], labels)
         ax.set_title(title)
         ax.set_ylabel("aggregate tok/s (seed time)")
@@ -253,18 +267,22 @@ def write_docs(section: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--time-scale", type=float, default=10.0)
-    parser.add_argument("--arrivals-per-s", type=float, default=0.7,
-                        help="sustained arrival rate in seed time (requests per second)")
+    parser.add_argument(
+        "--arrivals-per-s",
+        type=float,
+        default=0.7,
+        help="sustained arrival rate in seed time (requests per second)",
+    )
     parser.add_argument("--stream-count", type=int, default=60)
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     scale = args.time_scale
     pairs: dict[str, list[PolicyResult]] = {}
     names: dict[str, dict[str, str]] = {}
-    for title, profiles in (("seed 000 pair: spark-cortex + thor-cortex",
-                             ("spark-cortex", "thor-cortex")),
-                            ("homogeneous pair: spark-cortex + spark-cortex",
-                             ("spark-cortex", "spark-cortex"))):
+    for title, profiles in (
+        ("seed 000 pair: spark-cortex + thor-cortex", ("spark-cortex", "thor-cortex")),
+        ("homogeneous pair: spark-cortex + spark-cortex", ("spark-cortex", "spark-cortex")),
+    ):
         print(title, flush=True)
         pairs[title], names[title] = measure_pair(profiles, args)
     section = [

@@ -55,12 +55,48 @@ def cpu_seconds(pid: int) -> float:
     return total / CLOCK_TICKS
 
 
+def sched_ns(pid: int) -> tuple[int, int]:
+    """(ns on a CPU, ns runnable but waiting for one) over every thread of the process tree."""
+    ran = waited = 0
+    for member in process_tree(pid):
+        for stat in Path(f"/proc/{member}/task").glob("*/schedstat"):
+            on_cpu, on_queue, _ = stat.read_text().split()
+            ran += int(on_cpu)
+            waited += int(on_queue)
+    return ran, waited
+
+
 def rss_kib(pid: int) -> int:
     """Resident set size of the whole process tree, in KiB."""
     total = 0
     for member in process_tree(pid):
         total += int(Path(f"/proc/{member}/statm").read_text().split()[1]) * PAGE_KIB
     return total
+
+
+def raise_priority(nice: int) -> None:
+    """Renice this process, and its autogroup (its session's scheduling group) where there is one.
+
+    Children inherit both. Raises PermissionError when not allowed (not root).
+    """
+    autogroup = Path("/proc/self/autogroup")
+    if autogroup.exists():
+        autogroup.write_text(str(nice))
+    os.nice(nice)
+
+
+def set_realtime(pids: list[int], enabled: bool) -> None:
+    """Put every thread of these process trees under SCHED_FIFO (or back to normal).
+
+    Used for the c=1 phases only: there the processes mostly sleep, and what is measured is
+    how fast each hop wakes up, which other work on a shared host otherwise dominates.
+    """
+    policy = os.SCHED_FIFO if enabled else os.SCHED_OTHER
+    param = os.sched_param(1 if enabled else 0)
+    for pid in pids:
+        for member in process_tree(pid):
+            for task in Path(f"/proc/{member}/task").iterdir():
+                os.sched_setscheduler(int(task.name), policy, param)
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 15.0) -> None:

@@ -3,8 +3,10 @@
     python3 bench/profile_gateway.py                 # non-streaming, c=64, 5 s
     python3 bench/profile_gateway.py --sse --top 40  # SSE chunks, c=16
 
-Profiling slows the gateway several-fold, so read the shares, not the absolute times. Same
-layout as gateway_bench.py: the gateway pinned to core 1, client and backend to core 0.
+Profiling slows the gateway several-fold, so read the shares, not the absolute times. The
+profiler's clock is the gateway's own CPU time, so other work on a shared host does not land
+in whatever function was running when the gateway was preempted. Same layout as
+gateway_bench.py: the gateway pinned to core 1, client and backend to core 0.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import asyncio
 import os
 import pstats
+import shutil
 import signal
 import sys
 import tempfile
@@ -21,6 +24,18 @@ from pathlib import Path
 import gateway_bench
 import loadgen
 import procs
+
+# Runs lobes_gateway as __main__ under cProfile on process CPU time; stats go to argv[1].
+PROFILED_GATEWAY = """
+import cProfile, runpy, sys, time
+profiler = cProfile.Profile(time.process_time)
+profiler.enable()
+try:
+    runpy.run_module("lobes_gateway", run_name="__main__")
+finally:
+    profiler.disable()
+    profiler.dump_stats(sys.argv[1])
+"""
 
 
 async def profile(args: argparse.Namespace, workdir: Path) -> Path:
@@ -45,7 +60,7 @@ async def profile(args: argparse.Namespace, workdir: Path) -> Path:
         backend_port,
         args.gateway_dir.resolve(),
         workdir,
-        runner=[sys.executable, "-m", "cProfile", "-o", str(stats_path)],
+        argv=[sys.executable, "-c", PROFILED_GATEWAY, str(stats_path)],
     )
     try:
         if args.sse:
@@ -74,11 +89,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--top", type=int, default=30, help="functions to list")
     parser.add_argument("--sort", default="tottime", help="pstats sort key (default tottime)")
     parser.add_argument("--gateway-dir", type=Path, default=gateway_bench.REPO / "gateway")
+    parser.add_argument("--save", type=Path, help="also keep the raw pstats file here")
     args = parser.parse_args(argv)
     args.concurrency = args.concurrency or (16 if args.sse else 64)
     with tempfile.TemporaryDirectory(prefix="gateway-profile-") as tmp:
         stats_path = asyncio.run(profile(args, Path(tmp)))
         pstats.Stats(str(stats_path)).sort_stats(args.sort).print_stats(args.top)
+        if args.save:
+            shutil.copyfile(stats_path, args.save)
     return 0
 
 

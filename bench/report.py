@@ -30,7 +30,8 @@ def _added(results: dict, phase: str, target: str, key: str) -> float | None:
 
 
 def _ratio(value: float | None, reference: float | None) -> float | None:
-    return None if value is None or not reference else value / reference
+    """value / reference; none when the reference is not a positive figure (noise around 0)."""
+    return None if value is None or reference is None or reference <= 0 else value / reference
 
 
 def _fmt(value: float | None, pattern: str) -> str:
@@ -65,6 +66,14 @@ def _throughput_and_cpu_rows(results: dict, concurrencies: list[int]) -> list[st
                 _ratio(rps["gateway"], rps["nginx"]),
             )
         )
+    wait = {t: _get(results, "c64", t, "wait_share") for t in COLUMNS}
+    rows.append(
+        _row(
+            "proxy waiting for a CPU, c=64 (share of its runnable time; host load)",
+            [_fmt(wait[t] and wait[t] * 100, "{:.0f}%") for t in COLUMNS],
+            None,
+        )
+    )
     for concurrency in concurrencies:
         phase = f"c{concurrency}"
         cpu = {t: _get(results, phase, t, "cpu_per_req_us") for t in COLUMNS}
@@ -83,7 +92,7 @@ def _stream_rows(results: dict, streams: int) -> list[str]:
     ttfc_added = {t: _added(results, "ttfc", t, "ttfc_p50") for t in COLUMNS[1:]}
     kib = {t: _get(results, "streams", t, "kib_per_stream") for t in COLUMNS}
     failed = {t: _get(results, "streams", t, "failed") for t in COLUMNS}
-    held = {t: _get(results, "streams", t, "open_at_sample") for t in COLUMNS}
+    held = {t: _get(results, "streams", t, "live_at_sample") for t in COLUMNS}
     return [
         _row(
             "proxy CPU per SSE chunk",
@@ -97,7 +106,7 @@ def _stream_rows(results: dict, streams: int) -> list[str]:
             _ratio(ttfc_added["gateway"], ttfc_added["nginx"]),
         ),
         _row(
-            f"{streams:,} SSE streams: open at once / failed",
+            f"{streams:,} SSE streams: live at once / failed",
             ["-" if held[t] is None else f"{held[t]:,.0f} / {failed[t]:,.0f}" for t in COLUMNS],
             None,
         ),
@@ -121,7 +130,7 @@ def targets(results: dict, streams: int) -> list[tuple[str, str, bool]]:
         _get(results, "sse", "nginx", "cpu_per_event_us"),
     )
     failed = _get(results, "streams", "gateway", "failed")
-    held = _get(results, "streams", "gateway", "open_at_sample")
+    held = _get(results, "streams", "gateway", "live_at_sample")
     kib = _get(results, "streams", "gateway", "kib_per_stream")
     streams_ok = failed == 0 and held == streams and kib is not None and kib <= MAX_KIB_PER_STREAM
     return [
@@ -181,17 +190,28 @@ def render(results: dict, info: dict) -> str:
     concurrencies = sorted(int(p[1:]) for p in results if p.startswith("c") and p[1:].isdigit())
     lines = [
         f"Measured {info['date']} on {info['machine']}; Python {info['python']}, "
-        f"nginx {info['nginx']}, gateway at `{info['gateway']}`.",
+        f"nginx {info['nginx']}, gateway at `{info['gateway']}`. Host load average "
+        f"{info['load_before']} before, {info['load_after']} after (other work on the host "
+        "moves wall-time figures; CPU ratios and KiB per stream are the stable ones).",
         "",
         f"Command: `{info['command']}`. Backend: `bench/fast_backend.py` (stdlib asyncio, "
-        "pre-encoded responses); each proxy pinned to core 1, client and backend to core 0. "
+        "pre-encoded responses); each proxy pinned to core 1, client and backend to core 0, "
+        f"all in a session of their own at niceness {cfg.nice:+d} (its autogroup too). "
         f"Figures are medians of {cfg.rounds} interleaved rounds of {cfg.window_s:g} s windows. "
         "CPU is the proxy process tree's utime+stime over the window. SSE chunks: "
         f"{cfg.sse_concurrency} concurrent streams of {cfg.sse_chunks} chunks "
         f"{cfg.sse_interval_ms} ms apart (CPU per chunk includes each stream's request, spread "
-        f"over its chunks). Held streams: one chunk every {cfg.stream_interval_ms} ms for "
-        f"{cfg.stream_chunks} chunks; RSS per stream = (RSS with all open - RSS idle) / "
-        f"{cfg.streams:,}, each proxy fresh.",
+        f"over its chunks). Held streams: opened 200 at a time, one chunk every "
+        f"{cfg.stream_interval_ms} ms, sampled 3 intervals after the last opened, then ended "
+        "by the backend; failed = not live at the sample (silent for 5 intervals or gone) or "
+        "not ending with `data: [DONE]`; RSS per stream = (RSS with all open - RSS idle) / "
+        f"{cfg.streams:,}, each proxy fresh."
+        + (
+            " The c=1 phases run under SCHED_FIFO (wake-up latency, not CPU share, is what"
+            " they measure)."
+            if cfg.realtime
+            else ""
+        ),
         "",
         "| figure | direct | nginx | gateway | gateway / nginx |",
         "|---|---|---|---|---|",
@@ -208,6 +228,9 @@ def render(results: dict, info: dict) -> str:
             f"| {name} | {measured} | {_verdict(met, 'gateway' in results.get('streams', {}))} |"
             for name, measured, met in targets(results, cfg.streams)
         ),
+        "",
+        "Where the gateway spends its CPU: `python3 bench/profile_gateway.py [--sse]` (cProfile "
+        "on the gateway's own CPU clock, same load and pinning).",
     ]
     return "\n".join(lines)
 
