@@ -146,8 +146,8 @@ async def _pass_chunks(conn: Connection, client: asyncio.StreamWriter,
         raise ConnectionResetError("upstream closed mid-stream")
     own_protocol = upstream.get_protocol()
     upstream.set_protocol(pipe)
-    if not upstream.is_reading():
-        upstream.resume_reading()
+    if not pipe.paused and not upstream.is_reading():
+        upstream.resume_reading()  # the reader may have paused it with a full buffer
     try:
         while True:
             outcome = await pipe.wait()
@@ -162,7 +162,8 @@ async def _pass_chunks(conn: Connection, client: asyncio.StreamWriter,
 class _ChunkPipe(asyncio.Protocol):
     """The upstream socket's protocol while an event stream passes through it."""
 
-    __slots__ = ("_buffer", "_client", "_error", "_trailers", "_upstream", "_waiter", "outcome")
+    __slots__ = ("_buffer", "_client", "_error", "_trailers", "_upstream", "_waiter", "outcome",
+                 "paused")
 
     def __init__(self, client: asyncio.WriteTransport, upstream: asyncio.Transport,
                  buffered: bytes | bytearray) -> None:
@@ -173,6 +174,7 @@ class _ChunkPipe(asyncio.Protocol):
         self._waiter: asyncio.Future | None = None
         self._error: Exception | None = None
         self.outcome: bool | None = None
+        self.paused = False
         if buffered:
             self.data_received(bytes(buffered))
 
@@ -182,8 +184,10 @@ class _ChunkPipe(asyncio.Protocol):
             raise self._error
         if self.outcome is not None:
             return self.outcome
-        if not self._upstream.is_reading():
+        if self.paused:
             return None
+        if self._upstream.is_closing():
+            raise ConnectionResetError("upstream closed mid-stream")
         self._waiter = asyncio.get_running_loop().create_future()
         try:
             return await self._waiter
@@ -191,6 +195,7 @@ class _ChunkPipe(asyncio.Protocol):
             self._waiter = None
 
     def resume(self) -> None:
+        self.paused = False
         self._upstream.resume_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -212,6 +217,7 @@ class _ChunkPipe(asyncio.Protocol):
             self._client.write(buffer if end == len(buffer) else buffer[:end])
             if self._client.get_write_buffer_size() > HIGH_WATER:
                 self._upstream.pause_reading()
+                self.paused = True
                 self._wake(None)
         if last:
             self._buffer = b""
