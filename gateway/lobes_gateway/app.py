@@ -45,6 +45,7 @@ from .routing import (
 )
 from .upstream import Pool, set_nodelay
 from .views import PeerView, Views
+from .watchdog import Watchdog
 
 POST_LANES = {
     "/v1/chat/completions": CHAT,
@@ -97,11 +98,12 @@ class Gateway:
                                writer: asyncio.StreamWriter) -> None:
         """Serve requests on one client connection until it closes or may not be kept."""
         set_nodelay(writer)
-        loop = asyncio.get_running_loop()
+        watchdog = Watchdog(asyncio.get_running_loop())
         header_timeout = self.config.limits.header_timeout_s
+        abort = writer.transport.abort
         try:
             while True:
-                timer = loop.call_later(header_timeout, writer.transport.abort)
+                watchdog.arm(header_timeout, abort)
                 try:
                     head = await reader.readuntil(b"\r\n\r\n")
                 except asyncio.LimitOverrunError:
@@ -109,12 +111,13 @@ class Gateway:
                                              keep_alive=False))
                     return
                 finally:
-                    timer.cancel()
+                    watchdog.disarm()
                 try:
                     request = parse_head(head)
                 except HttpError as exc:
                     writer.write(error_bytes(exc.error, keep_alive=False))
                     return
+                request.watchdog = watchdog
                 if not await self.handle(request, reader, writer):
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -123,6 +126,7 @@ class Gateway:
             traceback.print_exc(file=sys.stderr)
             return
         finally:
+            watchdog.close()
             writer.transport.close()
 
     async def handle(self, req: Request, reader: asyncio.StreamReader,
@@ -194,12 +198,14 @@ class Gateway:
                          writer: asyncio.StreamWriter) -> bytes:
         if req.headers.get("expect", "").lower() == "100-continue":
             writer.write(_CONTINUE)
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(self.config.limits.body_timeout_s, self._body_timed_out, writer)
+        watchdog = req.watchdog
+        if watchdog is None:
+            return await read_body(reader, req.headers, self.config.limits.max_body_bytes)
+        watchdog.arm(self.config.limits.body_timeout_s, lambda: self._body_timed_out(writer))
         try:
             return await read_body(reader, req.headers, self.config.limits.max_body_bytes)
         finally:
-            timer.cancel()
+            watchdog.disarm()
 
     @staticmethod
     def _body_timed_out(writer: asyncio.StreamWriter) -> None:

@@ -7,6 +7,7 @@ from http import HTTPStatus
 
 from . import errors
 from .errors import ApiError
+from .watchdog import Watchdog
 
 MAX_HEAD_BYTES = 64 * 1024
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
@@ -24,7 +25,7 @@ class HttpError(Exception):
 class Request:
     """A parsed request head; the body is read separately, after the auth gate."""
 
-    __slots__ = ("body", "headers", "method", "path", "target", "version")
+    __slots__ = ("body", "headers", "method", "path", "target", "version", "watchdog")
 
     def __init__(self, method: str, target: str, version: str, headers: dict[str, str]) -> None:
         self.method = method
@@ -33,6 +34,8 @@ class Request:
         self.version = version
         self.headers = headers
         self.body = b""
+        # The connection's deadline keeper, armed again for the body wait.
+        self.watchdog: Watchdog | None = None
 
     @property
     def keep_alive(self) -> bool:

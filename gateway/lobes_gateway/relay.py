@@ -6,13 +6,15 @@ import asyncio
 import json
 
 from .http import status_line
-from .upstream import Pool, Response, finish, read_body
+from .upstream import Connection, Pool, Response, finish, read_body
 
 # Above this many unsent bytes the relay waits for the client (backpressure).
 HIGH_WATER = 64 * 1024
 _BODY_IN_ONE_READ = 256 * 1024
 _BROKEN = (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError)
 _STREAM_END = b"0\r\n\r\n"
+# A chunk-size line (with extensions) or a trailer block longer than this is malformed.
+_MAX_FRAMING = 64 * 1024
 _INTERRUPTED = json.dumps({"error": {
     "type": "upstream_unavailable", "code": "stream_interrupted",
     "message": "the backend closed the stream mid-response; retry the request"}}).encode()
@@ -89,7 +91,7 @@ async def _relay_sized(pool: Pool, response: Response, client: asyncio.StreamWri
 
 async def _relay_stream(pool: Pool, response: Response, client: asyncio.StreamWriter,
                         extra: list[bytes], keep_alive: bool) -> bool:
-    """Pass chunks through as they arrive, one client write per upstream chunk."""
+    """Pass chunks through as they arrive, one client write per upstream read."""
     client.write(head_bytes(response, extra, b"Transfer-Encoding: chunked", keep_alive))
     event_stream, chunked = _is_event_stream(response), response.chunked
     # Sent: not kept for a held stream.
@@ -98,20 +100,7 @@ async def _relay_stream(pool: Pool, response: Response, client: asyncio.StreamWr
     transport = client.transport
     try:
         if chunked:
-            # Inline on purpose: one frame per held stream, one client write per chunk.
-            while True:
-                line = await reader.readuntil(b"\r\n")
-                size = int(line.split(b";", 1)[0], 16)
-                if size == 0:
-                    while await reader.readuntil(b"\r\n") != b"\r\n":
-                        pass
-                    break
-                data = await reader.readexactly(size + 2)
-                if transport.is_closing():
-                    raise ConnectionResetError("client went away")
-                client.write(line + data)
-                if transport.get_write_buffer_size() > HIGH_WATER:
-                    await client.drain()
+            response.keep_alive &= await _pass_chunks(response.conn, client, transport)
         else:
             await _frame_until_eof(reader, client, transport)
             response.keep_alive = False
@@ -139,3 +128,157 @@ async def _frame_until_eof(reader: asyncio.StreamReader, client: asyncio.StreamW
         client.write(b"%x\r\n%s\r\n" % (len(data), data))
         if transport.get_write_buffer_size() > HIGH_WATER:
             await client.drain()
+
+
+async def _pass_chunks(conn: Connection, client: asyncio.StreamWriter,
+                       transport: asyncio.WriteTransport) -> bool:
+    """Relay chunks verbatim, whole chunks only, from the upstream socket's own callback.
+
+    The upstream's chunk framing is the client's too, so complete chunks are written to the
+    client as they are received, with no future, task wake-up or read call per chunk.
+    Returns whether the upstream connection ended cleanly (reusable).
+    """
+    reader, upstream = conn.reader, conn.writer.transport
+    # Bytes the reader already holds go first; StreamReader has no public way to take them.
+    pipe = _ChunkPipe(transport, upstream, reader._buffer)
+    reader._buffer.clear()
+    if pipe.outcome is None and reader.at_eof():
+        raise ConnectionResetError("upstream closed mid-stream")
+    own_protocol = upstream.get_protocol()
+    upstream.set_protocol(pipe)
+    if not pipe.paused and not upstream.is_reading():
+        upstream.resume_reading()  # the reader may have paused it with a full buffer
+    try:
+        while True:
+            outcome = await pipe.wait()
+            if outcome is not None:
+                return outcome
+            await client.drain()
+            pipe.resume()
+    finally:
+        upstream.set_protocol(own_protocol)
+
+
+class _ChunkPipe(asyncio.Protocol):
+    """The upstream socket's protocol while an event stream passes through it."""
+
+    __slots__ = ("_buffer", "_client", "_error", "_trailers", "_upstream", "_waiter", "outcome",
+                 "paused")
+
+    def __init__(self, client: asyncio.WriteTransport, upstream: asyncio.Transport,
+                 buffered: bytes | bytearray) -> None:
+        self._client = client
+        self._upstream = upstream
+        self._buffer = b""
+        self._trailers: bytes | None = None
+        self._waiter: asyncio.Future | None = None
+        self._error: Exception | None = None
+        self.outcome: bool | None = None
+        self.paused = False
+        if buffered:
+            self.data_received(bytes(buffered))
+
+    async def wait(self) -> bool | None:
+        """The stream's outcome (clean or not), or None when paused for the client to drain."""
+        if self._error is not None:
+            raise self._error
+        if self.outcome is not None:
+            return self.outcome
+        if self.paused:
+            return None
+        if self._upstream.is_closing():
+            raise ConnectionResetError("upstream closed mid-stream")
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            return await self._waiter
+        finally:
+            self._waiter = None
+
+    def resume(self) -> None:
+        self.paused = False
+        self._upstream.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.outcome is not None or self._error is not None:
+            return
+        try:
+            if self._trailers is not None:
+                self._end_of_trailers(self._trailers + data)
+            else:
+                self._pass(self._buffer + data if self._buffer else data)
+        except (ValueError, ConnectionError) as exc:
+            self._fail(exc)
+
+    def _pass(self, buffer: bytes) -> None:
+        end, last, _ = _scan_chunks(buffer)
+        if end:
+            if self._client.is_closing():
+                raise ConnectionResetError("client went away")
+            self._client.write(buffer if end == len(buffer) else buffer[:end])
+            if self._client.get_write_buffer_size() > HIGH_WATER:
+                self._upstream.pause_reading()
+                self.paused = True
+                self._wake(None)
+        if last:
+            self._buffer = b""
+            self._end_of_trailers(buffer[end:])
+        else:
+            self._buffer = buffer[end:]
+
+    def _end_of_trailers(self, tail: bytes) -> None:
+        clean = _trailers_end(tail)
+        if clean is None:
+            self._trailers = tail
+            return
+        self._trailers = None
+        self.outcome = clean
+        self._wake(clean)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.outcome is None:
+            self._fail(ConnectionResetError("upstream closed mid-stream"))
+
+    def _fail(self, exc: Exception) -> None:
+        self._error = exc
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    def _wake(self, outcome: bool | None) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(outcome)
+
+
+def _scan_chunks(buffer: bytes) -> tuple[int, bool, int]:
+    """(end of the complete chunks, whether the last chunk starts there, bytes still missing)."""
+    pos = 0
+    size_of_buffer = len(buffer)
+    while True:
+        eol = buffer.find(b"\r\n", pos)
+        if eol < 0:
+            if size_of_buffer - pos > _MAX_FRAMING:
+                raise ValueError("chunk-size line too long")
+            return pos, False, 0
+        size = int(buffer[pos:eol].split(b";", 1)[0], 16)
+        if size == 0:
+            return pos, True, 0
+        after = eol + 2 + size + 2
+        if after > size_of_buffer:
+            return pos, False, after - size_of_buffer
+        pos = after
+
+
+def _trailers_end(tail: bytes) -> bool | None:
+    """After the last chunk: None until its trailers end, then whether nothing follows them."""
+    line_end = tail.find(b"\r\n")
+    if line_end >= 0:
+        trailers = tail[line_end + 2:]
+        if trailers.startswith(b"\r\n"):
+            return len(trailers) == 2
+        block_end = trailers.find(b"\r\n\r\n")
+        if block_end >= 0:
+            return len(trailers) == block_end + 4
+    if len(tail) > _MAX_FRAMING:
+        raise ValueError("trailer block too long")
+    return None

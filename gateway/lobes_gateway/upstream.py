@@ -7,6 +7,7 @@ import socket
 from collections import defaultdict
 
 from .config import Origin
+from .watchdog import Watchdog
 
 MAX_IDLE_PER_ORIGIN = 512
 # Response headers that describe the upstream hop, never relayed as they are.
@@ -28,7 +29,7 @@ def set_nodelay(writer: asyncio.StreamWriter) -> None:
 class Connection:
     """One upstream socket."""
 
-    __slots__ = ("origin", "reader", "timed_out", "writer")
+    __slots__ = ("origin", "reader", "timed_out", "watchdog", "writer")
 
     def __init__(self, origin: Origin, reader: asyncio.StreamReader,
                  writer: asyncio.StreamWriter) -> None:
@@ -36,15 +37,17 @@ class Connection:
         self.reader = reader
         self.writer = writer
         self.timed_out = False
+        self.watchdog = Watchdog(asyncio.get_running_loop())
 
     def usable(self) -> bool:
         return not (self.writer.is_closing() or self.reader.at_eof())
 
     def abort(self) -> None:
         self.timed_out = True
-        self.writer.transport.abort()
+        self.close()
 
     def close(self) -> None:
+        self.watchdog.close()
         self.writer.transport.abort()
 
 
@@ -115,8 +118,7 @@ class Pool:
 
 async def read_head(conn: Connection, timeout_s: float) -> Response:
     """Read the next final response head (1xx other than 101 skipped) within `timeout_s`."""
-    loop = asyncio.get_running_loop()
-    timer = loop.call_later(timeout_s, conn.abort)
+    conn.watchdog.arm(timeout_s, conn.abort)
     try:
         while True:
             raw = await conn.reader.readuntil(b"\r\n\r\n")
@@ -129,7 +131,7 @@ async def read_head(conn: Connection, timeout_s: float) -> Response:
         what = "timed out" if conn.timed_out else f"failed ({type(exc).__name__})"
         raise UpstreamError(f"{conn.origin.url} {what} before a response") from None
     finally:
-        timer.cancel()
+        conn.watchdog.disarm()
 
 
 def _parse_head(conn: Connection, raw: bytes) -> Response:
@@ -209,7 +211,7 @@ async def fetch(pool: Pool, origin: Origin, path: str, headers: list[tuple[str, 
     """GET `path` from `origin`: (status, body); raises UpstreamError when nothing answers."""
     head = request_head("GET", path, origin, headers, None)
     response = await exchange(pool, origin, head, b"", timeout_s)
-    timer = asyncio.get_running_loop().call_later(timeout_s, response.conn.abort)
+    response.conn.watchdog.arm(timeout_s, response.conn.abort)
     try:
         body = await read_body(response)
     except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError,
@@ -217,6 +219,6 @@ async def fetch(pool: Pool, origin: Origin, path: str, headers: list[tuple[str, 
         response.conn.close()
         raise UpstreamError(f"{origin.url}{path}: {type(exc).__name__}") from None
     finally:
-        timer.cancel()
+        response.conn.watchdog.disarm()
     finish(pool, response)
     return response.status, body

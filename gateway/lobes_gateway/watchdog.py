@@ -1,0 +1,55 @@
+"""Deadlines for socket waits at the cost of two attribute writes, not a timer per wait."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+
+class Watchdog:
+    """Runs the armed action when a wait outlives its delay; `disarm` ends the wait.
+
+    One timer handle serves many waits on one connection: a fire that finds the deadline
+    moved on re-arms itself for the new one. Per request that replaces a call_later (a
+    handle, a heap push, a cancel, a lazily purged heap entry) with two attribute writes.
+    """
+
+    __slots__ = ("_action", "_deadline", "_handle", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._action: Callable[[], object] | None = None
+        self._deadline = 0.0
+        self._handle: asyncio.TimerHandle | None = None
+
+    def arm(self, delay_s: float, action: Callable[[], object]) -> None:
+        """Run `action` unless `disarm` (or another `arm`) comes within `delay_s`."""
+        deadline = self._loop.time() + delay_s
+        self._deadline = deadline
+        self._action = action
+        handle = self._handle
+        if handle is None or handle.when() > deadline:
+            if handle is not None:
+                handle.cancel()
+            self._handle = self._loop.call_at(deadline, self._fire)
+
+    def disarm(self) -> None:
+        self._action = None
+
+    def close(self) -> None:
+        """Disarm for good and drop the timer, so nothing outlives the connection."""
+        self._action = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        action = self._action
+        if action is None:
+            return
+        if self._loop.time() < self._deadline:
+            self._handle = self._loop.call_at(self._deadline, self._fire)
+            return
+        self._action = None
+        action()
