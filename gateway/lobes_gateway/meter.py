@@ -1,8 +1,10 @@
 """Counting the completion tokens of a relayed SSE stream, cheaply, to teach replica rates.
 
-The relay writes every chunk once; this shim stands in for the client writer and counts
-`data: ` events with bytes.count (no JSON parsing per chunk). When the stream carries a
-usage chunk (stream_options.include_usage), its completion_tokens wins over the count.
+The relay writes every chunk once, through the client writer or (when it passes chunks
+straight from the upstream socket's callback) through the client transport; this shim stands
+in for both and counts `data: ` events with bytes.count (no JSON parsing per chunk). When the
+stream carries a usage chunk (stream_options.include_usage), its completion_tokens wins over
+the count.
 """
 
 from __future__ import annotations
@@ -22,12 +24,17 @@ class CountingWriter:
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
-        self.transport = writer.transport
+        self.transport = _CountingTransport(writer.transport, self)
         self.events = 0
         self.done = 0
         self.usage_tokens: int | None = None
 
     def write(self, data: bytes) -> None:
+        self.count(data)
+        self._writer.write(data)
+
+    def count(self, data: bytes) -> None:
+        """Account for bytes on their way to the client."""
         self.events += data.count(_EVENT)
         if _DONE in data:
             self.done += 1
@@ -35,7 +42,6 @@ class CountingWriter:
             found = _USAGE.findall(data)
             if found:
                 self.usage_tokens = int(found[-1])
-        self._writer.write(data)
 
     async def drain(self) -> None:
         await self._writer.drain()
@@ -46,3 +52,26 @@ class CountingWriter:
         if self.usage_tokens is not None:
             return self.usage_tokens
         return max(0, self.events - self.done)
+
+
+class _CountingTransport:
+    """The client transport as the relay's chunk pipe uses it, counting what is written."""
+
+    __slots__ = ("_meter", "_transport")
+
+    def __init__(self, transport: asyncio.WriteTransport, meter: CountingWriter) -> None:
+        self._transport = transport
+        self._meter = meter
+
+    def write(self, data: bytes) -> None:
+        self._meter.count(data)
+        self._transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size()
+
+    def close(self) -> None:
+        self._transport.close()
