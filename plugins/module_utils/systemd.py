@@ -39,6 +39,11 @@ def unit_prefix(name: str) -> str:
     return cleaned
 
 
+def prefix_marker(prefix: str) -> str:
+    """The comment that ties a unit to its box: a prefix may be another box's prefix plus '-x'."""
+    return f"# prefix: {unit_prefix(prefix)}"
+
+
 def unit_name(prefix: str, service: str) -> str:
     """The unit of one service: <prefix>-<service>.service."""
     return f"{unit_prefix(prefix)}-{service}.service"
@@ -113,6 +118,7 @@ def render_unit(service: dict, layout: UnitLayout, fingerprint: str) -> str:
     box = f" on {layout.host}" if layout.host else ""
     lines = [
         "# Written by lobes.fleet (systemd_units); edits are overwritten on the next run.",
+        prefix_marker(layout.prefix),
         f"# inputs: {fingerprint}",
         "[Unit]",
         f"Description=lobes.fleet {_escape(name)}{_escape(box)}",

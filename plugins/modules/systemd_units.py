@@ -118,6 +118,7 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.systemd import (  # noqa: E402
     UnitError,
     UnitLayout,
+    prefix_marker,
     render_units,
     unit_name,
     unit_prefix,
@@ -133,11 +134,16 @@ def _read(path):
 
 
 def _existing(unit_dir, prefix):
-    """Units of this prefix in unit_dir (a prefix that is another box's prefix plus more is not)."""
+    """This box's units in unit_dir: named with its prefix and carrying its prefix marker."""
     if not os.path.isdir(unit_dir):
         return []
     start = unit_prefix(prefix) + "-"
-    return sorted(f for f in os.listdir(unit_dir) if f.startswith(start) and f.endswith(".service"))
+    marker = prefix_marker(prefix)
+    return sorted(
+        f for f in os.listdir(unit_dir)
+        if f.startswith(start) and f.endswith(".service")
+        and marker in (_read(os.path.join(unit_dir, f)) or "").splitlines()
+    )
 
 
 def _wanted(module):
