@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 import traceback
+from collections import Counter
 
 from . import errors
 from .advert import ProxyAdverts
@@ -37,6 +38,7 @@ from .routing import (
     SPEECH,
     TRANSCRIPTION,
     LocalRoute,
+    PeerRoute,
     PoolRoute,
     ProxyRoute,
     Refusal,
@@ -75,7 +77,10 @@ class Gateway:
         self.inflight = InflightLimits(config.limits.max_inflight_per_key)
         self.pressure = PressureMonitor(config.pressure)
         self.peer_views: dict[str, PeerView] = {}
-        self.views = Views(config, self.router, self.pool, self.pressure, self.peer_views.get)
+        # Requests this box has out at peers, per role (proxied, pooled, owner-forwarded).
+        self.peer_in_flight: Counter[str] = Counter()
+        self.views = Views(config, self.router, self.pool, self.pressure, self.peer_views.get,
+                           self.peer_in_flight)
         self.forwarder = Forwarder(config, self.pool)
         self.pools = Pools(config, self.router, self.pool, self.forwarder, self.peer_views)
         self.owners = Owners(config, self.pool, self.forwarder)
@@ -251,6 +256,8 @@ class Gateway:
             route, requested_tier = resolved.route, resolved.requested_tier
         else:
             route = self.router.lane_routes[lane]
+        if isinstance(route, PeerRoute):
+            return await self._counted(req, lane, route, requested_tier, payload, caller, writer)
         return await self._follow(req, lane, route, requested_tier, payload, caller, writer)
 
     async def _follow(self, req: Request, lane: str, route: Route, requested_tier: str | None,
@@ -268,6 +275,17 @@ class Gateway:
             return await self.forwarder.proxy(req, route, payload, writer)
         return await self.owners.serve(req, route, payload, writer, lambda: self._relayed(
             req, lane, route.fall_through, requested_tier, payload, caller, writer))
+
+    async def _counted(self, req: Request, lane: str, route: PeerRoute,
+                       requested_tier: str | None, payload: dict | None, caller: Caller,
+                       writer: asyncio.StreamWriter) -> bool:
+        """A role answered by peers, relayed here so its in-flight count spans the answer."""
+        self.peer_in_flight[route.role] += 1
+        try:
+            return await self._relayed(req, lane, route, requested_tier, payload, caller,
+                                       writer)
+        finally:
+            self.peer_in_flight[route.role] -= 1
 
     async def _relayed(self, req: Request, lane: str, route: Route, requested_tier: str | None,
                        payload: dict | None, caller: Caller,

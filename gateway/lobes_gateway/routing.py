@@ -95,6 +95,8 @@ class OwnerRoute:
 
 
 Route = LocalRoute | Refusal | ProxyRoute | PoolRoute | OwnerRoute
+# A role answered by other boxes.
+PeerRoute = ProxyRoute | PoolRoute | OwnerRoute
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from . import __version__
@@ -88,8 +88,10 @@ class Views:
     """Builds the JSON of the gateway's own endpoints."""
 
     def __init__(self, config: GatewayConfig, router: Router, pool: Pool,
-                 pressure: PressureMonitor, peer_views: PeerViews) -> None:
+                 pressure: PressureMonitor, peer_views: PeerViews,
+                 peer_in_flight: Mapping[str, int]) -> None:
         self._config = config
+        self._peer_in_flight = peer_in_flight
         self._router = router
         self._pool = pool
         self._pressure = pressure
@@ -202,6 +204,7 @@ class Views:
         elif isinstance(route, ProxyRoute | PoolRoute | OwnerRoute):
             view = self._peer_views(name)
             entry["proxied"] = True
+            entry["in_flight"] = self._peer_in_flight.get(name, 0)
             entry["ready"] = bool(view and view.ready)
             entry["context"] = view.context if view else None
             if view and view.extra:

@@ -16,7 +16,8 @@ description:
     plan of M(lobes.fleet.mesh_plan).
   - "Columns: box; role; where it is served (V(here), V(proxied to <peer>), V(pooled over
     <peers>), V(referred to <peer>)); ready (as the gateway advertises it); context (as
-    advertised); in flight (running + waiting on the local gear, from its vLLM metrics)."
+    advertised); in flight (running + waiting on the local gear, from its vLLM metrics; for
+    a role served by peers, the requests this box has out at them)."
   - Read-only; run it once on the controller.
 author:
   - lobes.fleet maintainers (@lobes-fleet)
@@ -116,12 +117,14 @@ def _where(role_plan):
     return mode or "off"
 
 
-def _in_flight(status, role):
-    for backend in status.get("backends", []):
+def _in_flight(status, role, live):
+    """Running + waiting on the local gear; for a role served by peers, what the gateway
+    has out at them (its /capabilities in_flight)."""
+    for backend in (status or {}).get("backends", []):
         if backend.get("name") == role and backend.get("metrics"):
             metrics = backend["metrics"]
             return int(metrics.get("running", 0) + metrics.get("waiting", 0))
-    return None
+    return live.get("in_flight")
 
 
 def _box_rows(host, box, capabilities, status):
@@ -138,7 +141,7 @@ def _box_rows(host, box, capabilities, status):
                 where=_where(role_plan),
                 ready=live.get("ready") if capabilities else None,
                 context=live.get("context"),
-                in_flight=_in_flight(status, role) if status else None,
+                in_flight=_in_flight(status, role, live),
             )
         )
     return rows

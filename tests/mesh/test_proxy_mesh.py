@@ -11,10 +11,12 @@ import json
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.gateway.client import call, chat, sse_events
+from tests.integration.conftest import ansible_module
 from tests.support import gateway_proc, sim_proc
 from tests.support.gateway_proc import free_port, start_gateway
 from tests.support.sim_proc import start_sim
@@ -102,6 +104,23 @@ def test_proxied_stream_is_relayed(box):
     reply = chat(orin.url, {"model": "senses", "stream": True, "max_tokens": 10}, ORIN_AUTH)
     assert reply.status == 200 and reply.headers["x-lobes-proxied-by"] == spark.url
     assert sse_events(reply.body)[-1] == "[DONE]"
+
+
+def senses_in_flight(gateway) -> int:
+    return gateway.get_json("/capabilities")["roles"]["senses"]["in_flight"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_capabilities_count_the_requests_out_at_the_peer_until_answered(box, stream):
+    orin, _, senses, _ = box
+    senses.set_faults({"slow_factor": 40.0})
+    with ThreadPoolExecutor(2) as pool:
+        replies = [pool.submit(chat, orin.url, {"model": "senses", "stream": stream,
+                                                "max_tokens": 20}, ORIN_AUTH)
+                   for _ in range(2)]
+        wait_for(lambda: senses_in_flight(orin) == 2)
+        assert all(reply.result().status == 200 for reply in replies)
+    assert senses_in_flight(orin) == 0
 
 
 def test_proxied_requests_bypass_this_boxs_pressure(box):
@@ -206,3 +225,25 @@ def test_two_boxes_proxying_to_each_other_fail_fast(gateway_factory):
                     port=port_b)
     reply = chat(f"http://127.0.0.1:{port_a}", {"model": "senses"})
     assert reply.status == 508 and reply.error["code"] == "proxy_loop"
+
+
+def test_mesh_status_shows_the_requests_a_box_has_out_at_its_peer(box):
+    orin, spark, senses, _ = box
+    plan = {"boxes": {
+        "orin": {"origin": orin.url, "roles": {
+            "senses": {"mode": "proxy", "peers": [{"host": "spark"}]}}},
+        "spark": {"origin": spark.url, "roles": {
+            "senses": {"mode": "local", "peers": []}}},
+    }}
+    senses.set_faults({"slow_factor": 40.0})
+    with ThreadPoolExecutor(1) as pool:
+        # Long enough (ignore_eos, 400 tokens slowed) to outlast the ansible run that reads it.
+        reply = pool.submit(chat, orin.url, {"model": "senses", "max_tokens": 400,
+                                             "ignore_eos": True}, ORIN_AUTH)
+        wait_for(lambda: senses_in_flight(orin) == 1)
+        rows = ansible_module("lobes.fleet.mesh_status", json.dumps({"plan": plan}))["rows"]
+        assert reply.result().status == 200
+    by_box = {row["box"]: row for row in rows}
+    assert by_box["orin"]["where"] == "proxied to spark"
+    assert by_box["orin"]["in_flight"] == 1
+    assert by_box["spark"]["in_flight"] == 1  # the same request, running on spark's gear
