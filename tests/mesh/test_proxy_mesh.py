@@ -113,12 +113,14 @@ def senses_in_flight(gateway) -> int:
 @pytest.mark.parametrize("stream", [False, True])
 def test_capabilities_count_the_requests_out_at_the_peer_until_answered(box, stream):
     orin, _, senses, _ = box
-    senses.set_faults({"slow_factor": 40.0})
+    # Slowed until counted (a step every ~0.4 s), then let go: the count must fall to 0.
+    senses.set_faults({"slow_factor": 1000.0})
     with ThreadPoolExecutor(2) as pool:
         replies = [pool.submit(chat, orin.url, {"model": "senses", "stream": stream,
                                                 "max_tokens": 20}, ORIN_AUTH)
                    for _ in range(2)]
         wait_for(lambda: senses_in_flight(orin) == 2)
+        senses.set_faults({})
         assert all(reply.result().status == 200 for reply in replies)
     assert senses_in_flight(orin) == 0
 
@@ -235,13 +237,14 @@ def test_mesh_status_shows_the_requests_a_box_has_out_at_its_peer(box):
         "spark": {"origin": spark.url, "roles": {
             "senses": {"mode": "local", "peers": []}}},
     }}
-    senses.set_faults({"slow_factor": 40.0})
+    # Slowed (a step every ~0.4 s) so it outlasts the ansible run that reads it; then let go.
+    senses.set_faults({"slow_factor": 1000.0})
     with ThreadPoolExecutor(1) as pool:
-        # Long enough (ignore_eos, 400 tokens slowed) to outlast the ansible run that reads it.
         reply = pool.submit(chat, orin.url, {"model": "senses", "max_tokens": 400,
-                                             "ignore_eos": True}, ORIN_AUTH)
+                                             "ignore_eos": True}, ORIN_AUTH, timeout=120)
         wait_for(lambda: senses_in_flight(orin) == 1)
         rows = ansible_module("lobes.fleet.mesh_status", json.dumps({"plan": plan}))["rows"]
+        senses.set_faults({})
         assert reply.result().status == 200
     by_box = {row["box"]: row for row in rows}
     assert by_box["orin"]["where"] == "proxied to spark"
