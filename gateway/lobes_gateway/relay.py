@@ -210,7 +210,7 @@ class _ChunkPipe(asyncio.Protocol):
             self._fail(exc)
 
     def _pass(self, buffer: bytes) -> None:
-        end, last, _ = _scan_chunks(buffer)
+        end, last, _missing = _scan_chunks(buffer)
         if end:
             if self._client.is_closing():
                 raise ConnectionResetError("client went away")
