@@ -110,14 +110,19 @@ async def handle_embeddings(state: SimState, conn: Connection, request: Request)
         if encoding == "base64":
             value = base64.b64encode(pack_base64_floats(vector)).decode()
         data.append({"index": index, "object": "embedding", "embedding": value})
-    await conn.send_json(200, {
-        "id": f"embd-{uuid.uuid4().hex}",
+    await conn.send_json(200, _listing("embd", model, data, counts), request.keep_alive)
+
+
+def _listing(id_prefix: str, model: str, data: list[dict], counts: list[int]) -> dict:
+    """vLLM's list envelope of a pooling answer (embeddings, score)."""
+    return {
+        "id": f"{id_prefix}-{uuid.uuid4().hex}",
         "object": "list",
         "created": int(time.time()),
         "model": model,
         "data": data,
         "usage": _usage(sum(counts)),
-    }, request.keep_alive)
+    }
 
 
 def _texts(value: Any, name: str) -> list[str]:
@@ -151,14 +156,7 @@ async def handle_score(state: SimState, conn: Connection, request: Request) -> N
         {"index": index, "object": "score", "score": relevance(first, second)}
         for index, (first, second) in enumerate(pairs)
     ]
-    await conn.send_json(200, {
-        "id": f"score-{uuid.uuid4().hex}",
-        "object": "list",
-        "created": int(time.time()),
-        "model": model,
-        "data": data,
-        "usage": _usage(sum(counts)),
-    }, request.keep_alive)
+    await conn.send_json(200, _listing("score", model, data, counts), request.keep_alive)
 
 
 async def handle_rerank(state: SimState, conn: Connection, request: Request) -> None:
