@@ -26,6 +26,7 @@ extends_documentation_fragment:
   - lobes.fleet.attributes
   - lobes.fleet.attributes.changes
   - lobes.fleet.attributes.posix
+  - lobes.fleet.services
 options:
   state:
     description:
@@ -54,16 +55,6 @@ options:
     description: Directory on the managed host holding the C(lobes_supervisor) package.
     type: path
     required: true
-  names:
-    description: Only these services; all of them when empty.
-    type: list
-    elements: str
-    default: []
-  exclude:
-    description: Leave these services alone (for example V(gateway) while the gears start).
-    type: list
-    elements: str
-    default: []
   watch:
     description: Files or directories whose content is part of every service's fingerprint
       (for example the deployed gateway source, so new code restarts the gateway).

@@ -28,6 +28,7 @@ extends_documentation_fragment:
   - lobes.fleet.attributes
   - lobes.fleet.attributes.changes
   - lobes.fleet.attributes.posix
+  - lobes.fleet.services
 options:
   state:
     description:
@@ -55,16 +56,6 @@ options:
       collide; characters a unit name cannot hold become C(-).
     type: str
     required: true
-  names:
-    description: Only these services; all of them when empty.
-    type: list
-    elements: str
-    default: []
-  exclude:
-    description: Leave these services alone (for example V(gateway) while the gears start).
-    type: list
-    elements: str
-    default: []
   watch:
     description: Files or directories added to every unit's inputs fingerprint.
     type: list
