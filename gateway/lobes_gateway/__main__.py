@@ -11,7 +11,6 @@ import sys
 from . import __version__
 from .app import Gateway
 from .config import ConfigError, load_config
-from .http import MAX_HEAD_BYTES
 
 LISTEN_BACKLOG = 4096
 # Young-generation collections every 700 allocations re-walk every in-flight request's objects;
@@ -24,9 +23,9 @@ async def serve(gateway: Gateway) -> None:
     config = gateway.config
     # First: the samplers' first pass completes before the first request can arrive.
     await gateway.start_background()
-    server = await asyncio.start_server(gateway.serve_connection, config.host, config.port,
-                                        backlog=LISTEN_BACKLOG, reuse_address=True,
-                                        limit=MAX_HEAD_BYTES)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(gateway.accept, config.host, config.port,
+                                      backlog=LISTEN_BACKLOG, reuse_address=True)
     port = server.sockets[0].getsockname()[1]
     print(f"lobes_gateway {__version__} listening on http://{config.host}:{port}",
           file=sys.stderr, flush=True)
@@ -35,12 +34,12 @@ async def serve(gateway: Gateway) -> None:
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with server:
-        await stop.wait()
-    gateway.close()
+    await stop.wait()
+    server.close()
+    await gateway.close()
+    await server.wait_closed()
 
 
 def main() -> int:

@@ -11,13 +11,16 @@ from collections import Counter
 from . import errors
 from .advert import ProxyAdverts
 from .auth import Caller, Gate, InflightLimits
+from .channel import Channel
 from .config import GatewayConfig
 from .errors import ApiError
+from .fiber import Fiber
 from .forward import Forwarder, forward_headers
 from .http import (
     MAX_HEAD_BYTES,
     HttpError,
     Request,
+    buffered_body,
     error_bytes,
     parse_head,
     read_body,
@@ -45,7 +48,7 @@ from .routing import (
     Route,
     Router,
 )
-from .upstream import Pool, set_nodelay
+from .upstream import Pool
 from .views import PeerView, Views
 from .watchdog import Watchdog
 
@@ -59,7 +62,22 @@ POST_LANES = {
     "/v1/audio/speech": SPEECH,
 }
 _JSON_LANES = GENERATE_LANES | {EMBEDDINGS, RERANKING}
+# Bodies are UTF-8 (RFC 8259); decoding them first spares json.loads its encoding sniffing.
+_JSON_DECODER = json.JSONDecoder()
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# Loop turns a shutdown allows the connections' fibers to see their sockets closed.
+SHUTDOWN_TURNS = 10
+_DEFAULT_REASON = b"X-Lobes-Tier-Reason: default"
+_MANUAL_OVERRIDE = b"X-Lobes-Tier-Reason: manual_override"
+_TIER_LINES: dict[str, bytes] = {}
+
+
+def _tier_line(tier: str) -> bytes:
+    """The X-Lobes-Tier header line for `tier`, encoded once."""
+    line = _TIER_LINES.get(tier)
+    if line is None:
+        line = _TIER_LINES[tier] = b"X-Lobes-Tier: " + tier.encode()
+    return line
 
 
 def _has_body(req: Request) -> bool:
@@ -86,12 +104,14 @@ class Gateway:
         self.owners = Owners(config, self.pool, self.forwarder)
         self.adverts = ProxyAdverts(config, self.router, self.pool, self.forwarder,
                                     self.peer_views)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._served_by = (b"X-Lobes-Served-By: " + config.self_origin.encode()
+                           if config.self_origin else None)
         self._background: list[asyncio.Task] = []
+        # Open client connections, ended at shutdown.
+        self._clients: set[Channel] = set()
 
     async def start_background(self) -> None:
         """Start the samplers; the first pressure sample is taken before serving."""
-        self._loop = asyncio.get_running_loop()
         self.pressure.take_sample()
         await self.views.windows.probe_once()  # before listening: advertise served windows
         self._background.append(asyncio.create_task(self.views.windows.run()))
@@ -99,20 +119,26 @@ class Gateway:
         self._background.append(asyncio.create_task(self.pools.run()))
         self._background.append(asyncio.create_task(self.adverts.run()))
 
-    async def serve_connection(self, reader: asyncio.StreamReader,
-                               writer: asyncio.StreamWriter) -> None:
+    def accept(self) -> Channel:
+        """The protocol of a new client connection (the listening server's factory)."""
+        return Channel(self._start_serving)
+
+    def _start_serving(self, client: Channel) -> None:
+        Fiber(self.serve_connection(client)).step()
+
+    async def serve_connection(self, client: Channel) -> None:
         """Serve requests on one client connection until it closes or may not be kept."""
-        set_nodelay(writer)
+        self._clients.add(client)
         watchdog = Watchdog(asyncio.get_running_loop())
         header_timeout = self.config.limits.header_timeout_s
-        abort = writer.transport.abort
+        abort = client.abort
         try:
             while True:
                 watchdog.arm(header_timeout, abort)
                 try:
-                    head = await reader.readuntil(b"\r\n\r\n")
+                    head = await client.readuntil(b"\r\n\r\n", MAX_HEAD_BYTES)
                 except asyncio.LimitOverrunError:
-                    writer.write(error_bytes(errors.head_too_large(MAX_HEAD_BYTES),
+                    client.write(error_bytes(errors.head_too_large(MAX_HEAD_BYTES),
                                              keep_alive=False))
                     return
                 finally:
@@ -120,10 +146,10 @@ class Gateway:
                 try:
                     request = parse_head(head)
                 except HttpError as exc:
-                    writer.write(error_bytes(exc.error, keep_alive=False))
+                    client.write(error_bytes(exc.error, keep_alive=False))
                     return
                 request.watchdog = watchdog
-                if not await self.handle(request, reader, writer):
+                if not await self.handle(request, client):
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
             return
@@ -132,193 +158,204 @@ class Gateway:
             return
         finally:
             watchdog.close()
-            writer.transport.close()
+            client.close()
+            self._clients.discard(client)
 
-    async def handle(self, req: Request, reader: asyncio.StreamReader,
-                     writer: asyncio.StreamWriter) -> bool:
+    async def handle(self, req: Request, client: Channel) -> bool:
         """Answer one request; returns whether the connection may serve another."""
         method, path = req.method, req.path
         if method == "GET" and path in ("/health", "/status", "/capabilities"):
-            return await self._keyless(req, writer)
+            return await self._keyless(req, client)
         caller = self.gate.identify(req.headers.get("authorization"))
         if caller is None and (method == "POST" or path.startswith("/v1/")):
-            return self._refuse(req, writer, errors.invalid_api_key())
+            return self._refuse(req, client, errors.invalid_api_key())
         if caller is None:
-            return self._refuse(req, writer, errors.not_found(path))
+            return self._refuse(req, client, errors.not_found(path))
         if method == "POST":
             lane = POST_LANES.get(path)
             if lane is None:
-                return self._refuse(req, writer, errors.not_found(path))
-            return await self._post(req, lane, caller, reader, writer)
+                return self._refuse(req, client, errors.not_found(path))
+            return await self._post(req, lane, caller, client)
         if method == "GET":
-            return await self._get(req, caller, reader, writer)
+            return await self._get(req, caller, client)
         if path in POST_LANES:
-            return self._refuse(req, writer, errors.method_not_allowed(method, path, "POST"))
-        return self._refuse(req, writer, errors.not_found(path))
+            return self._refuse(req, client, errors.method_not_allowed(method, path, "POST"))
+        return self._refuse(req, client, errors.not_found(path))
 
-    def _refuse(self, req: Request, writer: asyncio.StreamWriter, error: ApiError) -> bool:
+    def _refuse(self, req: Request, client: Channel, error: ApiError) -> bool:
         """Answer an error without reading the body; a pending body forces a close."""
         keep = req.keep_alive and not _has_body(req)
-        writer.write(error_bytes(error, keep_alive=keep))
+        client.write(error_bytes(error, keep_alive=keep))
         return keep
 
-    async def _keyless(self, req: Request, writer: asyncio.StreamWriter) -> bool:
+    async def _keyless(self, req: Request, client: Channel) -> bool:
         if req.path == "/health":
             body = self.views.health_body
         elif req.path == "/status":
             body = await self.views.status()
         else:
             body = await self.views.capabilities()
-        writer.write(response_bytes(200, body, keep_alive=req.keep_alive))
+        client.write(response_bytes(200, body, keep_alive=req.keep_alive))
         return req.keep_alive
 
-    async def _get(self, req: Request, caller: Caller, reader: asyncio.StreamReader,
-                   writer: asyncio.StreamWriter) -> bool:
+    async def _get(self, req: Request, caller: Caller, client: Channel) -> bool:
         if req.path == "/v1/models":
             body = self.views.models()
         elif req.path == "/v1/models/supported":
             body = self.views.supported()
         elif req.path == "/v1/realtime":
-            return await self._realtime(req, reader, writer)
+            return await self._realtime(req, client)
         elif req.path in POST_LANES:
-            return self._refuse(req, writer, errors.method_not_allowed("GET", req.path, "POST"))
+            return self._refuse(req, client, errors.method_not_allowed("GET", req.path, "POST"))
         else:
-            return self._refuse(req, writer, errors.not_found(req.path))
-        writer.write(response_bytes(200, body, keep_alive=req.keep_alive))
+            return self._refuse(req, client, errors.not_found(req.path))
+        client.write(response_bytes(200, body, keep_alive=req.keep_alive))
         return req.keep_alive
 
-    async def _realtime(self, req: Request, reader: asyncio.StreamReader,
-                        writer: asyncio.StreamWriter) -> bool:
+    async def _realtime(self, req: Request, client: Channel) -> bool:
         if "websocket" not in req.headers.get("upgrade", "").lower():
-            return self._refuse(req, writer, errors.upgrade_required())
+            return self._refuse(req, client, errors.upgrade_required())
         route = self.router.lane_routes[REALTIME]
         if not isinstance(route, LocalRoute):
             assert isinstance(route, Refusal)  # the realtime lane is never proxied
-            return self._refuse(req, writer, route.error)
-        await tunnel(self.pool, route.targets[0].origin, req, reader, writer,
+            return self._refuse(req, client, route.error)
+        await tunnel(self.pool, route.targets[0].origin, req, client,
                      self.config.limits.upstream_timeout_s)
         return False
 
-    async def _read_body(self, req: Request, reader: asyncio.StreamReader,
-                         writer: asyncio.StreamWriter) -> bytes:
+    async def _read_body(self, req: Request, client: Channel) -> bytes:
+        """A body that is not all here yet: wait for it, under the body deadline."""
+        limit = self.config.limits.max_body_bytes
         if req.headers.get("expect", "").lower() == "100-continue":
-            writer.write(_CONTINUE)
+            client.write(_CONTINUE)
         watchdog = req.watchdog
         if watchdog is None:
-            return await read_body(reader, req.headers, self.config.limits.max_body_bytes)
-        watchdog.arm(self.config.limits.body_timeout_s, lambda: self._body_timed_out(writer))
+            return await read_body(client, req.headers, limit)
+        watchdog.arm(self.config.limits.body_timeout_s, lambda: self._body_timed_out(client))
         try:
-            return await read_body(reader, req.headers, self.config.limits.max_body_bytes)
+            return await read_body(client, req.headers, limit)
         finally:
             watchdog.disarm()
 
     @staticmethod
-    def _body_timed_out(writer: asyncio.StreamWriter) -> None:
-        writer.write(error_bytes(errors.request_timeout(), keep_alive=False))
-        writer.transport.close()
+    def _body_timed_out(client: Channel) -> None:
+        client.write(error_bytes(errors.request_timeout(), keep_alive=False))
+        client.close()
 
-    async def _post(self, req: Request, lane: str, caller: Caller,
-                    reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def _post(self, req: Request, lane: str, caller: Caller, client: Channel) -> bool:
         if not self.inflight.acquire(caller):
-            return self._refuse(req, writer, errors.rate_limited(self.inflight.limit))
+            return self._refuse(req, client, errors.rate_limited(self.inflight.limit))
         try:
             try:
-                req.body = await self._read_body(req, reader, writer)
+                body = buffered_body(client, req.headers, self.config.limits.max_body_bytes)
+                if body is None:  # not all here with the head: wait (the usual case does not)
+                    body = await self._read_body(req, client)
+                    if client.is_closing():
+                        return False
             except HttpError as exc:
-                writer.write(error_bytes(exc.error, keep_alive=False))
+                client.write(error_bytes(exc.error, keep_alive=False))
                 return False
-            if writer.transport.is_closing():
-                return False
-            outcome = await self._dispatch(req, lane, caller, writer)
+            req.body = body
+            outcome = await self._dispatch(req, lane, caller, client)
             if isinstance(outcome, Pending):
                 keep_alive = req.keep_alive
                 # A stream may be held for minutes: keep only what the relay needs.
-                req.body, req.headers = b"", {}
-                return await relay(self.pool, outcome.response, writer, outcome.extra,
+                req.body, req.headers, req.header_block = b"", {}, ""
+                return await relay(self.pool, outcome.response, client, outcome.extra,
                                    keep_alive)
             return outcome
         finally:
             self.inflight.release(caller)
 
     async def _dispatch(self, req: Request, lane: str, caller: Caller,
-                        writer: asyncio.StreamWriter) -> bool | Pending:
+                        client: Channel) -> bool | Pending:
         payload = None
         if lane in _JSON_LANES:
             try:
-                payload = json.loads(req.body)
+                payload = _JSON_DECODER.decode(req.body.decode().removeprefix("\ufeff"))
             except (ValueError, UnicodeDecodeError) as exc:
-                return self._answer(req, writer, errors.invalid_json(str(exc)))
+                return self._answer(req, client, errors.invalid_json(str(exc)))
             if not isinstance(payload, dict):
-                return self._answer(req, writer, errors.invalid_json("expected a JSON object"))
+                return self._answer(req, client, errors.invalid_json("expected a JSON object"))
         requested_tier = None
         if lane in GENERATE_LANES:
             resolved = self.router.resolve(lane, payload.get("model"))
             route, requested_tier = resolved.route, resolved.requested_tier
         else:
             route = self.router.lane_routes[lane]
+        if isinstance(route, LocalRoute):  # the usual case, one call shorter than _follow
+            return await self._local(req, lane, route, requested_tier, payload, client)
         if isinstance(route, PeerRoute):
-            return await self._counted(req, lane, route, requested_tier, payload, caller, writer)
-        return await self._follow(req, lane, route, requested_tier, payload, caller, writer)
+            return await self._counted(req, lane, route, requested_tier, payload, caller, client)
+        return await self._follow(req, lane, route, requested_tier, payload, caller, client)
 
     async def _follow(self, req: Request, lane: str, route: Route, requested_tier: str | None,
                       payload: dict | None, caller: Caller,
-                      writer: asyncio.StreamWriter) -> bool | Pending:
+                      client: Channel) -> bool | Pending:
         if isinstance(route, Refusal):
-            return self._answer(req, writer, route.error)
+            return self._answer(req, client, route.error)
         if isinstance(route, LocalRoute):
-            return await self._local(req, lane, route, requested_tier, payload, writer)
+            return await self._local(req, lane, route, requested_tier, payload, client)
         if isinstance(route, PoolRoute):
             # The pool relays the fall-through itself: it adds its headers and meters the rate.
-            return await self.pools.serve(req, route, payload, writer, lambda: self._follow(
-                req, lane, route.fall_through, requested_tier, payload, caller, writer))
+            return await self.pools.serve(req, route, payload, client, lambda: self._follow(
+                req, lane, route.fall_through, requested_tier, payload, caller, client))
         if isinstance(route, ProxyRoute):
-            return await self.forwarder.proxy(req, route, payload, writer)
-        return await self.owners.serve(req, route, payload, writer, lambda: self._relayed(
-            req, lane, route.fall_through, requested_tier, payload, caller, writer))
+            return await self.forwarder.proxy(req, route, payload, client)
+        return await self.owners.serve(req, route, payload, client, lambda: self._relayed(
+            req, lane, route.fall_through, requested_tier, payload, caller, client))
 
     async def _counted(self, req: Request, lane: str, route: PeerRoute,
                        requested_tier: str | None, payload: dict | None, caller: Caller,
-                       writer: asyncio.StreamWriter) -> bool:
+                       client: Channel) -> bool:
         """A role answered by peers, relayed here so its in-flight count spans the answer."""
         self.peer_in_flight[route.role] += 1
         try:
             return await self._relayed(req, lane, route, requested_tier, payload, caller,
-                                       writer)
+                                       client)
         finally:
             self.peer_in_flight[route.role] -= 1
 
     async def _relayed(self, req: Request, lane: str, route: Route, requested_tier: str | None,
                        payload: dict | None, caller: Caller,
-                       writer: asyncio.StreamWriter) -> bool:
+                       client: Channel) -> bool:
         """Follow a fall-through route and relay it here, inside the caller's in-flight count."""
-        outcome = await self._follow(req, lane, route, requested_tier, payload, caller, writer)
+        outcome = await self._follow(req, lane, route, requested_tier, payload, caller, client)
         if isinstance(outcome, Pending):
-            return await relay(self.pool, outcome.response, writer, outcome.extra,
+            return await relay(self.pool, outcome.response, client, outcome.extra,
                                req.keep_alive)
         return outcome
 
     async def _local(self, req: Request, lane: str, route: LocalRoute,
                      requested_tier: str | None, payload: dict | None,
-                     writer: asyncio.StreamWriter) -> bool | Pending:
+                     client: Channel) -> bool | Pending:
         override = req.headers.get("x-lobes-override", "").lower() == "true"
         extra: list[bytes] = []
         if route.tier is not None and lane in GENERATE_LANES:
             if not override and self.pressure.sheds(requested_tier, route.tier):
                 error = errors.server_busy(self.pressure.config.retry_after_s, route.tier)
-                return self._answer(req, writer, error, (("X-Lobes-Tier", route.tier),))
-            reason = b"manual_override" if override else b"default"
-            extra = [b"X-Lobes-Tier: " + route.tier.encode(), b"X-Lobes-Tier-Reason: " + reason]
-        if self.config.self_origin:
-            extra.append(b"X-Lobes-Served-By: " + self.config.self_origin.encode())
-        return await self.forwarder.local(req, route, payload, forward_headers(req.headers),
-                                          extra, writer)
+                return self._answer(req, client, error, (("X-Lobes-Tier", route.tier),))
+            extra = [_tier_line(route.tier), _MANUAL_OVERRIDE if override else _DEFAULT_REASON]
+        if self._served_by is not None:
+            extra.append(self._served_by)
+        return await self.forwarder.local(req, route, payload, forward_headers(req),
+                                          extra, client)
 
-    def _answer(self, req: Request, writer: asyncio.StreamWriter, error: ApiError,
+    def _answer(self, req: Request, client: Channel, error: ApiError,
                 extra: tuple[tuple[str, str], ...] = ()) -> bool:
-        writer.write(error_bytes(error, extra, keep_alive=req.keep_alive))
+        client.write(error_bytes(error, extra, keep_alive=req.keep_alive))
         return req.keep_alive
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """Stop the samplers, end every client connection and drop the upstream pool."""
         for task in self._background:
             task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        for client in list(self._clients):
+            client.abort()
         self.pool.close_all()
+        # Each connection's fiber sees its sockets closed and ends on the next turns.
+        for _turn in range(SHUTDOWN_TURNS):
+            if not self._clients:
+                break
+            await asyncio.sleep(0)

@@ -26,16 +26,6 @@ _CLIENT = Caller(CLIENT)
 _FLEET = Caller(FLEET)
 
 
-def _bearer(header: str | None) -> bytes | None:
-    if not header:
-        return None
-    scheme, _, token = header.partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        return None
-    return token.encode()
-
-
 class Gate:
     """Identifies callers; with no GATEWAY_API_KEY there is no gate at all."""
 
@@ -49,7 +39,11 @@ class Gate:
 
     def identify(self, authorization: str | None) -> Caller | None:
         """The caller, or None when the gate is on and the key is missing or wrong."""
-        token = _bearer(authorization)
+        token = None
+        if authorization:
+            scheme, _sep, rest = authorization.partition(" ")
+            if scheme.lower() == "bearer" and (rest := rest.strip()):
+                token = rest.encode()
         if (token is not None and self._fleet is not None
                 and hmac.compare_digest(token, self._fleet)):
             return _FLEET
@@ -61,25 +55,27 @@ class Gate:
 
 
 class InflightLimits:
-    """Counts requests in flight per client key; the fleet key and the ungated are exempt."""
+    """Counts requests in flight per client key; the fleet key and the ungated are exempt.
+
+    One key is counted (the client key), so its count is one integer.
+    """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._counts: dict[str, int] = {}
+        self._client_count = 0
 
     def acquire(self, caller: Caller) -> bool:
         """Count one more request for `caller`; False when its limit is reached."""
-        if self.limit <= 0 or caller.key_id != CLIENT:
+        if caller.key_id != CLIENT or self.limit <= 0:
             return True
-        count = self._counts.get(caller.key_id, 0)
-        if count >= self.limit:
+        if self._client_count >= self.limit:
             return False
-        self._counts[caller.key_id] = count + 1
+        self._client_count += 1
         return True
 
     def release(self, caller: Caller) -> None:
-        if self.limit > 0 and caller.key_id == CLIENT:
-            self._counts[caller.key_id] -= 1
+        if caller.key_id == CLIENT and self.limit > 0:
+            self._client_count -= 1
 
     def in_flight(self, caller: Caller) -> int:
-        return self._counts.get(caller.key_id, 0)
+        return self._client_count if caller.key_id == CLIENT else 0

@@ -6,6 +6,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from .catalog import OPT_IN_ROLES, ROLES, Role
@@ -26,9 +27,12 @@ class ConfigError(ValueError):
         self.variable = variable
 
 
-@dataclass(frozen=True)
-class Origin:
-    """A plain-HTTP origin (scheme://host:port, no path), as dialled."""
+class Origin(NamedTuple):
+    """A plain-HTTP origin (scheme://host:port, no path), as dialled.
+
+    A NamedTuple rather than a dataclass: the connection pool hashes one on every request,
+    and a tuple hashes in C.
+    """
 
     host: str
     port: int

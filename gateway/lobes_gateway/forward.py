@@ -4,25 +4,43 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from collections.abc import Coroutine
 
 from . import errors
+from .channel import Channel
 from .config import GatewayConfig, Origin, parse_origin
 from .errors import ApiError
-from .http import Request, error_bytes, response_bytes
+from .http import Request, error_bytes, header_block, header_names, response_bytes
 from .relay import Pending
 from .routing import LocalRoute, ProxyRoute, Target
 from .upstream import Pool, Response, UpstreamError, exchange, finish, read_body, request_head
 
-# Request headers that describe the client hop; the gateway sets its own.
-_REQUEST_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer",
-                          "transfer-encoding", "upgrade", "host", "content-length", "expect"})
+# Request header lines that describe the client hop; the gateway sets its own.
+_REQUEST_HOP = header_names("connection", "keep-alive", "proxy-connection", "te", "trailer",
+                            "transfer-encoding", "upgrade", "host", "content-length", "expect")
 # Markers of vLLM's 400 when strict tool schemas cannot be compiled into a grammar.
 _COMPILE_FAILURE = (b"grammar", b"schema")
 
 
-def forward_headers(headers: dict[str, str]) -> list[tuple[str, str]]:
-    """The caller's end-to-end headers, as forwarded to a local backend."""
-    return [(name, value) for name, value in headers.items() if name not in _REQUEST_HOP]
+# What a peer must not see of the caller's headers: its key and the markers of earlier hops
+# (a proxy keeps X-Lobes-Forwarded-By, so an owner-forwarded request stays marked).
+TO_PROXY_PEER = header_names("authorization", prefixes=("x-lobes-proxied",))
+TO_PEER = header_names("authorization", prefixes=("x-lobes-proxied", "x-lobes-forwarded"))
+
+
+def forward_headers(req: Request) -> str:
+    """The caller's end-to-end header lines, as forwarded to a local backend."""
+    return _REQUEST_HOP.sub("", req.header_block)
+
+
+def peer_headers(req: Request, api_key: str | None, markers: list[tuple[str, str]],
+                 strip: re.Pattern[str] = TO_PEER) -> str:
+    """The caller's header lines for a peer: `strip`ped of its key and markers, ours attached."""
+    block = strip.sub("", forward_headers(req))
+    if api_key:
+        block += f"Authorization: Bearer {api_key}\r\n"
+    return block + header_block(markers)
 
 
 def inject_strict(payload: dict) -> dict | None:
@@ -73,20 +91,21 @@ class Forwarder:
             origin = self._origins[url] = parse_origin("peer origin", url)
         return origin
 
-    async def _send(self, req: Request, origin: Origin, headers: list[tuple[str, str]],
-                    body: bytes) -> Response:
+    def _send(self, req: Request, origin: Origin, headers: str,
+              body: bytes) -> Coroutine[object, object, Response]:
+        """The exchange to await (returned, not awaited here: one coroutine frame less)."""
         head = request_head("POST", req.target, origin, headers, len(body))
-        return await exchange(self._pool, origin, head, body, self._timeout)
+        return exchange(self._pool, origin, head, body, self._timeout)
 
     async def local(self, req: Request, route: LocalRoute, payload: dict | None,
-                    headers: list[tuple[str, str]], extra: list[bytes],
-                    writer: asyncio.StreamWriter) -> bool | Pending:
+                    headers: str, extra: list[bytes],
+                    client: Channel) -> bool | Pending:
         """Try the targets in order: refused or 5xx-before-body moves on; a 4xx is final."""
         strict = inject_strict(payload) if route.strict_lane and payload is not None else None
         targets = route.targets
         for index, target in enumerate(targets):
             response = await self._attempt(req, route, target, payload, strict, headers,
-                                           writer, extra)
+                                           client, extra)
             if response is None:
                 continue
             if isinstance(response, bool):
@@ -99,12 +118,12 @@ class Forwarder:
             error = errors.backend_unavailable(f"the {route.role} backend", self._retry_after)
         else:
             error = errors.upstream_unavailable(route.role)
-        writer.write(error_bytes(error, keep_alive=req.keep_alive))
+        client.write(error_bytes(error, keep_alive=req.keep_alive))
         return req.keep_alive
 
     async def _attempt(self, req: Request, route: LocalRoute, target: Target,
                        payload: dict | None, strict: dict | None,
-                       headers: list[tuple[str, str]], writer: asyncio.StreamWriter,
+                       headers: str, client: Channel,
                        extra: list[bytes]) -> Response | bool | None:
         """One target: its response, None when it cannot be reached, or a finished answer."""
         model = target.served_name if route.rewrite_model else None
@@ -117,7 +136,7 @@ class Forwarder:
             error_body = await read_body(response)
             finish(self._pool, response)
             if not is_compile_failure(response.status, error_body):
-                writer.write(_buffered(response, error_body, extra, req.keep_alive))
+                client.write(_buffered(response, error_body, extra, req.keep_alive))
                 return req.keep_alive
             # One retry with the injected strict stripped back out, whatever it returns.
             plain = encode_for(req.body, payload, model, False)
@@ -126,59 +145,57 @@ class Forwarder:
             return None
 
     async def proxy(self, req: Request, route: ProxyRoute, payload: dict | None,
-                    writer: asyncio.StreamWriter) -> bool | Pending:
+                    client: Channel) -> bool | Pending:
         """Forward to the declared peer: single hop, pairwise key, attributed answers."""
         arrived = req.headers.get("x-lobes-proxied")
         if arrived is not None:
             error = errors.proxy_loop(route.role, arrived, route.origin)
-            writer.write(error_bytes(error, keep_alive=req.keep_alive))
+            client.write(error_bytes(error, keep_alive=req.keep_alive))
             return req.keep_alive
         attribution = [b"X-Lobes-Proxied-By: " + route.origin.encode()]
-        headers = [(n, v) for n, v in forward_headers(req.headers)
-                   if n != "authorization" and not n.startswith("x-lobes-proxied")]
-        if route.api_key:
-            headers.append(("Authorization", f"Bearer {route.api_key}"))
-        headers.append(("X-Lobes-Proxied", route.role))
+        headers = peer_headers(req, route.api_key, [("X-Lobes-Proxied", route.role)],
+                               TO_PROXY_PEER)
         body = encode_for(req.body, payload, route.peer_model, False)
         try:
             response = await self._send(req, self.origin(route.origin), headers, body)
         except UpstreamError:
-            return self._peer_down(req, route, writer)
+            return self._peer_down(req, route, client)
         # A peer's 508 proxy_loop is a misdeclaration, not an outage: relayed, never retried.
         if response.status >= 500 and response.status != 508:
             response.conn.close()
-            return self._peer_down(req, route, writer)
+            return self._peer_down(req, route, client)
         if response.status == 404:
-            return await self._peer_404(req, route, response, attribution, writer)
+            return await self._peer_404(req, route, response, attribution, client)
         return Pending(response, attribution)
 
-    def _peer_down(self, req: Request, route: ProxyRoute, writer: asyncio.StreamWriter) -> bool:
+    def _peer_down(self, req: Request, route: ProxyRoute, client: Channel) -> bool:
         error = errors.backend_unavailable(f"peer {route.origin} (role {route.role})",
                                            self._retry_after)
-        writer.write(error_bytes(error, (("X-Lobes-Proxied-By", route.origin),),
+        client.write(error_bytes(error, (("X-Lobes-Proxied-By", route.origin),),
                                  keep_alive=req.keep_alive))
         return req.keep_alive
 
     async def _peer_404(self, req: Request, route: ProxyRoute, response: Response,
-                        attribution: list[bytes], writer: asyncio.StreamWriter) -> bool:
+                        attribution: list[bytes], client: Channel) -> bool:
         try:
             body = await read_body(response)
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             response.conn.close()
-            return self._peer_down(req, route, writer)
+            return self._peer_down(req, route, client)
         finish(self._pool, response)
         if b"role_infeasible" in body:
             error: ApiError = errors.peer_declined(route.role, route.origin)
-            writer.write(error_bytes(error, (("X-Lobes-Proxied-By", route.origin),),
+            client.write(error_bytes(error, (("X-Lobes-Proxied-By", route.origin),),
                                      keep_alive=req.keep_alive))
         else:
-            writer.write(_buffered(response, body, attribution, req.keep_alive))
+            client.write(_buffered(response, body, attribution, req.keep_alive))
         return req.keep_alive
 
 
 def _buffered(response: Response, body: bytes, extra: list[bytes], keep_alive: bool) -> bytes:
     """An already-read upstream response, relayed verbatim with the gateway's headers."""
-    headers = [tuple(line.decode("latin-1").split(":", 1)) for line in response.relayed_headers()]
+    lines = response.relayed.decode("latin-1").split("\r\n")[:-1]
+    headers = [tuple(line.split(":", 1)) for line in lines]
     headers = [(name.strip(), value.strip()) for name, value in headers]
     headers += [tuple(h.decode().split(": ", 1)) for h in extra]
     content_type = next((v for n, v in headers if n.lower() == "content-type"), "application/json")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
+import re
 from http import HTTPStatus
 
 from . import errors
+from .channel import Channel
 from .errors import ApiError
 from .watchdog import Watchdog
 
 MAX_HEAD_BYTES = 64 * 1024
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
+_STATUS_LINES = {code: f"HTTP/1.1 {code} {phrase}\r\n".encode()
+                 for code, phrase in _REASONS.items()}
 _JSON = "application/json"
 
 
@@ -25,45 +28,58 @@ class HttpError(Exception):
 class Request:
     """A parsed request head; the body is read separately, after the auth gate."""
 
-    __slots__ = ("body", "headers", "method", "path", "target", "version", "watchdog")
+    __slots__ = ("body", "header_block", "headers", "keep_alive", "method", "path", "target",
+                 "version", "watchdog")
 
-    def __init__(self, method: str, target: str, version: str, headers: dict[str, str]) -> None:
+    def __init__(self, method: str, target: str, version: str, headers: dict[str, str],
+                 header_block: str) -> None:
         self.method = method
         self.target = target
         self.path = target.split("?", 1)[0]
         self.version = version
         self.headers = headers
+        # The header lines as they came (each ending CRLF): forwarded without rebuilding.
+        self.header_block = header_block
         self.body = b""
+        connection = headers.get("connection", "").lower()
+        self.keep_alive = (connection == "keep-alive" if version == "HTTP/1.0"
+                           else connection != "close")
         # The connection's deadline keeper, armed again for the body wait.
         self.watchdog: Watchdog | None = None
-
-    @property
-    def keep_alive(self) -> bool:
-        connection = self.headers.get("connection", "").lower()
-        if self.version == "HTTP/1.0":
-            return connection == "keep-alive"
-        return connection != "close"
 
 
 def parse_head(head: bytes) -> Request:
     """Parse a request line and header block (ending in a blank line)."""
+    text = head.decode("latin-1")
+    line_end = text.find("\r\n")
     try:
-        text = head[:-4].decode("latin-1")
-        lines = text.split("\r\n")
-        method, target, version = lines[0].split(" ", 2)
+        method, target, version = text[:line_end].split(" ", 2)
     except ValueError:
         raise HttpError(errors.bad_request("malformed request line")) from None
     if not version.startswith("HTTP/1.") or not target.startswith("/"):
         raise HttpError(errors.bad_request("malformed request line; speak HTTP/1.1"))
+    block = text[line_end + 2:-2]
     headers: dict[str, str] = {}
-    for line in lines[1:]:
+    for line in block.split("\r\n")[:-1]:
         name, sep, value = line.partition(":")
         if not sep or not name or name[-1] in " \t":
             raise HttpError(errors.bad_request(f"malformed header line {line[:40]!r}"))
         key = name.lower()
         value = value.strip()
         headers[key] = f"{headers[key]}, {value}" if key in headers else value
-    return Request(method, target, version, headers)
+    return Request(method, target, version, headers, block)
+
+
+def header_block(headers: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> str:
+    """Header lines, each ending CRLF, from (name, value) pairs."""
+    return "".join(f"{name}: {value}\r\n" for name, value in headers)
+
+
+def header_names(*names: str, prefixes: tuple[str, ...] = ()) -> re.Pattern[str]:
+    """A pattern matching whole header lines by name (any case), or by name prefix."""
+    choices = [re.escape(name) + r"[ \t]*:" for name in names]
+    choices += [re.escape(prefix) + r"[^:\r\n]*:" for prefix in prefixes]
+    return re.compile(r"^(?:" + "|".join(choices) + r")[^\r\n]*\r\n", re.I | re.M)
 
 
 def is_chunked(headers: dict[str, str]) -> bool:
@@ -80,37 +96,48 @@ def declared_length(headers: dict[str, str]) -> int:
     return int(raw)
 
 
-async def read_body(reader: asyncio.StreamReader, headers: dict[str, str], limit: int) -> bytes:
-    """Read a request body, by Content-Length or chunked; over `limit` bytes is a 413."""
-    if is_chunked(headers):
-        return await _read_chunked(reader, limit)
+def buffered_body(client: Channel, headers: dict[str, str], limit: int) -> bytes | None:
+    """The body when Content-Length sizes it and it is here already, else None (read_body)."""
+    if "transfer-encoding" in headers:
+        return None
     length = declared_length(headers)
     if length > limit:
         raise HttpError(errors.payload_too_large(limit))
-    return await reader.readexactly(length) if length else b""
+    return client.take(length)
 
 
-async def _read_chunked(reader: asyncio.StreamReader, limit: int) -> bytes:
+async def read_body(client: Channel, headers: dict[str, str], limit: int) -> bytes:
+    """Read a request body, by Content-Length or chunked; over `limit` bytes is a 413."""
+    if is_chunked(headers):
+        return await _read_chunked(client, limit)
+    length = declared_length(headers)
+    if length > limit:
+        raise HttpError(errors.payload_too_large(limit))
+    return await client.readexactly(length) if length else b""
+
+
+async def _read_chunked(client: Channel, limit: int) -> bytes:
     parts: list[bytes] = []
     total = 0
     while True:
-        line = await reader.readuntil(b"\r\n")
+        line = await client.readuntil(b"\r\n", MAX_HEAD_BYTES)
         try:
             size = int(line.split(b";", 1)[0], 16)
         except ValueError:
             raise HttpError(errors.bad_request("malformed chunk size")) from None
         if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":
+            while await client.readuntil(b"\r\n", MAX_HEAD_BYTES) != b"\r\n":
                 pass  # trailers are dropped
             return b"".join(parts)
         total += size
         if total > limit:
             raise HttpError(errors.payload_too_large(limit))
-        parts.append((await reader.readexactly(size + 2))[:-2])
+        parts.append((await client.readexactly(size + 2))[:-2])
 
 
 def status_line(status: int) -> bytes:
-    return f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n".encode()
+    line = _STATUS_LINES.get(status)
+    return line if line is not None else f"HTTP/1.1 {status} Status\r\n".encode()
 
 
 def response_bytes(status: int, body: bytes, *, content_type: str = _JSON,

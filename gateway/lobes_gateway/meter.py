@@ -1,6 +1,6 @@
 """Counting the completion tokens of a relayed SSE stream, cheaply, to teach replica rates.
 
-The relay writes every chunk once, through the client writer or (when it passes chunks
+The relay writes every chunk once, through the client channel or (when it passes chunks
 straight from the upstream socket's callback) through the client transport; this shim stands
 in for both and counts `data: ` events with bytes.count (no JSON parsing per chunk). When the
 stream carries a usage chunk (stream_options.include_usage), its completion_tokens wins over
@@ -12,26 +12,28 @@ from __future__ import annotations
 import asyncio
 import re
 
+from .channel import Channel
+
 _EVENT = b"data: "
 _DONE = b"data: [DONE]"
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
 class CountingWriter:
-    """A client StreamWriter as relay() uses it (write, drain, transport), counting events."""
+    """A client channel as relay() uses it (write, drain, transport), counting events."""
 
-    __slots__ = ("_writer", "done", "events", "transport", "usage_tokens")
+    __slots__ = ("_client", "done", "events", "transport", "usage_tokens")
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self._writer = writer
-        self.transport = _CountingTransport(writer.transport, self)
+    def __init__(self, client: Channel) -> None:
+        self._client = client
+        self.transport = _CountingTransport(client.transport, self)
         self.events = 0
         self.done = 0
         self.usage_tokens: int | None = None
 
     def write(self, data: bytes) -> None:
         self.count(data)
-        self._writer.write(data)
+        self._client.write(data)
 
     def count(self, data: bytes) -> None:
         """Account for bytes on their way to the client."""
@@ -44,7 +46,7 @@ class CountingWriter:
                 self.usage_tokens = int(found[-1])
 
     async def drain(self) -> None:
-        await self._writer.drain()
+        await self._client.drain()
 
     @property
     def completion_tokens(self) -> int:

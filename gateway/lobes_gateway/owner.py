@@ -12,13 +12,13 @@ a 404 naming the owners when every one declined, a retryable 503 otherwise.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 
+from .channel import Channel
 from .config import GatewayConfig
-from .forward import Forwarder, encode_for
+from .forward import Forwarder, encode_for, peer_headers
 from .http import Request, error_bytes
-from .pool import Failure, FallThrough, dial, exhausted, moves_on, peer_headers
+from .pool import Failure, FallThrough, dial, exhausted, moves_on
 from .relay import relay
 from .routing import LocalRoute, OwnerRoute
 from .upstream import Pool as Connections
@@ -50,11 +50,11 @@ class Owners:
         self._retry_after = config.pressure.retry_after_s
 
     async def serve(self, req: Request, route: OwnerRoute, payload: dict | None,
-                    writer: asyncio.StreamWriter, fall_through: FallThrough) -> bool:
+                    client: Channel, fall_through: FallThrough) -> bool:
         """Ask each owner in turn; returns whether the client connection stays usable."""
         if any(marker in req.headers for marker in _MARKERS):
             return await fall_through()
-        headers = peer_headers(req.headers, self._fleet_key, [(FORWARDED_BY, self._me)])
+        headers = peer_headers(req, self._fleet_key, [(FORWARDED_BY, self._me)])
         # The body names the role this box resolved, so a request without a model is
         # answered for the same role on the owner.
         body = encode_for(req.body, payload, route.role if payload is not None else None, False)
@@ -68,10 +68,10 @@ class Owners:
                 failures.append(Failure(owner, None if response is None else response.status))
                 continue
             attribution = [b"X-Lobes-Proxied-By: " + owner.encode()]
-            return await relay(self._connections, response, writer, attribution, req.keep_alive)
+            return await relay(self._connections, response, client, attribution, req.keep_alive)
         if isinstance(route.fall_through, LocalRoute):
             return await fall_through()
         who = f"every owner of {route.role}"
         error = exhausted(who, failures, self._retry_after)
-        writer.write(error_bytes(error, keep_alive=req.keep_alive))
+        client.write(error_bytes(error, keep_alive=req.keep_alive))
         return req.keep_alive

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 from . import errors
 from .catalog import AUDIO_STT, AUDIO_TTS
+from .channel import Channel
 from .config import GatewayConfig, Origin, RoleConfig
 from .errors import ApiError
-from .forward import Forwarder, encode_for, forward_headers
+from .forward import Forwarder, encode_for, peer_headers
 from .http import Request, error_bytes
 from .meter import CountingWriter
 from .peers import Pool, Prober, ProbeTarget, ReplicaSpec, ReplicaState, with_local_replica
@@ -56,19 +57,8 @@ def replica_specs(rc: RoleConfig) -> tuple[ReplicaSpec, ...]:
                  for p in rc.peers)
 
 
-def peer_headers(headers: dict[str, str], api_key: str | None,
-                 markers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The caller's headers for a peer: its own key and markers stripped, ours attached."""
-    forwarded = [(n, v) for n, v in forward_headers(headers)
-                 if n != "authorization" and not n.startswith(("x-lobes-proxied",
-                                                               "x-lobes-forwarded"))]
-    if api_key:
-        forwarded.append(("Authorization", f"Bearer {api_key}"))
-    return forwarded + markers
-
-
 async def dial(connections: Connections, origin: Origin, target: str,
-               headers: list[tuple[str, str]], body: bytes, timeout_s: float) -> Response | None:
+               headers: str, body: bytes, timeout_s: float) -> Response | None:
     """POST to a peer on the caller's path; None when no response head came back."""
     head = request_head("POST", target, origin, headers, len(body))
     try:
@@ -240,7 +230,7 @@ class Pools:
             await self._prober.run()
 
     async def serve(self, req: Request, route: PoolRoute, payload: dict | None,
-                    writer: asyncio.StreamWriter, fall_through: FallThrough) -> bool:
+                    client: Channel, fall_through: FallThrough) -> bool:
         """Place, forward and relay one request; returns whether the connection stays usable."""
         role = self.roles[route.role]
         arrived = req.headers.get("x-lobes-proxied")
@@ -248,10 +238,10 @@ class Pools:
             # Single hop: served locally, and counted there, so another box's share of the
             # local replica is not mistaken for idle capacity by this box's own placements.
             with role.placer.occupy(role.local_origin, role.default_slots) as placement:
-                return await self._local(req, placement, [], fall_through, writer)
+                return await self._local(req, placement, [], fall_through, client)
         if arrived is not None:
             error = errors.proxy_loop(route.role, arrived, f"the {route.role} replica pool")
-            writer.write(error_bytes(error, keep_alive=req.keep_alive))
+            client.write(error_bytes(error, keep_alive=req.keep_alive))
             return req.keep_alive
         tried: set[str] = set()
         failures: list[Failure] = []
@@ -261,22 +251,22 @@ class Pools:
             with placement:
                 if placement.origin == role.local_origin:  # the local path: pressure, tiers
                     reason = [b"X-Lobes-Route-Reason: " + placement.reason.value.encode()]
-                    return await self._local(req, placement, reason, fall_through, writer)
-                kept = await self._attempt(req, role, placement, payload, writer, failures)
+                    return await self._local(req, placement, reason, fall_through, client)
+                kept = await self._attempt(req, role, placement, payload, client, failures)
             if kept is not None:
                 return kept
         if not tried:
             return await self._local(req, None, [b"X-Lobes-Route-Reason: none"], fall_through,
-                                     writer)
+                                     client)
         who = f"every replica of the {route.role} pool"
-        return self._answer(req, writer, exhausted(who, failures, self._retry_after))
+        return self._answer(req, client, exhausted(who, failures, self._retry_after))
 
     async def _attempt(self, req: Request, role: PooledRole, placement: Placement,
-                       payload: dict | None, writer: asyncio.StreamWriter,
+                       payload: dict | None, client: Channel,
                        failures: list[Failure]) -> bool | None:
         """One replica: None when it failed before answering (recorded), else the relay."""
         spec = next(s for s in role.pool.specs if s.origin == placement.origin)
-        headers = peer_headers(req.headers, spec.api_key, [("X-Lobes-Proxied", role.role)])
+        headers = peer_headers(req, spec.api_key, [("X-Lobes-Proxied", role.role)])
         body = encode_for(req.body, payload, role.pool.served_id if payload else None, False)
         started = time.monotonic()
         response = await self._dial(req, spec.origin, headers, body)
@@ -289,10 +279,10 @@ class Pools:
             return None
         extra = [b"X-Lobes-Proxied-By: " + spec.origin.encode(),
                  b"X-Lobes-Route-Reason: " + placement.reason.value.encode()]
-        return await self._relay_metered(req, response, placement, started, extra, writer)
+        return await self._relay_metered(req, response, placement, started, extra, client)
 
     async def _local(self, req: Request, placement: Placement | None, extra: list[bytes],
-                     fall_through: FallThrough, writer: asyncio.StreamWriter) -> bool:
+                     fall_through: FallThrough, client: Channel) -> bool:
         """Follow the fall-through and relay its answer with extra headers; a placement on
         the local replica learns its rate from it."""
         started = time.monotonic()
@@ -301,32 +291,32 @@ class Pools:
             return outcome  # answered already (a refusal, a shed, a failure)
         response, headers = outcome.response, [*outcome.extra, *extra]
         if placement is None:
-            return await relay(self._connections, response, writer, headers, req.keep_alive)
-        return await self._relay_metered(req, response, placement, started, headers, writer)
+            return await relay(self._connections, response, client, headers, req.keep_alive)
+        return await self._relay_metered(req, response, placement, started, headers, client)
 
     async def _relay_metered(self, req: Request, response: Response, placement: Placement,
                              started: float, extra: list[bytes],
-                             writer: asyncio.StreamWriter) -> bool:
+                             client: Channel) -> bool:
         """Relay a replica's answer; a 200 teaches the replica's rate, streamed or not."""
         if response.status != 200:
-            return await relay(self._connections, response, writer, extra, req.keep_alive)
+            return await relay(self._connections, response, client, extra, req.keep_alive)
         if response.length is not None:
-            return await self._relay_learning(req, response, placement, started, extra, writer)
-        counted = CountingWriter(writer)
+            return await self._relay_learning(req, response, placement, started, extra, client)
+        counted = CountingWriter(client)
         kept = await relay(self._connections, response, counted, extra,  # type: ignore[arg-type]
                            req.keep_alive)
         if counted.done or counted.usage_tokens is not None:  # only a stream that ended whole
             placement.record_completion(counted.completion_tokens, time.monotonic() - started)
         return kept
 
-    async def _dial(self, req: Request, url: str, headers: list[tuple[str, str]],
+    async def _dial(self, req: Request, url: str, headers: str,
                     body: bytes) -> Response | None:
         return await dial(self._connections, self._forwarder.origin(url), req.target, headers,
                           body, self._timeout)
 
     async def _relay_learning(self, req: Request, response: Response, placement: Placement,
                               started: float, extra: list[bytes],
-                              writer: asyncio.StreamWriter) -> bool:
+                              client: Channel) -> bool:
         """A sized 200 answer: read whole, teach the replica's rate, then relay it."""
         try:
             body = await read_body(response)
@@ -336,12 +326,12 @@ class Pools:
         finish(self._connections, response)
         placement.record_completion(completion_tokens(body), time.monotonic() - started)
         framing = b"Content-Length: %d" % len(body)
-        writer.write(head_bytes(response, extra, framing, req.keep_alive) + body)
+        client.write(head_bytes(response, extra, framing, req.keep_alive) + body)
         return req.keep_alive
 
     @staticmethod
-    def _answer(req: Request, writer: asyncio.StreamWriter, error: ApiError) -> bool:
-        writer.write(error_bytes(error, (("X-Lobes-Route-Reason", "none"),),
+    def _answer(req: Request, client: Channel, error: ApiError) -> bool:
+        client.write(error_bytes(error, (("X-Lobes-Route-Reason", "none"),),
                                  keep_alive=req.keep_alive))
         return req.keep_alive
 

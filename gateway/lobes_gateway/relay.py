@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 
+from .channel import Channel
 from .http import status_line
-from .upstream import Connection, Pool, Response, finish, read_body
+from .upstream import Pool, Response, finish, read_body
 
 # Above this many unsent bytes the relay waits for the client (backpressure).
 HIGH_WATER = 64 * 1024
 _BODY_IN_ONE_READ = 256 * 1024
 _BROKEN = (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError)
 _STREAM_END = b"0\r\n\r\n"
+_CLOSE = b"Connection: close"
 # A chunk-size line (with extensions) or a trailer block longer than this is malformed.
 _MAX_FRAMING = 64 * 1024
 _INTERRUPTED = json.dumps({"error": {
@@ -36,17 +38,23 @@ class Pending:
 
 def head_bytes(response: Response, extra: list[bytes], framing: bytes, keep_alive: bool) -> bytes:
     """Status line, upstream headers minus hop-by-hop ones, the gateway's headers, framing."""
-    lines = [*response.relayed_headers(), *extra, framing]
-    if not keep_alive:
-        lines.append(b"Connection: close")
-    return status_line(response.status) + b"\r\n".join(lines) + b"\r\n\r\n"
+    lines = [*extra, framing, b"\r\n"] if keep_alive else [*extra, framing, _CLOSE, b"\r\n"]
+    return status_line(response.status) + response.relayed + b"\r\n".join(lines)
 
 
-async def relay(pool: Pool, response: Response, client: asyncio.StreamWriter,
+async def relay(pool: Pool, response: Response, client: Channel,
                 extra: list[bytes], keep_alive: bool) -> bool:
     """Relay `response` to `client`; returns whether the client connection stays usable."""
-    if response.length is not None:
-        return await _relay_sized(pool, response, client, extra, keep_alive)
+    length = response.length
+    if length is not None:
+        # The usual answer: a small JSON body that came in with its head, relayed at once.
+        body = response.conn.channel.take(length) if length <= _BODY_IN_ONE_READ else None
+        if body is None:
+            return await _relay_sized(pool, response, client, extra, keep_alive)
+        client.write(head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive)
+                     + body)
+        finish(pool, response)
+        return keep_alive
     if response.chunked and not _is_event_stream(response):
         try:
             body = await read_body(response)
@@ -64,19 +72,19 @@ def _is_event_stream(response: Response) -> bool:
     return response.headers.get(b"content-type", b"").startswith(b"text/event-stream")
 
 
-async def _relay_sized(pool: Pool, response: Response, client: asyncio.StreamWriter,
+async def _relay_sized(pool: Pool, response: Response, client: Channel,
                        extra: list[bytes], keep_alive: bool) -> bool:
     length = response.length or 0
     head = head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive)
-    reader = response.conn.reader
+    upstream = response.conn.channel
     try:
         if length <= _BODY_IN_ONE_READ:
-            client.write(head + (await reader.readexactly(length) if length else b""))
+            client.write(head + (await upstream.readexactly(length) if length else b""))
         else:
             client.write(head)
             left = length
             while left:
-                data = await reader.read(min(left, _BODY_IN_ONE_READ))
+                data = await upstream.read(min(left, _BODY_IN_ONE_READ))
                 if not data:
                     raise ConnectionResetError("upstream closed mid-body")
                 left -= len(data)
@@ -89,20 +97,19 @@ async def _relay_sized(pool: Pool, response: Response, client: asyncio.StreamWri
     return keep_alive
 
 
-async def _relay_stream(pool: Pool, response: Response, client: asyncio.StreamWriter,
+async def _relay_stream(pool: Pool, response: Response, client: Channel,
                         extra: list[bytes], keep_alive: bool) -> bool:
     """Pass chunks through as they arrive, one client write per upstream read."""
     client.write(head_bytes(response, extra, b"Transfer-Encoding: chunked", keep_alive))
     event_stream, chunked = _is_event_stream(response), response.chunked
     # Sent: not kept for a held stream.
-    response.header_lines, response.headers, response.relayed = [], {}, []
-    reader = response.conn.reader
+    response.raw, response.headers, response.relayed = b"", {}, b""
     transport = client.transport
     try:
         if chunked:
-            response.keep_alive &= await _pass_chunks(response.conn, client, transport)
+            response.keep_alive &= await _pass_chunks(response.conn.channel, client, transport)
         else:
-            await _frame_until_eof(reader, client, transport)
+            await _frame_until_eof(response.conn.channel, client, transport)
             response.keep_alive = False
     except _BROKEN:
         response.conn.close()
@@ -117,10 +124,10 @@ async def _relay_stream(pool: Pool, response: Response, client: asyncio.StreamWr
     return keep_alive
 
 
-async def _frame_until_eof(reader: asyncio.StreamReader, client: asyncio.StreamWriter,
+async def _frame_until_eof(upstream: Channel, client: Channel,
                            transport: asyncio.WriteTransport) -> None:
     while True:
-        data = await reader.read(65536)
+        data = await upstream.read(65536)
         if not data:
             return
         if transport.is_closing():
@@ -130,7 +137,7 @@ async def _frame_until_eof(reader: asyncio.StreamReader, client: asyncio.StreamW
             await client.drain()
 
 
-async def _pass_chunks(conn: Connection, client: asyncio.StreamWriter,
+async def _pass_chunks(upstream: Channel, client: Channel,
                        transport: asyncio.WriteTransport) -> bool:
     """Relay chunks verbatim, whole chunks only, from the upstream socket's own callback.
 
@@ -138,16 +145,12 @@ async def _pass_chunks(conn: Connection, client: asyncio.StreamWriter,
     client as they are received, with no future, task wake-up or read call per chunk.
     Returns whether the upstream connection ended cleanly (reusable).
     """
-    reader, upstream = conn.reader, conn.writer.transport
-    # Bytes the reader already holds go first; StreamReader has no public way to take them.
-    pipe = _ChunkPipe(transport, upstream, reader._buffer)
-    reader._buffer.clear()
-    if pipe.outcome is None and reader.at_eof():
+    pipe = _ChunkPipe(transport, upstream.transport)
+    held = upstream.divert(pipe)
+    if held:  # bytes that came with the response head go first
+        pipe.data_received(held)
+    if pipe.outcome is None and upstream.at_eof():
         raise ConnectionResetError("upstream closed mid-stream")
-    own_protocol = upstream.get_protocol()
-    upstream.set_protocol(pipe)
-    if not pipe.paused and not upstream.is_reading():
-        upstream.resume_reading()  # the reader may have paused it with a full buffer
     try:
         while True:
             outcome = await pipe.wait()
@@ -156,7 +159,7 @@ async def _pass_chunks(conn: Connection, client: asyncio.StreamWriter,
             await client.drain()
             pipe.resume()
     finally:
-        upstream.set_protocol(own_protocol)
+        upstream.divert(None)
 
 
 class _ChunkPipe(asyncio.Protocol):
@@ -165,8 +168,7 @@ class _ChunkPipe(asyncio.Protocol):
     __slots__ = ("_buffer", "_client", "_error", "_trailers", "_upstream", "_waiter", "outcome",
                  "paused")
 
-    def __init__(self, client: asyncio.WriteTransport, upstream: asyncio.Transport,
-                 buffered: bytes | bytearray) -> None:
+    def __init__(self, client: asyncio.WriteTransport, upstream: asyncio.Transport) -> None:
         self._client = client
         self._upstream = upstream
         self._buffer = b""
@@ -175,8 +177,6 @@ class _ChunkPipe(asyncio.Protocol):
         self._error: Exception | None = None
         self.outcome: bool | None = None
         self.paused = False
-        if buffered:
-            self.data_received(bytes(buffered))
 
     async def wait(self) -> bool | None:
         """The stream's outcome (clean or not), or None when paused for the client to drain."""

@@ -3,44 +3,42 @@
 from __future__ import annotations
 
 import asyncio
-import socket
+import re
 from collections import defaultdict
 
+from .channel import Channel
 from .config import Origin
+from .http import MAX_HEAD_BYTES, header_block
 from .watchdog import Watchdog
 
 MAX_IDLE_PER_ORIGIN = 512
-# Response headers that describe the upstream hop, never relayed as they are.
-HOP_HEADERS = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
-                         b"proxy-connection", b"te", b"trailer", b"upgrade"})
+MAX_BODY_READ = 256 * 1024
+# Response header lines that describe the upstream hop, never relayed as they are.
+_HOP_LINES = re.compile(rb"^(?:connection|keep-alive|transfer-encoding|content-length|"
+                        rb"proxy-connection|te|trailer|upgrade)[ \t]*:[^\r\n]*\r\n",
+                        re.I | re.M)
+# (name, value) of the response headers the gateway acts on, found in the lowered head.
+_READ_HEADERS = re.compile(rb"\r\n(connection|transfer-encoding|content-length|content-type)"
+                           rb"[ \t]*:[ \t]*([^\r\n]*?)[ \t]*(?=\r\n)")
 
 
 class UpstreamError(Exception):
     """No response head came back: refused, unreachable, reset or timed out."""
 
 
-def set_nodelay(writer: asyncio.StreamWriter) -> None:
-    """Disable Nagle: small responses and SSE chunks must leave at once."""
-    sock = writer.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
 class Connection:
     """One upstream socket."""
 
-    __slots__ = ("origin", "reader", "timed_out", "watchdog", "writer")
+    __slots__ = ("channel", "origin", "timed_out", "watchdog")
 
-    def __init__(self, origin: Origin, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+    def __init__(self, origin: Origin, channel: Channel) -> None:
         self.origin = origin
-        self.reader = reader
-        self.writer = writer
+        self.channel = channel
         self.timed_out = False
         self.watchdog = Watchdog(asyncio.get_running_loop())
 
     def usable(self) -> bool:
-        return not (self.writer.is_closing() or self.reader.at_eof())
+        return self.channel.reusable()
 
     def abort(self) -> None:
         self.timed_out = True
@@ -48,32 +46,26 @@ class Connection:
 
     def close(self) -> None:
         self.watchdog.close()
-        self.writer.transport.abort()
+        self.channel.abort()
 
 
 class Response:
     """A response head read from upstream; the body is still on `conn`."""
 
-    __slots__ = ("conn", "header_lines", "headers", "keep_alive", "length", "relayed", "status")
+    __slots__ = ("chunked", "conn", "headers", "keep_alive", "length", "raw", "relayed", "status")
 
-    def __init__(self, conn: Connection, status: int, header_lines: list[bytes],
-                 headers: dict[bytes, bytes], relayed: list[bytes]) -> None:
+    def __init__(self, conn: Connection, raw: bytes) -> None:
         self.conn = conn
-        self.status = status
-        self.header_lines = header_lines
-        self.headers = headers
-        self.relayed = relayed
-        self.keep_alive = headers.get(b"connection", b"").lower() != b"close"
+        self.raw = raw
+        self.status = int(raw[9:12])
+        # The few headers the gateway reads itself, names and values lowered.
+        self.headers = headers = dict(_READ_HEADERS.findall(raw.lower()))
+        # The header lines a client may see, each ending CRLF (hop-by-hop lines dropped).
+        self.relayed = _HOP_LINES.sub(b"", raw[raw.find(b"\r\n") + 2:-2])
+        self.keep_alive = headers.get(b"connection") != b"close"
+        self.chunked = b"chunked" in headers.get(b"transfer-encoding", b"")
         raw_length = headers.get(b"content-length")
         self.length = int(raw_length) if raw_length is not None else None
-
-    @property
-    def chunked(self) -> bool:
-        return b"chunked" in self.headers.get(b"transfer-encoding", b"").lower()
-
-    def relayed_headers(self) -> list[bytes]:
-        """The upstream header lines a client may see (hop-by-hop headers dropped)."""
-        return self.relayed
 
 
 class Pool:
@@ -84,23 +76,38 @@ class Pool:
         self._connect_timeout = connect_timeout_s
 
     async def open(self, origin: Origin) -> Connection:
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(origin.host, origin.port), self._connect_timeout)
-        except (OSError, asyncio.TimeoutError) as exc:
-            raise UpstreamError(f"cannot connect to {origin.url}: {exc or 'timeout'}") from None
-        set_nodelay(writer)
-        return Connection(origin, reader, writer)
+        loop = asyncio.get_running_loop()
+        # A timer cancels the dial: wait_for needs a current Task on Python >= 3.12, and this
+        # runs in a connection's Fiber (fiber.py).
+        connecting = loop.create_task(loop.create_connection(Channel, origin.host, origin.port))
+        expired: list[bool] = []
 
-    async def acquire(self, origin: Origin) -> tuple[Connection, bool]:
-        """An idle pooled connection (reused=True) or a fresh one."""
+        def expire() -> None:
+            expired.append(True)
+            connecting.cancel()
+
+        timer = loop.call_later(self._connect_timeout, expire)
+        try:
+            _transport, channel = await connecting
+        except OSError as exc:
+            raise UpstreamError(f"cannot connect to {origin.url}: {exc}") from None
+        except asyncio.CancelledError:
+            if not expired:
+                raise  # the waiter itself was cancelled, not the dial timed out
+            raise UpstreamError(f"cannot connect to {origin.url}: timeout") from None
+        finally:
+            timer.cancel()
+        return Connection(origin, channel)
+
+    def take_idle(self, origin: Origin) -> Connection | None:
+        """An idle pooled connection that is still usable, or None."""
         idle = self._idle.get(origin)
         while idle:
             conn = idle.pop()
             if conn.usable():
-                return conn, True
+                return conn
             conn.close()
-        return await self.open(origin), False
+        return None
 
     def release(self, conn: Connection) -> None:
         idle = self._idle[conn.origin]
@@ -121,8 +128,8 @@ async def read_head(conn: Connection, timeout_s: float) -> Response:
     conn.watchdog.arm(timeout_s, conn.abort)
     try:
         while True:
-            raw = await conn.reader.readuntil(b"\r\n\r\n")
-            response = _parse_head(conn, raw)
+            raw = await conn.channel.readuntil(b"\r\n\r\n", MAX_HEAD_BYTES)
+            response = Response(conn, raw)
             if response.status >= 200 or response.status == 101:
                 return response
     except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError,
@@ -134,30 +141,20 @@ async def read_head(conn: Connection, timeout_s: float) -> Response:
         conn.watchdog.disarm()
 
 
-def _parse_head(conn: Connection, raw: bytes) -> Response:
-    lines = raw[:-4].split(b"\r\n")
-    status = int(lines[0][9:12])
-    headers: dict[bytes, bytes] = {}
-    relayed: list[bytes] = []
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        key = name.strip().lower()
-        headers[key] = value.strip()
-        if key not in HOP_HEADERS:
-            relayed.append(line)
-    return Response(conn, status, lines[1:], headers, relayed)
-
-
 async def exchange(pool: Pool, origin: Origin, head: bytes, body: bytes,
                    timeout_s: float) -> Response:
     """Send one request and return its response head; a stale pooled socket is retried once."""
-    for _ in range(2):
-        conn, reused = await pool.acquire(origin)
+    for _attempt in range(2):
+        conn = pool.take_idle(origin)
+        reused = conn is not None
+        if conn is None:
+            conn = await pool.open(origin)
+        channel = conn.channel
         try:
-            conn.writer.write(head + body if len(body) < 65536 else head)
+            channel.write(head + body if len(body) < 65536 else head)
             if len(body) >= 65536:
-                conn.writer.write(body)
-                await conn.writer.drain()
+                channel.write(body)
+                await channel.drain()
             return await read_head(conn, timeout_s)
         except (UpstreamError, ConnectionError):
             conn.close()
@@ -168,24 +165,32 @@ async def exchange(pool: Pool, origin: Origin, head: bytes, body: bytes,
 
 async def read_body(response: Response) -> bytes:
     """Read a whole response body (length, chunked or close-delimited), then pool or close."""
-    reader = response.conn.reader
+    channel = response.conn.channel
     if response.chunked:
         parts = []
         while True:
-            line = await reader.readuntil(b"\r\n")
+            line = await channel.readuntil(b"\r\n", MAX_HEAD_BYTES)
             size = int(line.split(b";", 1)[0], 16)
             if size == 0:
-                while await reader.readuntil(b"\r\n") != b"\r\n":
+                while await channel.readuntil(b"\r\n", MAX_HEAD_BYTES) != b"\r\n":
                     pass
                 break
-            parts.append((await reader.readexactly(size + 2))[:-2])
+            parts.append((await channel.readexactly(size + 2))[:-2])
         body = b"".join(parts)
     elif response.length is not None:
-        body = await reader.readexactly(response.length) if response.length else b""
+        body = await channel.readexactly(response.length) if response.length else b""
     else:
-        body = await reader.read()
+        body = await _read_to_end(channel)
         response.keep_alive = False
     return body
+
+
+async def _read_to_end(channel: Channel) -> bytes:
+    """A close-delimited body: everything until the upstream closes."""
+    parts = []
+    while data := await channel.read(MAX_BODY_READ):
+        parts.append(data)
+    return b"".join(parts)
 
 
 def finish(pool: Pool, response: Response) -> None:
@@ -196,20 +201,21 @@ def finish(pool: Pool, response: Response) -> None:
         response.conn.close()
 
 
-def request_head(method: str, target: str, origin: Origin, headers: list[tuple[str, str]],
+def request_head(method: str, target: str, origin: Origin, headers: str,
                  body_length: int | None) -> bytes:
-    """An HTTP/1.1 request head for upstream, keep-alive, with Content-Length when given."""
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {origin.host_header}"]
-    lines.extend(f"{name}: {value}" for name, value in headers)
-    if body_length is not None:
-        lines.append(f"Content-Length: {body_length}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    """An HTTP/1.1 request head for upstream, keep-alive, with Content-Length when given.
+
+    `headers` is a block of header lines, each ending CRLF (http.header_block).
+    """
+    length = "" if body_length is None else f"Content-Length: {body_length}\r\n"
+    return (f"{method} {target} HTTP/1.1\r\nHost: {origin.host}:{origin.port}\r\n"
+            f"{headers}{length}\r\n").encode("latin-1")
 
 
 async def fetch(pool: Pool, origin: Origin, path: str, headers: list[tuple[str, str]],
                 timeout_s: float) -> tuple[int, bytes]:
     """GET `path` from `origin`: (status, body); raises UpstreamError when nothing answers."""
-    head = request_head("GET", path, origin, headers, None)
+    head = request_head("GET", path, origin, header_block(headers), None)
     response = await exchange(pool, origin, head, b"", timeout_s)
     response.conn.watchdog.arm(timeout_s, response.conn.abort)
     try:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
+from time import monotonic
 
 
 class Watchdog:
@@ -14,24 +16,25 @@ class Watchdog:
     handle, a heap push, a cancel, a lazily purged heap entry) with two attribute writes.
     """
 
-    __slots__ = ("_action", "_deadline", "_handle", "_loop")
+    __slots__ = ("_action", "_deadline", "_handle", "_handle_at", "_loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._action: Callable[[], object] | None = None
         self._deadline = 0.0
         self._handle: asyncio.TimerHandle | None = None
+        self._handle_at = math.inf  # when the pending handle fires (inf: none pending)
 
     def arm(self, delay_s: float, action: Callable[[], object]) -> None:
         """Run `action` unless `disarm` (or another `arm`) comes within `delay_s`."""
-        deadline = self._loop.time() + delay_s
-        self._deadline = deadline
+        # asyncio's loops keep time with time.monotonic: read it without a Python-level call.
+        self._deadline = deadline = monotonic() + delay_s
         self._action = action
-        handle = self._handle
-        if handle is None or handle.when() > deadline:
-            if handle is not None:
-                handle.cancel()
+        if self._handle_at > deadline:
+            if self._handle is not None:
+                self._handle.cancel()
             self._handle = self._loop.call_at(deadline, self._fire)
+            self._handle_at = deadline
 
     def disarm(self) -> None:
         self._action = None
@@ -39,17 +42,20 @@ class Watchdog:
     def close(self) -> None:
         """Disarm for good and drop the timer, so nothing outlives the connection."""
         self._action = None
+        self._handle_at = math.inf
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
 
     def _fire(self) -> None:
         self._handle = None
+        self._handle_at = math.inf
         action = self._action
         if action is None:
             return
-        if self._loop.time() < self._deadline:
+        if monotonic() < self._deadline:
             self._handle = self._loop.call_at(self._deadline, self._fire)
+            self._handle_at = self._deadline
             return
         self._action = None
         action()

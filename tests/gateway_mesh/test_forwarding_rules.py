@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from lobes_gateway.forward import TO_PROXY_PEER, forward_headers, peer_headers
+from lobes_gateway.http import Request, parse_head
 from lobes_gateway.owner import distinct_boxes
 from lobes_gateway.placement import DEFAULT_EXPECTED_TOKENS
 from lobes_gateway.pool import (
@@ -11,7 +13,6 @@ from lobes_gateway.pool import (
     exhausted,
     expected_tokens,
     moves_on,
-    peer_headers,
 )
 
 
@@ -25,18 +26,37 @@ def test_any_other_status_is_the_answer(status):
     assert not moves_on(status)
 
 
+def _request(*header_lines: str) -> Request:
+    head = "POST /v1/chat/completions HTTP/1.1\r\n" + "".join(f"{h}\r\n" for h in header_lines)
+    return parse_head((head + "\r\n").encode("latin-1"))
+
+
+CALLER = _request("Authorization: Bearer caller", "Content-Type: application/json",
+                  "X-Lobes-Proxied: cortex", "x-lobes-FORWARDED-by: http://x:1",
+                  "Host: box:8000", "Content-Length: 2", "X-Request-Id: r1")
+
+
 def test_peer_headers_strip_the_callers_key_and_markers_and_attach_ours():
-    caller = {"authorization": "Bearer caller", "content-type": "application/json",
-              "x-lobes-proxied": "cortex", "x-lobes-forwarded-by": "http://x:1",
-              "host": "box:8000", "x-request-id": "r1"}
-    headers = peer_headers(caller, "pairwise", [("X-Lobes-Proxied", "cortex")])
-    assert headers == [("content-type", "application/json"), ("x-request-id", "r1"),
-                       ("Authorization", "Bearer pairwise"), ("X-Lobes-Proxied", "cortex")]
+    headers = peer_headers(CALLER, "pairwise", [("X-Lobes-Proxied", "cortex")])
+    assert headers == ("Content-Type: application/json\r\nX-Request-Id: r1\r\n"
+                       "Authorization: Bearer pairwise\r\nX-Lobes-Proxied: cortex\r\n")
+
+
+def test_a_proxy_keeps_the_owner_forwarding_mark():
+    headers = peer_headers(CALLER, None, [], TO_PROXY_PEER)
+    assert headers == ("Content-Type: application/json\r\nx-lobes-FORWARDED-by: http://x:1\r\n"
+                       "X-Request-Id: r1\r\n")
 
 
 def test_peer_headers_without_a_key_send_none():
-    headers = peer_headers({"authorization": "Bearer caller"}, None, [])
-    assert headers == []
+    headers = peer_headers(_request("authorization: Bearer caller"), None, [])
+    assert headers == ""
+
+
+def test_local_forwarding_drops_only_hop_headers():
+    assert forward_headers(CALLER) == (
+        "Authorization: Bearer caller\r\nContent-Type: application/json\r\n"
+        "X-Lobes-Proxied: cortex\r\nx-lobes-FORWARDED-by: http://x:1\r\nX-Request-Id: r1\r\n")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,216 @@
+"""One socket as the gateway uses it, client side and upstream side alike.
+
+asyncio's StreamReader/StreamWriter pair costs a protocol-to-reader hop, a second object and
+a generic read loop on every segment; the gateway's hot path reads a request head, a body of
+known length and a response head, so one small protocol object does both halves. It also
+offers a supported way (`divert`) to hand the socket's later bytes straight to another
+receiver, which the SSE pass-through uses instead of swapping protocols under a reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+
+from .fiber import Fiber, claim
+
+# Unread bytes above this pause the socket until the reader asks for more.
+READ_HIGH_WATER = 256 * 1024
+
+
+def set_nodelay(transport: asyncio.BaseTransport) -> None:
+    """Disable Nagle: small responses and SSE chunks must leave at once."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class Channel(asyncio.Protocol):
+    """A socket's unread bytes and its transport, with the reads and writes the gateway uses.
+
+    Reads raise asyncio.IncompleteReadError at end of stream and asyncio.LimitOverrunError
+    past a limit, as StreamReader does, so callers handle one family of errors.
+    """
+
+    __slots__ = ("_buffer", "_drain_waiter", "_eof", "_fiber", "_loop", "_lost", "_on_connect",
+                 "_read_paused", "_receiver", "_waiter", "_write_paused", "transport", "write")
+
+    def __init__(self, on_connect: Callable[[Channel], object] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._on_connect = on_connect
+        self._buffer = bytearray()
+        self._eof = False
+        self._lost = False
+        self._waiter: asyncio.Future | None = None
+        # The fiber awaiting _waiter, stepped here when bytes come (see fiber.py).
+        self._fiber: Fiber | None = None
+        self._drain_waiter: asyncio.Future | None = None
+        self._read_paused = False
+        self._write_paused = False
+        self._receiver: asyncio.Protocol | None = None
+        self.transport: asyncio.Transport
+        # transport.write itself, bound once: a write costs no frame of ours (set on connect).
+        self.write: Callable[[bytes], None]
+
+    # --- protocol callbacks (the event loop calls these) ---
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.write = transport.write
+        set_nodelay(transport)
+        if self._on_connect is not None:
+            self._on_connect(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._receiver is not None:
+            self._receiver.data_received(data)
+            return
+        self._buffer += data
+        if self._waiter is not None:
+            self._wake()
+        elif len(self._buffer) > READ_HIGH_WATER and not self._read_paused:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool | None:
+        if self._receiver is not None:
+            return self._receiver.eof_received()
+        self._eof = True
+        self._wake()
+        return True  # keep the socket open for writing: an answer may still be owed
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = self._lost = True
+        if self._receiver is not None:
+            self._receiver.connection_lost(exc)
+        self._wake()
+        drain_waiter = self._drain_waiter
+        if drain_waiter is not None and not drain_waiter.done():
+            drain_waiter.set_exception(ConnectionResetError("connection lost"))
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        drain_waiter = self._drain_waiter
+        if drain_waiter is not None and not drain_waiter.done():
+            drain_waiter.set_result(None)
+
+    # --- reads ---
+
+    async def readuntil(self, separator: bytes, limit: int) -> bytes:
+        """The bytes up to and including `separator`, which must come within `limit` bytes."""
+        buffer = self._buffer
+        start = 0
+        while (end := buffer.find(separator, start)) < 0:
+            if len(buffer) > limit:
+                raise asyncio.LimitOverrunError("separator not found within the limit", 0)
+            if self._eof:
+                raise asyncio.IncompleteReadError(bytes(buffer), None)
+            # A trickled head is searched once, not again from its start per segment.
+            start = max(0, len(buffer) - len(separator) + 1)
+            await self._more()
+        end += len(separator)
+        if end > limit:
+            raise asyncio.LimitOverrunError("separator found past the limit", end)
+        return self._take(end)
+
+    async def readexactly(self, size: int) -> bytes:
+        buffer = self._buffer
+        while len(buffer) < size:
+            if self._eof:
+                raise asyncio.IncompleteReadError(bytes(buffer), size)
+            await self._more()
+        return self._take(size)
+
+    def take(self, size: int) -> bytes | None:
+        """`size` bytes if they are here already (no wait), else None."""
+        return self._take(size) if len(self._buffer) >= size else None
+
+    def _take(self, size: int) -> bytes:
+        buffer = self._buffer
+        if size == len(buffer):
+            data = bytes(buffer)
+            buffer.clear()
+        else:
+            data = bytes(buffer[:size])
+            del buffer[:size]
+        return data
+
+    async def read(self, most: int) -> bytes:
+        """Up to `most` bytes as soon as any are here; b"" at end of stream."""
+        buffer = self._buffer
+        if not buffer and not self._eof:
+            await self._more()
+        data = bytes(buffer[:most])
+        del buffer[:most]
+        return data
+
+    def at_eof(self) -> bool:
+        return self._eof and not self._buffer
+
+    def reusable(self) -> bool:
+        """Whether another exchange may use this socket: not ended, not closing."""
+        return not (self._eof or self.transport.is_closing())
+
+    def _more(self) -> asyncio.Future:
+        """A future done when more bytes (or the end) arrive; the socket reads meanwhile."""
+        if self._read_paused:
+            self._read_paused = False
+            self.transport.resume_reading()
+        # asyncio.Future itself, as the stdlib loops' create_future makes it, one frame less.
+        waiter = self._waiter = asyncio.Future(loop=self._loop)
+        self._fiber = claim(waiter)
+        return waiter
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is None:
+            return
+        self._waiter = None
+        if not waiter.done():
+            waiter.set_result(None)
+        fiber = self._fiber
+        if fiber is not None:
+            self._fiber = None
+            fiber.step()
+
+    def divert(self, receiver: asyncio.Protocol | None) -> bytes:
+        """Hand the socket's later bytes and its loss to `receiver` (None: buffer them again).
+
+        Returns the bytes already buffered, which the receiver has not seen. The receiver may
+        pause and resume the transport itself; taking the socket back resumes it.
+        """
+        self._receiver = receiver
+        held = bytes(self._buffer)
+        self._buffer.clear()
+        paused = self._read_paused or (receiver is None and not self.transport.is_reading())
+        if paused and not self._lost:
+            self._read_paused = False
+            self.transport.resume_reading()
+        return held
+
+    # --- writes ---
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    async def drain(self) -> None:
+        """Wait until the transport's write buffer is below its low-water mark."""
+        if self._lost:
+            raise ConnectionResetError("connection lost")
+        if self._write_paused:
+            self._drain_waiter = self._loop.create_future()
+            try:
+                await self._drain_waiter
+            finally:
+                self._drain_waiter = None
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def abort(self) -> None:
+        self.transport.abort()
