@@ -44,10 +44,10 @@ class Fiber:
             return
         finally:
             _Running.fiber = outer
-        if waited is _Running.claimed:
-            _Running.claimed = None  # a Channel holds this fiber and steps it on data
-        elif waited is None:  # a bare yield (asyncio.sleep(0)): step again next turn
+        if waited is None:  # a bare yield (asyncio.sleep(0)): step again next turn
             asyncio.get_running_loop().call_soon(self.step)
+        elif waited is _Running.claimed:
+            _Running.claimed = None  # a Channel holds this fiber and steps it on data
         else:
             waited.add_done_callback(self.step)
 

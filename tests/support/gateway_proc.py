@@ -75,6 +75,12 @@ class GatewayProcess:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.loads(resp.read())
 
+    def shutdown(self, timeout_s: float = 10.0) -> tuple[int, str]:
+        """SIGTERM and wait for the exit: (exit code, everything it wrote)."""
+        self._proc.terminate()
+        code = self._proc.wait(timeout=timeout_s)
+        return code, self.output()
+
     def stop(self) -> None:
         if self._proc.poll() is None:
             self._proc.terminate()
