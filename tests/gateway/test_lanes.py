@@ -112,3 +112,44 @@ def test_realtime_infeasible_stt_is_404_even_when_proxy_is_armed(gateway_factory
     assert reply.startswith(b"HTTP/1.1 404 ")
     assert b"role_infeasible" in reply and b"http://thor:8000" in reply
     assert audio.requests() == [] or all(r["path"] == "/health" for r in audio.requests())
+
+
+def test_a_large_upload_passes_whole_by_length_and_chunked(lanes):
+    gateway, _, _, audio = lanes
+    upload = os.urandom(3 * 1024 * 1024)  # far above the socket's read high-water mark
+    reply = call(gateway.url, "POST", "/v1/audio/transcriptions", upload,
+                 {"Content-Type": "audio/wav"})
+    assert reply.status == 200 and reply.json()["text"]
+    assert last_post(audio)["body_sha256"] == hashlib.sha256(upload).hexdigest()
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(part), part)
+                       for part in (upload[i:i + 100_000] for i in range(0, len(upload), 100_000)))
+    head = (b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+    answer = raw_exchange(gateway.url, head + chunked + b"0\r\n\r\n", timeout=10)
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert last_post(audio)["body_sha256"] == hashlib.sha256(upload).hexdigest()
+
+
+def test_a_large_answer_passes_whole(lanes):
+    gateway, _, _, audio = lanes
+    payload = {"model": "tts", "input": "x" * 400}  # about 1.2 MB of audio
+    direct = call(audio.url, "POST", "/v1/audio/speech", payload)
+    reply = call(gateway.url, "POST", "/v1/audio/speech", payload)
+    assert reply.status == 200 and len(reply.body) > 1_000_000
+    assert reply.body == direct.body
+    assert reply.headers["content-length"] == str(len(direct.body))
+
+
+def test_pipelined_requests_are_answered_in_order(lanes):
+    gateway, _, _, _ = lanes
+    first = json.dumps({"model": "emb", "input": "one"}).encode()
+    second = json.dumps({"model": "emb", "input": ["two", "three"]}).encode()
+    requests = b"".join(
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + b"Content-Length: %d\r\n%s\r\n" % (len(body), closing) + body
+        for body, closing in ((first, b""), (second, b"Connection: close\r\n")))
+    answer = raw_exchange(gateway.url, requests, timeout=10)
+    heads = answer.split(b"HTTP/1.1 ")[1:]
+    assert [h[:3] for h in heads] == [b"200", b"200"]
+    bodies = [json.loads(h.split(b"\r\n\r\n", 1)[1]) for h in heads]
+    assert [len(b["data"]) for b in bodies] == [1, 2]
