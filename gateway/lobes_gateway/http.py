@@ -51,6 +51,11 @@ class Request:
 def parse_head(head: bytes) -> Request:
     """Parse a request line and header block (ending in a blank line)."""
     text = head.decode("latin-1")
+    lines = text.count("\r\n")
+    if text.count("\n") != lines or text.count("\r") != lines:
+        # A bare CR or LF would end a line early upstream: the head is forwarded as it came.
+        raise HttpError(errors.bad_request("bare CR or LF in the request head; end lines with "
+                                           "CRLF"))
     line_end = text.find("\r\n")
     try:
         method, target, version = text[:line_end].split(" ", 2)

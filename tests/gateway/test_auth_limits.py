@@ -150,8 +150,12 @@ def test_slow_headers_are_dropped(limited):
     assert call(limited.url, "GET", "/health").status == 200
 
 
-@pytest.mark.parametrize("garbage", [b"NONSENSE\r\n\r\n", b"GET / SPDY/9\r\n\r\n",
-                                     b"GET /health HTTP/1.1\r\nBad Header\r\n\r\n"])
+@pytest.mark.parametrize("garbage", [
+    b"NONSENSE\r\n\r\n", b"GET / SPDY/9\r\n\r\n", b"GET /health HTTP/1.1\r\nBad Header\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nBad : spacing\r\n\r\n",
+    # A bare LF or CR inside a line would split it upstream (the head is forwarded verbatim).
+    b"GET /health HTTP/1.1\r\nX-A: b\nContent-Length: 0\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nX-A: b\rX-B: c\r\n\r\n"])
 def test_garbage_requests_get_400_and_the_process_survives(limited, garbage):
     reply = raw_exchange(limited.url, garbage)
     assert reply.startswith(b"HTTP/1.1 400 ")
