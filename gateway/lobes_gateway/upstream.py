@@ -37,9 +37,6 @@ class Connection:
         self.timed_out = False
         self.watchdog = Watchdog(asyncio.get_running_loop())
 
-    def usable(self) -> bool:
-        return self.channel.reusable()
-
     def abort(self) -> None:
         self.timed_out = True
         self.close()
@@ -104,14 +101,15 @@ class Pool:
         idle = self._idle.get(origin)
         while idle:
             conn = idle.pop()
-            if conn.usable():
+            if conn.channel.reusable():
                 return conn
             conn.close()
         return None
 
     def release(self, conn: Connection) -> None:
         idle = self._idle[conn.origin]
-        if conn.usable() and len(idle) < MAX_IDLE_PER_ORIGIN:
+        # Not checked for life here: take_idle checks each one when it is wanted.
+        if len(idle) < MAX_IDLE_PER_ORIGIN:
             idle.append(conn)
         else:
             conn.close()
