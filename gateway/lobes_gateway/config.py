@@ -41,10 +41,6 @@ class Origin(NamedTuple):
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    @property
-    def host_header(self) -> str:
-        return f"{self.host}:{self.port}"
-
 
 @dataclass(frozen=True)
 class PeerSpec:

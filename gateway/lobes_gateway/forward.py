@@ -104,9 +104,15 @@ class Forwarder:
         strict = inject_strict(payload) if route.strict_lane and payload is not None else None
         targets = route.targets
         for index, target in enumerate(targets):
-            response = await self._attempt(req, route, target, payload, strict, headers,
-                                           client, extra)
-            if response is None:
+            model = target.served_name if route.rewrite_model else None
+            try:
+                if strict is None:
+                    body = encode_for(req.body, payload, model, False)
+                    response = await self._send(req, target.origin, headers, body)
+                else:
+                    response = await self._attempt_strict(req, target, payload, strict, model,
+                                                          headers, client, extra)
+            except UpstreamError:
                 continue
             if isinstance(response, bool):
                 return response
@@ -121,28 +127,25 @@ class Forwarder:
         client.write(error_bytes(error, keep_alive=req.keep_alive))
         return req.keep_alive
 
-    async def _attempt(self, req: Request, route: LocalRoute, target: Target,
-                       payload: dict | None, strict: dict | None,
-                       headers: str, client: Channel,
-                       extra: list[bytes]) -> Response | bool | None:
-        """One target: its response, None when it cannot be reached, or a finished answer."""
-        model = target.served_name if route.rewrite_model else None
-        sent = strict if strict is not None else payload
-        body = encode_for(req.body, sent, model, strict is not None)
-        try:
-            response = await self._send(req, target.origin, headers, body)
-            if strict is None or response.status != 400:
-                return response
-            error_body = await read_body(response)
-            finish(self._pool, response)
-            if not is_compile_failure(response.status, error_body):
-                client.write(_buffered(response, error_body, extra, req.keep_alive))
-                return req.keep_alive
-            # One retry with the injected strict stripped back out, whatever it returns.
-            plain = encode_for(req.body, payload, model, False)
-            return await self._send(req, target.origin, headers, plain)
-        except UpstreamError:
-            return None
+    async def _attempt_strict(self, req: Request, target: Target, payload: dict,
+                              strict: dict, model: str | None, headers: str, client: Channel,
+                              extra: list[bytes]) -> Response | bool:
+        """Injected strict first; a schema compile failure is retried once without it.
+
+        Returns the response to relay, or whether the client connection stays usable when the
+        400 was answered here.
+        """
+        body = encode_for(req.body, strict, model, True)
+        response = await self._send(req, target.origin, headers, body)
+        if response.status != 400:
+            return response
+        error_body = await read_body(response)
+        finish(self._pool, response)
+        if not is_compile_failure(response.status, error_body):
+            client.write(_buffered(response, error_body, extra, req.keep_alive))
+            return req.keep_alive
+        plain = encode_for(req.body, payload, model, False)
+        return await self._send(req, target.origin, headers, plain)
 
     async def proxy(self, req: Request, route: ProxyRoute, payload: dict | None,
                     client: Channel) -> bool | Pending:

@@ -8,8 +8,8 @@ import contextlib
 from . import errors
 from .channel import Channel
 from .config import Origin
-from .http import Request, error_bytes
-from .upstream import Pool, UpstreamError, read_body, read_head
+from .http import Request, error_bytes, header_block
+from .upstream import Pool, UpstreamError, exchange, read_body, request_head
 
 _SKIP = frozenset({"host", "content-length"})
 
@@ -17,16 +17,16 @@ _SKIP = frozenset({"host", "content-length"})
 async def tunnel(pool: Pool, origin: Origin, req: Request, client: Channel,
                  timeout_s: float) -> None:
     """Relay the upgrade to `origin`; on 101, pump bytes until either side closes."""
-    lines = [f"GET {req.target} HTTP/1.1", f"Host: {origin.host_header}"]
-    lines += [f"{name}: {value}" for name, value in req.headers.items() if name not in _SKIP]
+    headers = header_block([(name, value) for name, value in req.headers.items()
+                            if name not in _SKIP])
     try:
-        conn = await pool.open(origin)
-        conn.channel.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-        response = await read_head(conn, timeout_s)
+        response = await exchange(pool, origin, request_head("GET", req.target, origin, headers,
+                                                             None), b"", timeout_s)
     except UpstreamError:
         error = errors.backend_unavailable("the realtime bridge", 5)
         client.write(error_bytes(error, keep_alive=False))
         return
+    conn = response.conn  # the upgraded socket: never back in the pool
     head = response.raw[:-2]  # its status line and every header line, upgrade ones included
     if response.status != 101:
         try:

@@ -121,43 +121,37 @@ class Pool:
         self._idle.clear()
 
 
-async def read_head(conn: Connection, timeout_s: float) -> Response:
-    """Read the next final response head (1xx other than 101 skipped) within `timeout_s`."""
-    conn.watchdog.arm(timeout_s, conn.abort)
-    try:
-        while True:
-            raw = await conn.channel.readuntil(b"\r\n\r\n", MAX_HEAD_BYTES)
-            response = Response(conn, raw)
-            if response.status >= 200 or response.status == 101:
-                return response
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError,
-            ValueError) as exc:
-        conn.close()
-        what = "timed out" if conn.timed_out else f"failed ({type(exc).__name__})"
-        raise UpstreamError(f"{conn.origin.url} {what} before a response") from None
-    finally:
-        conn.watchdog.disarm()
-
-
 async def exchange(pool: Pool, origin: Origin, head: bytes, body: bytes,
                    timeout_s: float) -> Response:
-    """Send one request and return its response head; a stale pooled socket is retried once."""
+    """Send one request; its final response head (1xx other than 101 skipped) within timeout_s.
+
+    A stale pooled socket (closed or reset before answering) is retried once on a fresh one.
+    """
     for _attempt in range(2):
         conn = pool.take_idle(origin)
         reused = conn is not None
         if conn is None:
             conn = await pool.open(origin)
         channel = conn.channel
+        conn.watchdog.arm(timeout_s, conn.abort)
         try:
             channel.write(head + body if len(body) < 65536 else head)
             if len(body) >= 65536:
                 channel.write(body)
                 await channel.drain()
-            return await read_head(conn, timeout_s)
-        except (UpstreamError, ConnectionError):
+            while True:
+                response = Response(conn, await channel.readuntil(b"\r\n\r\n", MAX_HEAD_BYTES))
+                if response.status >= 200 or response.status == 101:
+                    return response
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError,
+                ValueError) as exc:
             conn.close()
-            if not reused or conn.timed_out:
-                raise
+            if reused and not conn.timed_out:
+                continue
+            what = "timed out" if conn.timed_out else f"failed ({type(exc).__name__})"
+            raise UpstreamError(f"{origin.url} {what} before a response") from None
+        finally:
+            conn.watchdog.disarm()
     raise UpstreamError(f"{origin.url} closed the connection twice")
 
 
