@@ -19,6 +19,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY_DIR = ROOT / "gateway"
+# The interpreter the gateway runs under: the tests' own unless LOBES_TEST_GATEWAY_PYTHON names
+# another (the gateway supports Python >= 3.10; the boxes run what their OS ships).
+GATEWAY_PYTHON = os.environ.get("LOBES_TEST_GATEWAY_PYTHON") or sys.executable
 
 
 def free_port() -> int:
@@ -43,7 +46,7 @@ class GatewayProcess:
         self.env = full_env
         # A file, never an unread pipe: a chatty gateway must not block on a full pipe.
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
-        self._proc = subprocess.Popen([sys.executable, "-m", "lobes_gateway"], env=full_env,
+        self._proc = subprocess.Popen([GATEWAY_PYTHON, "-m", "lobes_gateway"], env=full_env,
                                       stdout=self._log, stderr=subprocess.STDOUT)
         self._wait_ready(startup_timeout_s)
 
@@ -109,7 +112,7 @@ def run_config_check(env: dict[str, str]) -> subprocess.CompletedProcess:
                 if not key.startswith(("GATEWAY_", "LOBES_", "CULTURE_"))}
     full_env.update({"PYTHONPATH": str(GATEWAY_DIR), "GATEWAY_PORT": str(free_port())})
     full_env.update(env)
-    return subprocess.run([sys.executable, "-m", "lobes_gateway"], env=full_env,
+    return subprocess.run([GATEWAY_PYTHON, "-m", "lobes_gateway"], env=full_env,
                           capture_output=True, text=True, timeout=15, check=False)
 
 
