@@ -1,5 +1,6 @@
 """Connection life: dial deadlines and a quiet shutdown with connections still open."""
 
+import json
 import socket
 import time
 
@@ -58,3 +59,37 @@ def test_sigterm_with_open_connections_exits_cleanly_and_quietly(gateway_factory
     finally:
         idle.close()
         partial.close()
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def test_a_client_that_stops_reading_holds_the_stream_back_not_the_gateways_memory(
+        gateway_factory, sim_factory):
+    primary = sim_factory("instant")
+    gateway = gateway_factory(wired(primary))
+    body = json.dumps({"model": "main", "stream": True, "max_tokens": 60_000, "ignore_eos": True,
+                       "messages": [{"role": "user", "content": "go"}]}).encode()
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+               b"Content-Type: application/json\r\nContent-Length: %d\r\n"
+               b"Connection: close\r\n\r\n" % len(body)) + body
+    before = _rss_kib(gateway.pid)
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", gateway.port))
+        sock.sendall(request)
+        time.sleep(3)  # not reading: the stream (about 10 MB) must wait upstream, not here
+        held = _rss_kib(gateway.pid) - before
+        sock.settimeout(30)
+        chunks = []
+        while data := sock.recv(1 << 20):
+            chunks.append(data)
+    answer = b"".join(chunks)
+    events = [line for line in answer.split(b"\n") if line.startswith(b"data: ")]
+    assert events[-1] == b"data: [DONE]"
+    tokens = [json.loads(e[6:])["choices"][0]["delta"].get("content") for e in events[1:-1]
+              if b'"choices":[{' in e or b'"choices": [{' in e]
+    assert len([t for t in tokens if t]) == 60_000
+    assert held < 4 * 1024  # KiB: far below the stream, which waited upstream

@@ -70,6 +70,10 @@ class GatewayProcess:
         self._log.seek(0)
         return self._log.read().decode(errors="replace")
 
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
     def alive(self) -> bool:
         return self._proc.poll() is None
 
