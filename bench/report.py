@@ -54,18 +54,25 @@ def _latency_rows(results: dict, concurrency: int) -> list[str]:
     return rows
 
 
-def _throughput_and_cpu_rows(results: dict, concurrencies: list[int]) -> list[str]:
+def _per_concurrency_rows(
+    results: dict, concurrencies: list[int], key: str, label: str, pattern: str
+) -> list[str]:
+    """One row per concurrency of metric `key`, with the gateway/nginx ratio."""
     rows = []
     for concurrency in concurrencies:
-        phase = f"c{concurrency}"
-        rps = {t: _get(results, phase, t, "rps") for t in COLUMNS}
+        values = {t: _get(results, f"c{concurrency}", t, key) for t in COLUMNS}
         rows.append(
             _row(
-                f"requests/s, c={concurrency}",
-                [_fmt(rps[t], "{:,.0f}") for t in COLUMNS],
-                _ratio(rps["gateway"], rps["nginx"]),
+                f"{label}, c={concurrency}",
+                [_fmt(values[t], pattern) for t in COLUMNS],
+                _ratio(values["gateway"], values["nginx"]),
             )
         )
+    return rows
+
+
+def _throughput_and_cpu_rows(results: dict, concurrencies: list[int]) -> list[str]:
+    rows = _per_concurrency_rows(results, concurrencies, "rps", "requests/s", "{:,.0f}")
     wait = {t: _get(results, "c64", t, "wait_share") for t in COLUMNS}
     rows.append(
         _row(
@@ -74,16 +81,9 @@ def _throughput_and_cpu_rows(results: dict, concurrencies: list[int]) -> list[st
             None,
         )
     )
-    for concurrency in concurrencies:
-        phase = f"c{concurrency}"
-        cpu = {t: _get(results, phase, t, "cpu_per_req_us") for t in COLUMNS}
-        rows.append(
-            _row(
-                f"proxy CPU per request, c={concurrency}",
-                [_fmt(cpu[t], "{:.0f} us") for t in COLUMNS],
-                _ratio(cpu["gateway"], cpu["nginx"]),
-            )
-        )
+    rows += _per_concurrency_rows(
+        results, concurrencies, "cpu_per_req_us", "proxy CPU per request", "{:.0f} us"
+    )
     return rows
 
 
