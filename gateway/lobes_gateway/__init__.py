@@ -1,3 +1,5 @@
 """lobes_gateway: the pure-stdlib OpenAI-compatible gateway of one lobes.fleet box."""
 
-__version__ = "0.1.0"
+from lobes_contract import VERSION as __version__
+
+__all__ = ["__version__"]

@@ -7,7 +7,8 @@ its own /v1/models listing the served id, read with the pairwise key.
 
 from __future__ import annotations
 
-from .catalog import AUDIO_STT, AUDIO_TTS
+from lobes_contract import AUDIO_TASKS
+
 from .config import GatewayConfig
 from .forward import Forwarder
 from .peers import Pool, Prober, ProbeTarget, ReplicaSpec
@@ -35,7 +36,7 @@ class ProxyAdverts:
             task = config.roles[route.role].role.task
             pool = Pool(route.role, (ReplicaSpec(route.origin, route.api_key),))
             self.pools[route.role] = pool
-            targets.append((pool, ProbeTarget(route.role, audio=task in (AUDIO_STT, AUDIO_TTS))))
+            targets.append((pool, ProbeTarget(route.role, audio=task in AUDIO_TASKS)))
         self._prober = Prober(targets, self._fetch, interval_s=config.limits.probe_interval_s,
                               timeout_s=self._timeout, on_pass=self._publish)
         self._publish()

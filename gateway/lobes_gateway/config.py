@@ -9,7 +9,18 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from .catalog import OPT_IN_ROLES, ROLES, Role
+from lobes_contract import (
+    OFF,
+    OWNERS,
+    POOL,
+    PROXY,
+    REFER,
+    ROLES,
+    ROUTE_MODES,
+    SERVE,
+    RoleSpec,
+    unknown_env,
+)
 
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -55,14 +66,14 @@ class PeerSpec:
 class RoleConfig:
     """What this box's environment says about one role."""
 
-    role: Role
+    role: RoleSpec
+    route: str  # the route mode (lobes_contract.ROUTE_MODES)
     base_url: Origin | None
     served_name: str
     max_model_len: int | None
     max_active: int | None
     feasible: bool
     peer_origin: str | None
-    peer_proxy: bool
     peer_api_key: str | None
     peers: tuple[PeerSpec, ...]
     # P_QUANTIZATION: published on /capabilities so pooling peers compare it (fingerprint).
@@ -234,7 +245,7 @@ def _rate(var: str, value: str) -> float | None:
     return rate
 
 
-def _role(env: _Env, role: Role) -> RoleConfig:
+def _role(env: _Env, role: RoleSpec, fleet_key: str | None) -> RoleConfig:
     p = role.prefix
     base = env.origin(f"{p}_BASE_URL")
     if base is None and role.name == "fallback":
@@ -244,20 +255,70 @@ def _role(env: _Env, role: Role) -> RoleConfig:
                    if peer_origin_raw else None)
     peer_key = env.str(f"{p}_PEER_API_KEY")
     # muse/worker invert the default: feasible only once wired; an explicit value always wins.
-    default_feasible = base is not None if role.name in OPT_IN_ROLES else True
+    default_feasible = base is not None if role.opt_in else True
+    feasible = bool(env.bool(f"{p}_FEASIBLE", default_feasible))
+    peer_proxy = bool(env.bool(f"{p}_PEER_PROXY", False))
+    peers = _peers(env, p, peer_origin, peer_key)
+    route = _route(env, p, feasible, peer_origin, peer_proxy, peers)
+    if route == OWNERS and fleet_key is None:
+        raise ConfigError(f"{p}_ROUTE", "is owners but GATEWAY_FLEET_KEY is not set",
+                          "set GATEWAY_FLEET_KEY (owners are asked under the fleet key)")
     return RoleConfig(
         role=role,
+        route=route,
         base_url=base,
         served_name=env.str(f"{p}_SERVED_NAME") or role.checkpoint,
         max_model_len=env.int(f"{p}_MAX_MODEL_LEN", role.context, minimum=1),
         max_active=env.int(f"{p}_MAX_ACTIVE", None, minimum=1),
-        feasible=bool(env.bool(f"{p}_FEASIBLE", default_feasible)),
+        feasible=feasible,
         peer_origin=peer_origin,
-        peer_proxy=bool(env.bool(f"{p}_PEER_PROXY", False)),
         peer_api_key=peer_key,
-        peers=_peers(env, p, peer_origin, peer_key),
+        peers=peers,
         quantization=env.str(f"{p}_QUANTIZATION"),
     )
+
+
+def _legacy_route(feasible: bool, peer_origin: str | None, peer_proxy: bool,
+                  peers: tuple[PeerSpec, ...]) -> str:
+    """The mode seed 004's .env meant before P_ROUTE existed (an existing fleet's .env).
+
+    A fleet key never turns a referral into owner forwarding: that takes P_ROUTE=owners.
+    """
+    if feasible:
+        return POOL if peers else SERVE
+    if peer_proxy and peers:
+        return POOL
+    if peer_proxy and peer_origin:
+        return PROXY
+    return REFER if peer_origin else OFF
+
+
+def _route(env: _Env, p: str, feasible: bool, peer_origin: str | None, peer_proxy: bool,
+           peers: tuple[PeerSpec, ...]) -> str:
+    """P_ROUTE, checked against the variables that mode needs; absent: the legacy meaning."""
+    name = f"{p}_ROUTE"
+    route = env.str(name)
+    if route is None:
+        return _legacy_route(feasible, peer_origin, peer_proxy, peers)
+    route = route.lower()
+    if route not in ROUTE_MODES:
+        raise ConfigError(name, f"{route!r} is not a route mode",
+                          f"use one of {', '.join(ROUTE_MODES)}")
+    if route != POOL and feasible != (route == SERVE):
+        wanted = "true" if route == SERVE else "false"
+        raise ConfigError(name, f"is {route} but {p}_FEASIBLE is {str(feasible).lower()}",
+                          f"set {p}_FEASIBLE={wanted} or change the route")
+    needs = {POOL: (peers, f"{p}_PEER_ORIGINS"), PROXY: (peer_origin, f"{p}_PEER_ORIGIN"),
+             REFER: (peer_origin, f"{p}_PEER_ORIGIN"),
+             OWNERS: (peers or peer_origin, f"{p}_PEER_ORIGINS")}
+    present, needed = needs.get(route, (True, ""))
+    if not present:
+        raise ConfigError(name, f"is {route} but {needed} is not set",
+                          f"set {needed} to the peers that serve the role")
+    if peers and route not in (POOL, OWNERS):
+        raise ConfigError(f"{p}_PEER_ORIGINS", f"is set but {name} is {route}",
+                          "remove it, or route the role as pool or owners")
+    return route
 
 
 _ALIAS = re.compile(r"^\s*([^=\s][^=]*?)\s*=\s*(\S.*?)\s*$")
@@ -311,10 +372,23 @@ def _limits(env: _Env) -> Limits:
     )
 
 
+def _refuse_unknown(environ: Mapping[str, str]) -> None:
+    """A GATEWAY_* or role-prefixed name the contract does not define is a typo: stop."""
+    unknown = unknown_env(environ)
+    if not unknown:
+        return
+    name, closest = unknown[0]
+    fix = f"did you mean {closest}?" if closest else "remove it (docs/gateway.md lists the names)"
+    others = f" (and {', '.join(n for n, _ in unknown[1:])})" if len(unknown) > 1 else ""
+    raise ConfigError(name, f"is not a variable of the gateway's contract{others}", fix)
+
+
 def load_config(environ: Mapping[str, str]) -> GatewayConfig:
     """Build the validated config from an environment; raises ConfigError naming the variable."""
+    _refuse_unknown(environ)
     env = _Env(environ)
     self_origin = env.str("GATEWAY_SELF_ORIGIN")
+    fleet_key = env.str("GATEWAY_FLEET_KEY")
     policy = (env.str("GATEWAY_POOL_POLICY") or "rate").lower()
     if policy not in POOL_POLICIES:
         raise ConfigError("GATEWAY_POOL_POLICY", f"{policy!r} is not a policy",
@@ -325,12 +399,12 @@ def load_config(environ: Mapping[str, str]) -> GatewayConfig:
         default_model=env.str("GATEWAY_DEFAULT_MODEL"),
         aliases=_aliases(env),
         api_key=env.str("GATEWAY_API_KEY") or env.str("CULTURE_VLLM_API_KEY"),
-        fleet_key=env.str("GATEWAY_FLEET_KEY"),
+        fleet_key=fleet_key,
         self_origin=_canonical_origin("GATEWAY_SELF_ORIGIN", self_origin) if self_origin else None,
         force_strict_tools=bool(env.bool("GATEWAY_FORCE_STRICT_TOOLS", False)),
         audio_url=env.origin("AUDIO_URL"),
         pool_policy=policy,
-        roles={role.name: _role(env, role) for role in ROLES},
+        roles={role.name: _role(env, role, fleet_key) for role in ROLES},
         pressure=_pressure(env),
         limits=_limits(env),
     )

@@ -24,8 +24,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from lobes_contract import AUDIO_TASKS
+
 from . import errors
-from .catalog import AUDIO_STT, AUDIO_TTS
 from .channel import Channel
 from .config import GatewayConfig, Origin, RoleConfig
 from .errors import ApiError
@@ -171,7 +172,7 @@ def _probe_target(config: GatewayConfig, role: str) -> ProbeTarget:
     """
     rc = config.roles[role]
     return ProbeTarget(role, served_id=rc.served_name,
-                       audio=rc.role.task in (AUDIO_STT, AUDIO_TTS))
+                       audio=rc.role.task in AUDIO_TASKS)
 
 
 class Pools:

@@ -6,7 +6,8 @@ import asyncio
 import os
 from dataclasses import dataclass
 
-from .catalog import SHEDDABLE_TIERS
+from lobes_contract import SHEDDABLE_TIERS
+
 from .config import PressureConfig
 
 

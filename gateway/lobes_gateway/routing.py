@@ -8,16 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import errors
-from .catalog import (
-    AUDIO_STT,
-    AUDIO_TTS,
+from lobes_contract import (
+    AUDIO_TASKS,
     EMBED,
     FALLBACK_ROLE,
     GENERATE,
+    OWNERS,
+    POOL,
     PRIMARY_ROLE,
+    PROXY,
     RERANK,
 )
+
+from . import errors
 from .config import ConfigError, GatewayConfig, Origin, RoleConfig
 
 # Lanes: the generate lane is model-routed, the others are routed by path.
@@ -66,7 +69,7 @@ class Refusal:
 
 @dataclass(frozen=True)
 class ProxyRoute:
-    """Forward to the one declared peer (P_PEER_PROXY=true on an infeasible role)."""
+    """Forward to the one declared peer (P_ROUTE=proxy)."""
 
     role: str
     tier: str | None
@@ -77,7 +80,7 @@ class ProxyRoute:
 
 @dataclass(frozen=True)
 class PoolRoute:
-    """Place across the declared replicas (P_PEER_ORIGINS); issue 5's pool dispatch fills it."""
+    """Place across the declared replicas (P_ROUTE=pool, P_PEER_ORIGINS)."""
 
     role: str
     tier: str | None
@@ -87,7 +90,7 @@ class PoolRoute:
 
 @dataclass(frozen=True)
 class OwnerRoute:
-    """Forward to the owners of a model in routing order (seed 003); filled by issue 5."""
+    """Forward to the owners of a model in routing order (P_ROUTE=owners, seed 003)."""
 
     role: str
     owners: tuple[str, ...]
@@ -177,7 +180,7 @@ class Router:
         if rc.wired:
             local = self._local(rc, lane)
             # A hosted pool: this box's own backend and its peers' (P_PEER_ORIGINS).
-            return PoolRoute(name, rc.role.tier, rc, local) if rc.peers else local
+            return PoolRoute(name, rc.role.tier, rc, local) if rc.route == POOL else local
         if name in _UPWARD_TO_PRIMARY and name != PRIMARY_ROLE:
             return self._generate_route(PRIMARY_ROLE, lane)
         return Refusal(name, errors.not_wired(name, f"{rc.role.prefix}_BASE_URL"))
@@ -191,17 +194,18 @@ class Router:
         return LocalRoute(rc.name, rc.role.tier, tuple(targets), True, strict)
 
     def _elsewhere(self, rc: RoleConfig, proxiable: bool = True) -> Route:
-        """An infeasible role: pool, proxy or refusal (referral names hosted_by)."""
+        """An infeasible role by its route mode: pool, proxy, owners, or a refusal (a referral
+        names hosted_by)."""
         refusal = Refusal(rc.name, errors.role_infeasible(rc.name, rc.peer_origin))
         if not proxiable:
             return refusal
         single: ProxyRoute | Refusal = refusal
-        if rc.peer_proxy and rc.peer_origin:
+        if rc.route in (PROXY, POOL) and rc.peer_origin:
             single = ProxyRoute(rc.name, rc.role.tier, rc.peer_origin, rc.peer_api_key,
                                 _peer_model(rc))
-        if rc.peers and rc.peer_proxy:
+        if rc.route == POOL:
             return PoolRoute(rc.name, rc.role.tier, rc, single)
-        if self._config.fleet_key and not rc.peer_proxy and (rc.peers or rc.peer_origin):
+        if rc.route == OWNERS:
             owners = tuple(p.origin for p in rc.peers) or (rc.peer_origin,)
             return OwnerRoute(rc.name, owners, refusal)
         return single
@@ -210,7 +214,7 @@ class Router:
         rc = self._roles[_LANE_ROLE[lane]]
         if not rc.feasible:
             return self._elsewhere(rc, proxiable=lane != REALTIME)
-        if rc.role.task in (AUDIO_STT, AUDIO_TTS):
+        if rc.role.task in AUDIO_TASKS:
             origin = rc.base_url or self._config.audio_url
             if origin is None:
                 return Refusal(rc.name, errors.not_wired(rc.name, "AUDIO_URL"))

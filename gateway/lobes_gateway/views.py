@@ -8,8 +8,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from lobes_contract import CANDIDATES, GENERATE, ROLES
+
 from . import __version__
-from .catalog import CANDIDATES, GENERATE, ROLES
 from .config import GatewayConfig, Origin, RoleConfig
 from .pressure import PressureMonitor
 from .routing import (
@@ -145,7 +146,7 @@ class Views:
             data.append({"id": role.checkpoint, "object": "model", "role": role.name,
                          "task": role.task, "tier": role.tier, "status": role.status,
                          "tags": [role.status], "context": role.context,
-                         "gpu_util": role.gpu_util, "loaded": bool(ids & loaded),
+                         "gpu_util": role.gpu_memory_utilization, "loaded": bool(ids & loaded),
                          "default": role.checkpoint in default_ids})
         for checkpoint, status in CANDIDATES:
             data.append({"id": checkpoint, "object": "model", "role": None, "task": GENERATE,
@@ -188,8 +189,8 @@ class Views:
                     health: dict[Origin, bool]) -> dict[str, object]:
         rc = self._config.roles[name]
         entry: dict[str, object] = {
-            "task": rc.role.task, "tier": rc.role.tier, "feasible": rc.feasible,
-            "ready": False, "context": rc.max_model_len, "proxied": False,
+            "task": rc.role.task, "tier": rc.role.tier, "route": rc.route,
+            "feasible": rc.feasible, "ready": False, "context": rc.max_model_len, "proxied": False,
             "hosted_by": rc.peer_origin if not rc.feasible else None,
             "served_name": rc.served_name,
         }

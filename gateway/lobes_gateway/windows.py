@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from .catalog import AUDIO_STT, AUDIO_TTS
+from lobes_contract import AUDIO_TASKS
+
 from .config import GatewayConfig, Origin
 from .upstream import Pool, UpstreamError, fetch
 
@@ -43,7 +44,7 @@ class BackendWindows:
         self._targets = sorted({(rc.base_url, rc.served_name)
                                 for rc in config.roles.values()
                                 if rc.feasible and rc.base_url is not None
-                                and rc.role.task not in (AUDIO_STT, AUDIO_TTS)},
+                                and rc.role.task not in AUDIO_TASKS},
                                key=lambda t: (t[0].url, t[1]))
         self._windows: dict[tuple[Origin, str], int] = {}
 

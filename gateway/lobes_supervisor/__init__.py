@@ -5,4 +5,6 @@ Each service in a ``services.json`` gets one monitor process that keeps its chil
 Processes are identified by their pidfiles (pid plus kernel start time), never by name.
 """
 
-__version__ = "0.1.0"
+from lobes_contract import VERSION as __version__
+
+__all__ = ["__version__"]

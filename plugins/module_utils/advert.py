@@ -6,7 +6,16 @@ compare() lists the differences; table() prints declared vs advertised per role.
 
 from __future__ import annotations
 
-FIELDS = ("feasible", "ready", "proxied", "hosted_by", "served_name", "context", "replicas")
+from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
+    OFF,
+    OWNERS,
+    POOL,
+    PROXY,
+    SERVE,
+)
+
+FIELDS = ("route", "feasible", "ready", "proxied", "hosted_by", "served_name", "context",
+          "replicas")
 ANY = object()  # a field whose advertised value the plan does not constrain
 
 
@@ -17,16 +26,17 @@ def expected_roles(plan: dict, peers_must_be_ready: bool = True) -> dict:
 
 def _expected(role: dict, peers_must_be_ready: bool) -> dict:
     mode = role["mode"]
-    remote = mode in ("proxy", "pool") and not role["feasible"]
-    served = mode in ("local", "pool", "proxy")
+    remote = mode in (PROXY, POOL, OWNERS) and not role["feasible"]
+    served = mode in (SERVE, POOL, PROXY, OWNERS)
     expected = {
+        "route": mode,
         "feasible": role["feasible"],
         "ready": True if served and (peers_must_be_ready or not remote) else ANY,
         "proxied": remote,
         "hosted_by": role["hosted_by"],
         "served_name": role["served_name"] if role["served_name"] else ANY,
-        "context": role["context"] if role["context"] and mode != "off" else ANY,
-        "replicas": sorted(peer["origin"] for peer in role["peers"]) if mode == "pool" else ANY,
+        "context": role["context"] if role["context"] and mode != OFF else ANY,
+        "replicas": sorted(peer["origin"] for peer in role["peers"]) if mode == POOL else ANY,
     }
     if role["task"] in ("stt", "tts"):
         # Audio lanes have no served id or window on the gateway.

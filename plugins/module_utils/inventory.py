@@ -7,8 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ansible_collections.lobes.fleet.plugins.module_utils.catalog import (
-    is_known_role,
+from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
+    OWNERS,
+    POOL,
+    PROXY,
+    REFER,
+    ROLES_BY_NAME,
+    TUNABLE_ENV,
     role_index,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetError
@@ -18,21 +23,10 @@ RUNTIMES = ("compose", "process")
 DEFAULT_GATEWAY_PORT = 8000
 DEFAULT_GEAR_PORT_BASE = 18100
 
-# The LOBES_* thresholds and gateway limits an inventory may tune (DESIGN.md section 3).
-TUNABLE_GATEWAY_ENV = (
-    "LOBES_SWAP_NO_HARD_THRESHOLD",
-    "LOBES_SWAP_PREFER_CHEAP_THRESHOLD",
-    "LOBES_SWAP_DEGRADED_THRESHOLD",
-    "LOBES_IOWAIT_NO_HARD_THRESHOLD",
-    "LOBES_IOWAIT_DEGRADED_THRESHOLD",
-    "GATEWAY_MAX_BODY_BYTES",
-    "GATEWAY_MAX_INFLIGHT_PER_KEY",
-)
-
 ROLE_FIELDS = (
     "feasible", "checkpoint", "served_name", "context", "native_context", "yarn_factor",
     "gpu_memory_utilization", "max_active", "mtp", "num_speculative_tokens", "tool_parser",
-    "quantization", "sim_profile", "referral", "proxy", "pool", "rates",
+    "quantization", "sim_profile", "referral", "proxy", "pool", "owners", "rates",
 )
 
 
@@ -45,6 +39,9 @@ def _number_text(text: str):
         return float(text)
     except ValueError:
         return text
+
+# The inventory field that names a role's peers -> the route mode it declares.
+_PEER_MODES = {"referral": REFER, "proxy": PROXY, "pool": POOL, "owners": OWNERS}
 
 
 @dataclass(frozen=True)
@@ -68,18 +65,20 @@ class RoleDecl:
     referral: str | None = None
     proxy: str | None = None
     pool: tuple = ()
+    owners: tuple = ()
     rates: tuple = ()  # ((peer hostname, tok/s), ...) in declaration order
 
     @property
+    def peer_field(self) -> str | None:
+        """The field that names this role's peers: referral, proxy, pool, owners, or None."""
+        declared = (("referral", self.referral), ("proxy", self.proxy), ("pool", self.pool),
+                    ("owners", self.owners))
+        return next((field for field, value in declared if value), None)
+
+    @property
     def peer_mode(self) -> str | None:
-        """How peers take part: referral, proxy, pool, or None."""
-        if self.referral:
-            return "referral"
-        if self.proxy:
-            return "proxy"
-        if self.pool:
-            return "pool"
-        return None
+        """The route mode the peer field declares (contract's REFER, PROXY, POOL, OWNERS)."""
+        return _PEER_MODES.get(self.peer_field)
 
 
 @dataclass(frozen=True)
@@ -220,9 +219,9 @@ def _parse_aliases(read: _Reader) -> tuple:
 def _parse_tuning(read: _Reader) -> tuple:
     tuning = read.get("fleet_gateway_tuning", dict, {})
     for name, value in tuning.items():
-        if name not in TUNABLE_GATEWAY_ENV:
+        if name not in TUNABLE_ENV:
             raise read.fail("fleet_gateway_tuning", f"{name!r} is not a tunable gateway "
-                            "variable; one of " + ", ".join(TUNABLE_GATEWAY_ENV))
+                            "variable; one of " + ", ".join(TUNABLE_ENV))
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise read.fail("fleet_gateway_tuning", f"{name} must be a number, got {value!r}")
     return tuple(sorted(tuning.items()))
@@ -231,7 +230,7 @@ def _parse_tuning(read: _Reader) -> tuple:
 def _parse_roles(host: str, roles: dict) -> tuple:
     decls = []
     for name, values in roles.items():
-        if not is_known_role(name):
+        if name not in ROLES_BY_NAME:
             raise FleetError(host, name, "fleet_roles", "is not a catalog role")
         decls.append(parse_role(host, name, values or {}))
     return tuple(sorted(decls, key=lambda decl: role_index(decl.role)))
@@ -247,8 +246,9 @@ def parse_role(host: str, role: str, values: dict) -> RoleDecl:
         raise read.fail(unknown[0], "is not a role field; one of " + ", ".join(ROLE_FIELDS))
     referral = read.get("referral", str)
     proxy = read.get("proxy", str)
-    pool = _parse_pool(read)
-    feasible = read.get("feasible", bool, not (referral or proxy or pool))
+    pool = _parse_hosts(read, "pool")
+    owners = _parse_hosts(read, "owners")
+    feasible = read.get("feasible", bool, not (referral or proxy or pool or owners))
     return RoleDecl(
         role=role,
         feasible=feasible,
@@ -267,17 +267,18 @@ def parse_role(host: str, role: str, values: dict) -> RoleDecl:
         referral=referral,
         proxy=proxy,
         pool=pool,
+        owners=owners,
         rates=_parse_rates(read),
     )
 
 
-def _parse_pool(read: _Reader) -> tuple:
-    pool = read.get("pool", list, [])
-    if not all(isinstance(member, str) and member for member in pool):
-        raise read.fail("pool", f"must be a list of inventory hostnames, got {pool!r}")
-    if len(set(pool)) != len(pool):
-        raise read.fail("pool", f"names a peer twice: {pool!r}")
-    return tuple(pool)
+def _parse_hosts(read: _Reader, field: str) -> tuple:
+    hosts = read.get(field, list, [])
+    if not all(isinstance(member, str) and member for member in hosts):
+        raise read.fail(field, f"must be a list of inventory hostnames, got {hosts!r}")
+    if len(set(hosts)) != len(hosts):
+        raise read.fail(field, f"names a peer twice: {hosts!r}")
+    return tuple(hosts)
 
 
 def _parse_rates(read: _Reader) -> tuple:

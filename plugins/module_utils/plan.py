@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ansible_collections.lobes.fleet.plugins.module_utils.catalog import (
+from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
+    OFF,
+    POOL,
+    PROXY,
+    REFER,
+    SERVE,
     role_index,
     role_spec,
 )
@@ -91,10 +96,10 @@ def _resolve_local_roles(box: BoxDecl, errors: list) -> dict:
 
 def _resolve_gear(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> dict:
     spec = role_spec(decl.role)
-    if decl.peer_mode in ("referral", "proxy"):
-        raise FleetError(box.host, decl.role, decl.peer_mode,
-                         "a role served here takes no referral or proxy; set feasible: false "
-                         "to hand it to the peer")
+    if decl.peer_field in ("referral", "proxy", "owners"):
+        raise FleetError(box.host, decl.role, decl.peer_field,
+                         "a role served here takes no referral, proxy or owners; set "
+                         "feasible: false to hand it to the peer")
     if spec.is_audio:
         return _resolve_audio(box, decl)
     checkpoint = decl.checkpoint or spec.checkpoint
@@ -282,13 +287,16 @@ def _check_peers(box: BoxDecl, boxes: dict, local: dict) -> list:
 
 
 def _check_role_peers(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) -> None:
-    declared = (("referral", decl.referral), ("proxy", decl.proxy), ("pool", decl.pool))
-    modes = [mode for mode, value in declared if value]
-    if len(modes) > 1:
-        raise FleetError(box.host, decl.role, modes[1],
-                         f"declare one of referral, proxy or pool, not {' and '.join(modes)}")
+    declared = (("referral", decl.referral), ("proxy", decl.proxy), ("pool", decl.pool),
+                ("owners", decl.owners))
+    fields = [field for field, value in declared if value]
+    if len(fields) > 1:
+        raise FleetError(box.host, decl.role, fields[1], "declare one of referral, proxy, pool "
+                         f"or owners, not {' and '.join(fields)}")
     for field, peer in _named_peers(decl):
         _check_hosts_role(box, decl, field, peer, boxes, local)
+    if decl.owners:
+        _check_owner_keys(box, decl, boxes)
     # A gear of this box that failed to resolve is reported already; nothing to agree with.
     if decl.pool and (not decl.feasible or decl.role in local[box.host]):
         _check_pool_agreement(box, decl, local)
@@ -298,7 +306,19 @@ def _check_role_peers(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) ->
 def _named_peers(decl: RoleDecl) -> list:
     named = [("referral", decl.referral), ("proxy", decl.proxy)]
     named += [("pool", member) for member in decl.pool]
+    named += [("owners", owner) for owner in decl.owners]
     return [(field, peer) for field, peer in named if peer]
+
+
+def _check_owner_keys(box: BoxDecl, decl: RoleDecl, boxes: dict) -> None:
+    """Owner forwarding travels under the fleet key: this box and every owner must hold it."""
+    if not box.has_mesh_key:
+        raise FleetError(box.host, decl.role, "owners", "forwarding to owners needs "
+                         "fleet_mesh_key on this box (the key boxes use between themselves)")
+    keyless = [owner for owner in decl.owners if not boxes[owner].has_mesh_key]
+    if keyless:
+        raise FleetError(box.host, decl.role, "owners", f"{', '.join(keyless)} has no "
+                         "fleet_mesh_key, so it would refuse forwarded requests; set it there")
 
 
 def _check_hosts_role(box, decl, field, peer, boxes, local) -> None:
@@ -388,7 +408,7 @@ def _default_model(roles: dict) -> str | None:
     """The primary's served id when the box reaches cortex at all, else the first generate."""
     generate = [plan for plan in roles.values()
                 if plan["task"] == "generate" and plan["served_name"]
-                and plan["mode"] not in ("referral", "off")]
+                and plan["mode"] not in (REFER, OFF)]
     for plan in generate:
         if plan["role"] == "cortex":
             return plan["served_name"]
@@ -429,17 +449,17 @@ def _role_plan(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) -> dict:
 
 
 def _mode(decl: RoleDecl) -> str:
-    """local, pool (local or peer-only), proxy, referral, or off (not served, no peer)."""
+    """The role's route mode: pool (hosted or peer-only), serve, or what its peers declare."""
     if decl.pool:
-        return "pool"
+        return POOL
     if decl.feasible:
-        return "local"
-    return decl.peer_mode or "off"
+        return SERVE
+    return decl.peer_mode or OFF
 
 
 def _plan_peers(decl: RoleDecl) -> tuple:
-    if decl.pool:
-        return decl.pool
+    if decl.pool or decl.owners:
+        return decl.pool or decl.owners
     return tuple(peer for peer in (decl.referral, decl.proxy) if peer)
 
 
@@ -457,7 +477,7 @@ def _key_hosts(roles: dict) -> list:
     """Peers whose inbound key this box must carry (proxied or pooled roles only)."""
     hosts = []
     for plan in roles.values():
-        if plan["mode"] not in ("proxy", "pool"):
+        if plan["mode"] not in (PROXY, POOL):
             continue
         for peer in plan["peers"]:
             if peer["auth"] and peer["host"] not in hosts:

@@ -9,11 +9,17 @@ import json
 import os
 import re
 
-from ansible_collections.lobes.fleet.plugins.module_utils.catalog import role_spec
+from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
+    OWNERS,
+    POOL,
+    PROXY,
+    is_secret_env,
+    role_env,
+    role_spec,
+)
 
 GEAR_PORT = 8000  # every vLLM gear listens on it inside its container
 GATEWAY_SOURCE_MOUNT = "/opt/lobes/gateway"
-SECRET_ENV = ("GATEWAY_API_KEY", "GATEWAY_FLEET_KEY")
 ENV_HEADER = "# Rendered by lobes.fleet.render from the mesh plan: edit the inventory, not this."
 
 
@@ -81,18 +87,19 @@ def _number(value) -> str:
 
 def _role_env(plan: dict, role: dict, secrets: dict) -> list:
     prefix = role["prefix"]
-    env = [(f"{prefix}_FEASIBLE", "true" if role["feasible"] else "false")]
+    env = [(role_env(prefix, "ROUTE"), role["mode"]),
+           (role_env(prefix, "FEASIBLE"), "true" if role["feasible"] else "false")]
     if role["served_name"]:
-        env.append((f"{prefix}_SERVED_NAME", role["served_name"]))
+        env.append((role_env(prefix, "SERVED_NAME"), role["served_name"]))
     if role["context"]:
-        env.append((f"{prefix}_MAX_MODEL_LEN", str(role["context"])))
+        env.append((role_env(prefix, "MAX_MODEL_LEN"), str(role["context"])))
     gear = role["gear"]
     if gear and not role_spec(role["role"]).is_audio:
-        env.append((f"{prefix}_BASE_URL", gear_base_url(plan, role)))
-        env.append((f"{prefix}_MAX_ACTIVE", str(gear["max_active"])))
+        env.append((role_env(prefix, "BASE_URL"), gear_base_url(plan, role)))
+        env.append((role_env(prefix, "MAX_ACTIVE"), str(gear["max_active"])))
         # Published on /capabilities, so peers pooling this gear compare it in the fingerprint.
         if gear["quantization"]:
-            env.append((f"{prefix}_QUANTIZATION", gear["quantization"]))
+            env.append((role_env(prefix, "QUANTIZATION"), gear["quantization"]))
     env.extend(_peer_env(plan, role, secrets))
     return env
 
@@ -104,19 +111,20 @@ def _peer_env(plan: dict, role: dict, secrets: dict) -> list:
     singular = peers[0] if not role["feasible"] else None
     env = []
     if singular:
-        env.append((f"{prefix}_PEER_ORIGIN", singular["origin"]))
-    if singular and mode in ("proxy", "pool"):
-        env.append((f"{prefix}_PEER_PROXY", "true"))
-        if singular["auth"]:
-            env.append((f"{prefix}_PEER_API_KEY", _peer_key(plan, role, singular, secrets)))
-    if mode == "pool":
-        env.append((f"{prefix}_PEER_ORIGINS", ",".join(peer["origin"] for peer in peers)))
+        env.append((role_env(prefix, "PEER_ORIGIN"), singular["origin"]))
+    if singular and singular["auth"] and mode in (PROXY, POOL):
+        env.append((role_env(prefix, "PEER_API_KEY"), _peer_key(plan, role, singular, secrets)))
+    if mode in (POOL, OWNERS):
+        origins = ",".join(peer["origin"] for peer in peers)
+        env.append((role_env(prefix, "PEER_ORIGINS"), origins))
+    if mode == POOL:
         # An empty slot inherits the singular peer's key; a peer without a gate needs none.
         slots = ["" if peer is singular or not peer["auth"]
                  else _peer_key(plan, role, peer, secrets) for peer in peers]
-        env.append((f"{prefix}_PEER_API_KEYS", ",".join(slots)))
+        env.append((role_env(prefix, "PEER_API_KEYS"), ",".join(slots)))
         if all(peer["rate"] is not None for peer in peers):
-            env.append((f"{prefix}_PEER_RATES", ",".join(str(peer["rate"]) for peer in peers)))
+            env.append((role_env(prefix, "PEER_RATES"),
+                        ",".join(str(peer["rate"]) for peer in peers)))
     return env
 
 
@@ -147,7 +155,7 @@ def format_env(env: list, mask_secrets: bool = False) -> str:
     for name, value in env:
         if "\n" in value or '"' in value:
             raise RenderError(f"{name}: a value may not hold a newline or a double quote")
-        if mask_secrets and is_secret(name) and value.strip(","):
+        if mask_secrets and is_secret_env(name) and value.strip(","):
             lines.append(f"{name}=********")
         elif _PLAIN.match(value):
             lines.append(f"{name}={value}")
@@ -156,16 +164,11 @@ def format_env(env: list, mask_secrets: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def is_secret(name: str) -> bool:
-    """Whether an env variable holds a key (or a list of keys)."""
-    return name in SECRET_ENV or name.endswith(("_API_KEY", "_API_KEYS"))
-
-
 def secret_values(env: list) -> list:
     """Every secret value in an env (keys and key-list slots), for masking."""
     values = []
     for name, value in env:
-        if is_secret(name):
+        if is_secret_env(name):
             values.extend(slot for slot in value.split(",") if slot)
     return values
 

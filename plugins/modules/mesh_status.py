@@ -87,6 +87,18 @@ import json  # noqa: E402 - modules keep imports below their documentation
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.urls import open_url  # noqa: E402
+from ansible_collections.lobes.fleet.plugins.module_utils.contract import (  # noqa: E402
+    OFF,
+    OWNERS,
+    POOL,
+    PROXY,
+    REFER,
+    SERVE,
+)
+
+# How the status table says where a role is answered, by its route mode.
+_WHERE = {PROXY: "proxied to ", POOL: "pooled over ", REFER: "referred to ",
+          OWNERS: "forwarded to owners "}
 
 COLUMNS = (
     ("box", "box"),
@@ -105,16 +117,10 @@ def _get(origin, path, timeout):
 
 def _where(role_plan):
     peers = [peer["host"] for peer in role_plan.get("peers") or []]
-    mode = role_plan.get("mode")
-    if mode == "local":
+    mode = role_plan.get("mode") or OFF
+    if mode == SERVE:
         return "here"
-    if mode == "proxy":
-        return "proxied to " + ", ".join(peers)
-    if mode == "pool":
-        return "pooled over " + ", ".join(peers)
-    if mode == "referral":
-        return "referred to " + ", ".join(peers)
-    return mode or "off"
+    return _WHERE.get(mode, mode) + ", ".join(peers)
 
 
 def _in_flight(status, role, live):
@@ -131,7 +137,7 @@ def _box_rows(host, box, capabilities, status):
     rows = []
     advertised = capabilities.get("roles", {}) if capabilities else {}
     for role, role_plan in sorted(box.get("roles", {}).items()):
-        if role_plan.get("mode") == "off":
+        if role_plan.get("mode") == OFF:
             continue
         live = advertised.get(role, {})
         rows.append(

@@ -115,6 +115,9 @@ import tempfile  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils import render  # noqa: E402
+from ansible_collections.lobes.fleet.plugins.module_utils.contract import (  # noqa: E402
+    is_secret_env,
+)
 
 ENV_MODE = 0o600
 FILE_MODE = 0o644
@@ -170,7 +173,7 @@ def _masked_before(name: str, before: str | None) -> str:
 
 def _mask_line(line: str) -> str:
     name, sep, value = line.partition("=")
-    if sep and render.is_secret(name):
+    if sep and is_secret_env(name):
         return f"{name}=********" if value.strip('",') else line
     return line
 

@@ -100,8 +100,8 @@ from http.client import HTTPException  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.urls import open_url  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils import advert  # noqa: E402
-from ansible_collections.lobes.fleet.plugins.module_utils.version import (  # noqa: E402
-    COLLECTION_VERSION,
+from ansible_collections.lobes.fleet.plugins.module_utils.contract import (  # noqa: E402
+    VERSION,
 )
 
 
@@ -145,7 +145,7 @@ def run(module: AnsibleModule) -> dict:
     params = module.params
     plan = params["plan"]
     base = (params["url"] or f"http://127.0.0.1:{plan['gateway']['port']}").rstrip("/")
-    version = params["version"] or COLLECTION_VERSION
+    version = params["version"] or VERSION
     expected = advert.expected_roles(plan, params["peers_must_be_ready"])
     started = time.monotonic()
     attempts = 0

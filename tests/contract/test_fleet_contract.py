@@ -1,42 +1,46 @@
-"""The collection's fleet model and the stdlib gateway hold their own copies of the contract
-(the gateway must run without the collection). These tests hold the two copies together: the
-role catalogs agree, every rendered .env is one the gateway accepts, and the keys a box would
-attach to its peers are exactly the inbound keys those peers were rendered with."""
+"""The collection and the stdlib gateway share one contract module (the gateway must run
+without the collection, so gateway/lobes_contract.py is a link to plugins/module_utils/contract.py).
+These tests hold the rest together: the link is the same file and stays stdlib-only, every
+rendered .env is one the gateway accepts and reads back as rendered, the gateway built from each
+tailnet box's .env routes every role as that box's plan declares, and the keys a box attaches to
+its peers are exactly the inbound keys those peers were rendered with."""
 
 from __future__ import annotations
 
+import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
+import lobes_contract
 import pytest
 import yaml
-from ansible_collections.lobes.fleet.plugins.module_utils import catalog as fleet_catalog
+from ansible_collections.lobes.fleet.plugins.module_utils import advert, contract
+from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from lobes_gateway import __version__ as gateway_version
-from lobes_gateway import catalog as gateway_catalog
 from lobes_gateway.config import load_config, parse_env_file
+
+from tests.support.gateway_proc import start_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_ENVS = sorted((ROOT / "tests" / "fixtures" / "golden").glob("*/*/.env"))
+TAILNET = ROOT / "inventories" / "tailnet"
+# What a box routes, whatever its peers' and gears' health: the fields the plan decides.
+ROUTING_FIELDS = ("route", "feasible", "proxied", "hosted_by")
 
 
-def _shared_columns_of_fleet(spec) -> tuple:
-    return (spec.prefix, spec.tier_alias, spec.compat_alias, spec.extra_aliases, spec.checkpoint,
-            spec.context, spec.gpu_memory_utilization, spec.status, spec.task)
+def test_the_gateway_and_the_collection_import_one_contract_file():
+    assert Path(lobes_contract.__file__).resolve() == Path(contract.__file__).resolve()
 
 
-def _shared_columns_of_gateway(role) -> tuple:
-    return (role.prefix, role.tier, role.compat_alias, role.extra_aliases, role.checkpoint,
-            role.context, role.gpu_util, role.status, role.task)
-
-
-def test_both_catalogs_hold_the_same_roles_in_the_same_order():
-    assert [spec.role for spec in fleet_catalog.ROLES] == [r.name for r in gateway_catalog.ROLES]
-
-
-@pytest.mark.parametrize("role", [spec.role for spec in fleet_catalog.ROLES])
-def test_both_catalogs_agree_on_every_shared_column(role):
-    fleet = _shared_columns_of_fleet(fleet_catalog.role_spec(role))
-    gateway = _shared_columns_of_gateway(gateway_catalog.ROLES_BY_NAME[role])
-    assert fleet == gateway
+def test_the_contract_imports_only_the_standard_library():
+    tree = ast.parse(Path(contract.__file__).read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}
 
 
 def test_the_gateway_reports_the_collection_version():
@@ -64,7 +68,37 @@ def test_every_rendered_env_is_accepted_and_read_back_as_rendered(env_file):
         if f"{prefix}_MAX_MODEL_LEN" in env:
             assert role.max_model_len == int(env[f"{prefix}_MAX_MODEL_LEN"])
         assert role.wired == (f"{prefix}_BASE_URL" in env)
+        assert role.route == env[f"{prefix}_ROUTE"]
         assert role.quantization == env.get(f"{prefix}_QUANTIZATION")
+
+
+@pytest.fixture(scope="module")
+def tailnet_plan() -> dict:
+    """The example mesh's plan, from the inventory as ansible reads it (keys stay vaulted)."""
+    listing = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(TAILNET), "--list",
+         "--vault-password-file", str(TAILNET / "vault-password.example.txt")],
+        capture_output=True, text=True, check=True, timeout=60)
+    return plan_mesh(json.loads(listing.stdout)["_meta"]["hostvars"])
+
+
+@pytest.mark.parametrize("env_file", [p for p in GOLDEN_ENVS if p.parts[-3] == "tailnet"],
+                         ids=lambda p: p.parent.name)
+def test_a_gateway_built_from_a_rendered_env_routes_every_role_as_planned(env_file,
+                                                                         tailnet_plan):
+    """The tailnet defect: a fleet key once turned the Orin's referrals into forwarding."""
+    env = parse_env_file(env_file.read_text())
+    env.update(GATEWAY_PROBE_TIMEOUT_S="0.2", GATEWAY_CONNECT_TIMEOUT_S="0.2")
+    del env["GATEWAY_HOST"], env["GATEWAY_PORT"]
+    box_plan = tailnet_plan["boxes"][env_file.parent.name]
+    expected = {role: {field: fields[field] for field in ROUTING_FIELDS}
+                for role, fields in advert.expected_roles(box_plan).items()}
+    with start_gateway(env) as gateway:
+        capabilities = gateway.get_json("/capabilities")
+    advertised = advert.advertised_roles(capabilities, env["GATEWAY_SELF_ORIGIN"])
+    assert advert.compare(expected, advertised) == {}
+    assert {role: fields["route"] for role, fields in expected.items()} == {
+        name: env[f"{contract.role_spec(name).prefix}_ROUTE"] for name in expected}
 
 
 def _inbound_keys(inventory: str) -> dict[str, str | None]:
@@ -85,7 +119,7 @@ def test_every_peer_is_dialled_with_that_peers_own_inbound_key(env_file):
     config = load_config(parse_env_file(env_file.read_text()))
     dialled = 0
     for role in config.roles.values():
-        if role.peer_origin and role.peer_proxy:
+        if role.peer_origin and role.route in (contract.PROXY, contract.POOL):
             assert role.peer_api_key == inbound[role.peer_origin], (role.name, role.peer_origin)
             dialled += 1
         for peer in role.peers:

@@ -65,7 +65,7 @@ def test_peer_pool_with_key_inheritance_and_rates():
         "PRIMARY_PEER_RATES": "48.9,",
     })
     cortex = config.roles["cortex"]
-    assert cortex.peer_proxy and cortex.peer_origin == "http://spark:8001"
+    assert cortex.route == "pool" and cortex.peer_origin == "http://spark:8001"
     spark, thor = cortex.peers
     # The empty slot of the singular peer's own origin inherits its key; the other stays keyless.
     assert (spark.origin, spark.api_key, spark.rate) == ("http://spark:8001", "spark-key", 48.9)
@@ -120,13 +120,59 @@ def test_gateway_api_key_wins_over_culture_key():
      "PRIMARY_PEER_RATES", "> 0"),
     ({"PRIMARY_PEER_API_KEYS": "k"}, "PRIMARY_PEER_API_KEYS", "PRIMARY_PEER_ORIGINS"),
     ({"GATEWAY_POOL_POLICY": "random"}, "GATEWAY_POOL_POLICY", "rate"),
-])
+    # Misspelt names stop the gateway, naming the closest known one.
+    ({"GATEWAY_PORTT": "8000"}, "GATEWAY_PORTT", "did you mean GATEWAY_PORT?"),
+    ({"PRIMARY_BASEURL": "http://a:1"}, "PRIMARY_BASEURL", "did you mean PRIMARY_BASE_URL?"),
+    ({"EMBED_PEER_ORIGIN_": "http://a:1"}, "EMBED_PEER_ORIGIN_",
+     "did you mean EMBED_PEER_ORIGIN?"),
+    ({"GATEWAY_COLOUR": "blue"}, "GATEWAY_COLOUR", "docs/gateway.md lists the names"),
+    # An explicit route must agree with the variables it needs.
+    ({"PRIMARY_ROUTE": "teleport"}, "PRIMARY_ROUTE", "serve, pool, proxy, refer, owners, off"),
+    ({"PRIMARY_ROUTE": "proxy", "PRIMARY_FEASIBLE": "false"}, "PRIMARY_ROUTE",
+     "set PRIMARY_PEER_ORIGIN"),
+    ({"PRIMARY_ROUTE": "refer"}, "PRIMARY_ROUTE", "set PRIMARY_FEASIBLE=false"),
+    ({"PRIMARY_ROUTE": "serve", "PRIMARY_FEASIBLE": "false"}, "PRIMARY_ROUTE",
+     "set PRIMARY_FEASIBLE=true"),
+    ({"PRIMARY_ROUTE": "pool"}, "PRIMARY_ROUTE", "set PRIMARY_PEER_ORIGINS"),
+    ({"PRIMARY_ROUTE": "owners", "PRIMARY_FEASIBLE": "false",
+      "PRIMARY_PEER_ORIGINS": "http://a:1"}, "PRIMARY_ROUTE", "set GATEWAY_FLEET_KEY"),
+    ({"PRIMARY_ROUTE": "refer", "PRIMARY_FEASIBLE": "false",
+      "PRIMARY_PEER_ORIGIN": "http://a:1", "PRIMARY_PEER_ORIGINS": "http://a:1"},
+     "PRIMARY_PEER_ORIGINS", "route the role as pool"),
+], ids=lambda value: value if isinstance(value, str) else None)
 def test_bad_variable_names_itself_and_the_fix(env, variable, fix):
     with pytest.raises(ConfigError) as info:
         load_config(env)
     assert info.value.variable == variable
     assert str(info.value).startswith(variable)
     assert fix in str(info.value)
+
+
+def test_several_unknown_names_are_all_named():
+    with pytest.raises(ConfigError) as info:
+        load_config({"GATEWAY_PORTT": "1", "MINOR_SERVED": "x", "PATH": "/bin", "LOBESX": "1"})
+    assert str(info.value).startswith("GATEWAY_PORTT: is not a variable of the gateway's "
+                                      "contract (and MINOR_SERVED)")
+
+
+@pytest.mark.parametrize(("env", "route"), [
+    ({}, "serve"),
+    ({"PRIMARY_PEER_ORIGINS": "http://a:1"}, "pool"),
+    ({"PRIMARY_FEASIBLE": "false"}, "off"),
+    ({"PRIMARY_FEASIBLE": "false", "PRIMARY_PEER_ORIGIN": "http://a:1"}, "refer"),
+    ({"PRIMARY_FEASIBLE": "false", "PRIMARY_PEER_ORIGIN": "http://a:1",
+      "PRIMARY_PEER_PROXY": "true"}, "proxy"),
+    ({"PRIMARY_FEASIBLE": "false", "PRIMARY_PEER_ORIGINS": "http://a:1",
+      "PRIMARY_PEER_PROXY": "true"}, "pool"),
+    # The tailnet defect: a fleet key once made this referral owner forwarding.
+    ({"PRIMARY_FEASIBLE": "false", "PRIMARY_PEER_ORIGIN": "http://a:1",
+      "GATEWAY_FLEET_KEY": "mesh"}, "refer"),
+    ({"PRIMARY_FEASIBLE": "false", "PRIMARY_PEER_ORIGINS": "http://a:1",
+      "GATEWAY_FLEET_KEY": "mesh", "PRIMARY_ROUTE": "owners"}, "owners"),
+], ids=["serve", "hosted pool", "off", "refer", "proxy", "peer pool", "fleet key refers",
+        "owners"])
+def test_an_env_without_p_route_keeps_seed_004s_meaning(env, route):
+    assert load_config(env).roles["cortex"].route == route
 
 
 def test_parse_env_file_subset():

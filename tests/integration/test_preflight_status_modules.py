@@ -65,7 +65,7 @@ def test_mesh_status_reports_an_unreachable_box_without_failing():
             "ghost": {
                 "origin": f"http://127.0.0.1:{closed}",
                 "roles": {
-                    "cortex": {"mode": "local", "peers": []},
+                    "cortex": {"mode": "serve", "peers": []},
                     "senses": {"mode": "pool", "peers": [{"host": "a"}, {"host": "b"}]},
                     "minor": {"mode": "off", "peers": []},
                 },

@@ -29,7 +29,8 @@ def owner_env(sim, served="sim-instant", **extra):
 
 
 def entry_env(*owners, **extra):
-    env = {"PRIMARY_FEASIBLE": "false", "PRIMARY_PEER_ORIGINS": ",".join(owners),
+    env = {"PRIMARY_FEASIBLE": "false", "PRIMARY_ROUTE": "owners",
+           "PRIMARY_PEER_ORIGINS": ",".join(owners),
            "GATEWAY_FLEET_KEY": FLEET, "GATEWAY_API_KEY": "entry-client-key",
            "GATEWAY_SELF_ORIGIN": ENTRY}
     env.update(extra)

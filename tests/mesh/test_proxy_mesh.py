@@ -235,7 +235,7 @@ def test_mesh_status_shows_the_requests_a_box_has_out_at_its_peer(box):
         "orin": {"origin": orin.url, "roles": {
             "senses": {"mode": "proxy", "peers": [{"host": "spark"}]}}},
         "spark": {"origin": spark.url, "roles": {
-            "senses": {"mode": "local", "peers": []}}},
+            "senses": {"mode": "serve", "peers": []}}},
     }}
     # Slowed (a step every ~0.4 s) so it outlasts the ansible run that reads it; then let go.
     senses.set_faults({"slow_factor": 1000.0})

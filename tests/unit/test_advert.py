@@ -12,16 +12,19 @@ CORTEX = "sakamakismile/Qwen3.6-27B-Text-NVFP4-MTP"
 
 def orin_capabilities(**cortex) -> dict:
     """The Orin's /capabilities after seed 000's fix: pooled cortex, ready at 262144."""
-    entry = {"feasible": False, "ready": True, "proxied": True, "hosted_by": SPARK,
+    entry = {"route": "pool", "feasible": False, "ready": True, "proxied": True,
+             "hosted_by": SPARK,
              "served_name": CORTEX, "context": 262144,
              "replicas": [{"origin": SPARK, "ready": True, "compatible": True, "reason": ""},
                           {"origin": THOR, "ready": True, "compatible": True, "reason": ""}]}
     entry.update(cortex)
     return {"roles": {
         "cortex": entry,
-        "senses": {"feasible": False, "ready": True, "proxied": True, "hosted_by": SPARK,
-                   "served_name": "coolthor/gemma-4-12B-it-NVFP4A16", "context": 32768},
-        "worker": {"feasible": True, "ready": True, "proxied": False, "hosted_by": None,
+        "senses": {"route": "proxy", "feasible": False, "ready": True, "proxied": True,
+                   "hosted_by": SPARK, "served_name": "coolthor/gemma-4-12B-it-NVFP4A16",
+                   "context": 32768},
+        "worker": {"route": "serve", "feasible": True, "ready": True, "proxied": False,
+                   "hosted_by": None,
                    "served_name": "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4",
                    "context": 32768},
         "minor": {"feasible": True, "ready": False},  # undeclared roles are not compared
@@ -47,6 +50,13 @@ def test_seed_000s_baseline_advert_is_caught():
     assert found == {"cortex": ["ready", "context"]}
 
 
+def test_a_role_routed_otherwise_than_planned_is_caught():
+    """The tailnet defect: a referral the gateway turned into forwarding to the owner."""
+    capabilities = orin_capabilities()
+    capabilities["roles"]["senses"].update(route="owners")
+    assert differences(orin_plan(), capabilities) == {"senses": ["route"]}
+
+
 def test_a_pool_missing_a_replica_is_caught():
     capabilities = orin_capabilities()
     capabilities["roles"]["cortex"]["replicas"].pop()
@@ -58,10 +68,11 @@ def test_a_hosted_pool_may_list_its_own_replica():
     mesh["thor"]["fleet_roles"]["cortex"].update(feasible=True, pool=["spark"])
     thor = plan_mesh(mesh)["boxes"]["thor"]
     capabilities = {"roles": {
-        "cortex": {"feasible": True, "ready": True, "proxied": False, "hosted_by": None,
-                   "served_name": CORTEX, "context": 262144,
+        "cortex": {"route": "pool", "feasible": True, "ready": True, "proxied": False,
+                   "hosted_by": None, "served_name": CORTEX, "context": 262144,
                    "replicas": [{"origin": THOR}, {"origin": SPARK}]},
-        "senses": {"feasible": False, "ready": False, "proxied": False, "hosted_by": SPARK,
+        "senses": {"route": "refer", "feasible": False, "ready": False, "proxied": False,
+                   "hosted_by": SPARK,
                    "served_name": "coolthor/gemma-4-12B-it-NVFP4A16", "context": 32768},
     }}
     assert differences(thor, capabilities) == {}
@@ -79,4 +90,4 @@ def test_a_declared_role_the_gateway_does_not_list_mismatches():
     capabilities = orin_capabilities()
     del capabilities["roles"]["senses"]
     assert differences(orin_plan(), capabilities)["senses"] == [
-        "feasible", "ready", "proxied", "hosted_by", "served_name", "context"]
+        "route", "feasible", "ready", "proxied", "hosted_by", "served_name", "context"]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.lobes.fleet.plugins.module_utils import catalog, hardware
+from ansible_collections.lobes.fleet.plugins.module_utils import contract, hardware
 from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetErrors
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
-from ansible_collections.lobes.fleet.plugins.module_utils.version import COLLECTION_VERSION
+from ansible_collections.lobes.fleet.plugins.module_utils.render import render_env
 
 from tests.unit.mesh import SPARK, THOR, seed_mesh
 
@@ -22,7 +22,7 @@ def plan_error(hostvars: dict) -> str:
 
 
 def test_catalog_matches_the_seed_table():
-    by_role = {spec.role: spec for spec in catalog.ROLES}
+    by_role = {spec.name: spec for spec in contract.ROLES}
     assert list(by_role) == ["cortex", "senses", "minor", "middle", "muse", "worker",
                              "embedder", "reranker", "stt", "tts", "fallback"]
     cortex = by_role["cortex"]
@@ -31,10 +31,10 @@ def test_catalog_matches_the_seed_table():
     assert by_role["senses"].aliases == ("multimodal", "normal", "senses")
     assert by_role["minor"].aliases == ("minor", "cheap")
     assert by_role["worker"].gpu_memory_utilization is None
-    assert {spec.prefix for spec in catalog.ROLES} == {
+    assert {spec.prefix for spec in contract.ROLES} == {
         "PRIMARY", "MULTIMODAL", "MINOR", "MIDDLE", "MUSE", "WORKER", "EMBED", "RERANK",
         "STT", "TTS", "FALLBACK"}
-    assert catalog.TIER_ORDER == ("minor", "multimodal", "worker", "muse", "main")
+    assert contract.TIER_ORDER == ("minor", "multimodal", "worker", "muse", "main")
 
 
 def test_hardware_profiles_of_the_three_boxes():
@@ -184,13 +184,14 @@ def test_bad_box_variables_are_named(host, change, expected):
 def test_one_peer_mode_per_role():
     mesh = seed_mesh()
     mesh["orin"]["fleet_roles"]["senses"]["referral"] = "spark"
-    assert "role senses, field proxy: declare one of referral, proxy or pool" in plan_error(mesh)
+    assert "role senses, field proxy: declare one of referral, proxy, pool or owners" \
+        in plan_error(mesh)
 
 
 def test_a_served_role_takes_no_proxy():
     mesh = seed_mesh()
     mesh["orin"]["fleet_roles"]["senses"]["feasible"] = True
-    assert "role senses, field proxy: a role served here takes no referral or proxy" \
+    assert "role senses, field proxy: a role served here takes no referral, proxy or owners" \
         in plan_error(mesh)
 
 
@@ -234,12 +235,56 @@ def test_plan_of_a_peer_only_pool():
 def test_plan_of_referral_and_local_gear():
     boxes = plan_mesh(seed_mesh())["boxes"]
     senses = boxes["thor"]["roles"]["senses"]
-    assert (senses["mode"], senses["hosted_by"], senses["context"]) == ("referral", SPARK, 32768)
+    assert (senses["mode"], senses["hosted_by"], senses["context"]) == ("refer", SPARK, 32768)
     assert boxes["thor"]["key_hosts"] == []  # a referral dials nobody
     gear = boxes["spark"]["roles"]["cortex"]["gear"]
     assert gear["port"] == 18100 and gear["service"] == "vllm-cortex"
     assert (gear["tool_parser"], gear["quantization"], gear["num_speculative_tokens"]) == (
         "qwen3_coder", "modelopt_fp4", 2)
+
+
+def owner_mesh() -> dict:
+    """The seed mesh with a fleet key on every box and the Thor forwarding senses to owners."""
+    mesh = seed_mesh()
+    for box in mesh.values():
+        box["fleet_mesh_key"] = True
+    mesh["thor"]["fleet_roles"]["senses"] = {"feasible": False, "owners": ["spark"]}
+    return mesh
+
+
+def test_owner_forwarding_is_a_declared_mode_rendered_explicitly():
+    thor = plan_mesh(owner_mesh())["boxes"]["thor"]
+    senses = thor["roles"]["senses"]
+    assert (senses["mode"], senses["hosted_by"]) == ("owners", SPARK)
+    assert thor["key_hosts"] == []  # owners are asked under the fleet key, not peer keys
+    env = dict(render_env(thor, {"fleet_key": "mesh"}))
+    assert (env["MULTIMODAL_ROUTE"], env["MULTIMODAL_PEER_ORIGINS"]) == ("owners", SPARK)
+    assert env["GATEWAY_FLEET_KEY"] == "mesh"
+
+
+def test_a_fleet_key_leaves_a_referral_a_referral():
+    mesh = seed_mesh()
+    for box in mesh.values():
+        box["fleet_mesh_key"] = True
+    thor = plan_mesh(mesh)["boxes"]["thor"]
+    env = dict(render_env(thor, {"fleet_key": "mesh"}))
+    assert env["MULTIMODAL_ROUTE"] == "refer" and "MULTIMODAL_PEER_ORIGINS" not in env
+
+
+@pytest.mark.parametrize(("keyless", "message"), [
+    ("thor", "host thor, role senses, field owners: forwarding to owners needs fleet_mesh_key"),
+    ("spark", "host thor, role senses, field owners: spark has no fleet_mesh_key"),
+], ids=["forwarding box", "owner"])
+def test_owner_forwarding_needs_the_fleet_key_on_both_ends(keyless, message):
+    mesh = owner_mesh()
+    del mesh[keyless]["fleet_mesh_key"]
+    assert message in plan_error(mesh)
+
+
+def test_owners_must_host_the_role():
+    mesh = owner_mesh()
+    mesh["thor"]["fleet_roles"]["senses"]["owners"] = ["orin"]
+    assert "host thor, role senses, field owners: orin does not host senses" in plan_error(mesh)
 
 
 def test_a_checkpoint_override_drops_the_catalog_quantization():
@@ -256,7 +301,7 @@ def test_the_plan_holds_no_secrets():
 
 def test_collection_version_equals_galaxy_yml():
     galaxy = yaml.safe_load((Path(__file__).resolve().parents[2] / "galaxy.yml").read_text())
-    assert galaxy["version"] == COLLECTION_VERSION
+    assert galaxy["version"] == contract.VERSION
 
 
 def test_extra_vars_written_as_text_are_read_as_numbers_and_booleans():

@@ -9,7 +9,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from ansible_collections.lobes.fleet.plugins.module_utils.catalog import ROLE_NAMES
+from ansible_collections.lobes.fleet.plugins.module_utils.contract import ROLE_NAMES
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from ansible_collections.lobes.fleet.plugins.modules import render as render_module
 from ansible_collections.lobes.fleet.plugins.modules import verify as verify_module
@@ -124,7 +124,7 @@ def test_a_mismatch_fails_with_a_declared_vs_advertised_table(mesh):
     assert result["failed"] is True and result["attempts"] >= 2
     lines = result["msg"].splitlines()
     header = next(line for line in lines if line.startswith("role"))
-    assert header.split() == ["role", "side", "feasible", "ready", "proxied", "hosted_by",
+    assert header.split() == ["role", "side", "route", "feasible", "ready", "proxied", "hosted_by",
                               "served_name", "context", "replicas"]
     declared = next(line for line in lines if line.startswith("cortex"))
     advertised = lines[lines.index(declared) + 1]

@@ -1,0 +1,256 @@
+"""The fleet contract: the role catalog, the route modes and the gateway's environment names.
+
+Each fact here is written once. The collection imports this module as module_utils; the
+box-side programs import the same file as ``lobes_contract`` (gateway/lobes_contract.py is a
+link to it), so the gateway, the supervisor and the plan cannot drift apart. Standard library
+only: it runs on a box that has no Ansible.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+# The collection's version; the gateway reports it on /health (galaxy.yml holds it too, as
+# Galaxy requires, and a test holds the two together).
+VERSION = "0.1.0"
+
+# ---------------------------------------------------------------- the role catalog (seed 004)
+
+GENERATE = "generate"
+EMBED = "embed"
+RERANK = "rerank"
+STT = "stt"
+TTS = "tts"
+AUDIO_TASKS = frozenset({STT, TTS})
+
+LOAD_TESTED = "load-tested"
+CONFIGURED = "configured"
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """One catalog row: what a role is, its env prefix and how its default checkpoint is served."""
+
+    name: str
+    prefix: str
+    tier: str | None
+    compat_alias: str | None
+    extra_aliases: tuple[str, ...]
+    checkpoint: str
+    context: int | None
+    gpu_memory_utilization: float | None
+    status: str
+    task: str
+    native_context: int | None = None
+    tool_parser: str | None = None
+    quantization: str | None = None
+    mtp_checkpoint: bool = False
+    # Opt-in roles are feasible by default only once their backend is wired (seed 004).
+    opt_in: bool = False
+    vllm_args: tuple[str, ...] = ()
+    max_active: int = 2  # --max-num-seqs default; pooling gears batch many small requests
+    hf_overrides: str | None = None  # JSON, merged with a YaRN rope scaling when both apply
+    sim_profile: str = "minor"
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Every name besides the served id that reaches this role through the gateway."""
+        names = (self.tier, self.compat_alias, *self.extra_aliases)
+        return tuple(name for name in names if name)
+
+    @property
+    def is_audio(self) -> bool:
+        return self.task in AUDIO_TASKS
+
+    @property
+    def native_window(self) -> int | None:
+        """The checkpoint's own window: declared where it differs from the default context."""
+        return self.native_context or self.context
+
+
+_RERANKER_OVERRIDES = (
+    '{"architectures": ["Qwen3ForSequenceClassification"], '
+    '"classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true}'
+)
+
+ROLES: tuple[RoleSpec, ...] = (
+    RoleSpec(
+        name="cortex", prefix="PRIMARY", tier="main", compat_alias="hard",
+        extra_aliases=("cortex",), checkpoint="sakamakismile/Qwen3.6-27B-Text-NVFP4-MTP",
+        context=131072, gpu_memory_utilization=0.30, status=LOAD_TESTED, task=GENERATE,
+        tool_parser="qwen3_coder", quantization="modelopt_fp4", mtp_checkpoint=True,
+        sim_profile="spark-cortex",
+    ),
+    RoleSpec(
+        # Served trimmed to 32K by default; the checkpoint's own window is 128K (seed 004).
+        name="senses", prefix="MULTIMODAL", tier="multimodal", compat_alias="normal",
+        extra_aliases=("senses",), checkpoint="coolthor/gemma-4-12B-it-NVFP4A16",
+        context=32768, gpu_memory_utilization=0.14, status=LOAD_TESTED, task=GENERATE,
+        native_context=131072, tool_parser="gemma4", quantization="compressed-tensors",
+        mtp_checkpoint=True, sim_profile="spark-senses",
+    ),
+    RoleSpec(
+        name="minor", prefix="MINOR", tier="minor", compat_alias="cheap",
+        extra_aliases=(), checkpoint="Qwen/Qwen3.5-4B", context=32768,
+        gpu_memory_utilization=0.10, status=CONFIGURED, task=GENERATE,
+        tool_parser="qwen3_coder",
+    ),
+    RoleSpec(
+        name="middle", prefix="MIDDLE", tier=None, compat_alias=None, extra_aliases=(),
+        checkpoint="nvidia/Qwen3-14B-NVFP4", context=32768, gpu_memory_utilization=0.12,
+        status=CONFIGURED, task=GENERATE, tool_parser="hermes", quantization="modelopt_fp4",
+    ),
+    RoleSpec(
+        name="muse", prefix="MUSE", tier="muse", compat_alias=None, extra_aliases=(),
+        checkpoint="nvidia/Gemma-4-31B-IT-NVFP4", context=32768, gpu_memory_utilization=0.55,
+        status=CONFIGURED, task=GENERATE, tool_parser="gemma4", quantization="modelopt_fp4",
+        opt_in=True,
+    ),
+    RoleSpec(
+        # Its utilization is unmeasured (seed 004): a box that hosts it must declare one.
+        name="worker", prefix="WORKER", tier="worker", compat_alias=None, extra_aliases=(),
+        checkpoint="unsloth/Qwen3.6-35B-A3B-NVFP4", context=32768, gpu_memory_utilization=None,
+        status=CONFIGURED, task=GENERATE, tool_parser="qwen3_coder",
+        quantization="modelopt_fp4", opt_in=True,
+    ),
+    RoleSpec(
+        name="embedder", prefix="EMBED", tier=None, compat_alias=None, extra_aliases=(),
+        checkpoint="Qwen/Qwen3-Embedding-0.6B", context=8192, gpu_memory_utilization=0.06,
+        status=LOAD_TESTED, task=EMBED, max_active=16,
+        vllm_args=("--runner", "pooling", "--convert", "embed"),
+        sim_profile="embedder",
+    ),
+    RoleSpec(
+        name="reranker", prefix="RERANK", tier=None, compat_alias=None, extra_aliases=(),
+        checkpoint="Qwen/Qwen3-Reranker-0.6B", context=8192, gpu_memory_utilization=0.06,
+        status=LOAD_TESTED, task=RERANK, max_active=16,
+        vllm_args=("--runner", "pooling", "--convert", "classify"),
+        hf_overrides=_RERANKER_OVERRIDES,
+        sim_profile="reranker",
+    ),
+    RoleSpec(
+        name="stt", prefix="STT", tier=None, compat_alias=None, extra_aliases=(),
+        checkpoint="nvidia/parakeet-tdt-0.6b-v2", context=None, gpu_memory_utilization=None,
+        status=CONFIGURED, task=STT, sim_profile="audio",
+    ),
+    RoleSpec(
+        name="tts", prefix="TTS", tier=None, compat_alias=None, extra_aliases=(),
+        checkpoint="ResembleAI/chatterbox", context=None, gpu_memory_utilization=None,
+        status=CONFIGURED, task=TTS, sim_profile="audio",
+    ),
+    RoleSpec(
+        name="fallback", prefix="FALLBACK", tier=None, compat_alias=None, extra_aliases=(),
+        checkpoint="RedHatAI/Mistral-Small-3.2-24B-Instruct-2506-NVFP4", context=32768,
+        gpu_memory_utilization=0.40, status=CONFIGURED, task=GENERATE,
+        tool_parser="mistral", quantization="compressed-tensors",
+    ),
+)
+
+# Capability order of the generate tiers, ascending (seed 004).
+TIER_ORDER: tuple[str, ...] = ("minor", "multimodal", "worker", "muse", "main")
+# Full tiers are shed under pressure; minor is the floor and always served.
+SHEDDABLE_TIERS = frozenset(TIER_ORDER[1:])
+
+# The role that owns the primary lane, and the one it fails over to.
+PRIMARY_ROLE = "cortex"
+FALLBACK_ROLE = "fallback"
+
+# In /v1/models/supported without a role of its own.
+CANDIDATES: tuple[tuple[str, str], ...] = (
+    ("sakamakismile/gemma-4-12B-coder-fable5-composer2.5-MTP-NVFP4", CONFIGURED),
+)
+
+ROLE_NAMES: tuple[str, ...] = tuple(spec.name for spec in ROLES)
+ROLES_BY_NAME: dict[str, RoleSpec] = {spec.name: spec for spec in ROLES}
+
+
+def role_spec(role: str) -> RoleSpec:
+    """The catalog row of a role; KeyError for a name the catalog does not know."""
+    return ROLES_BY_NAME[role]
+
+
+def role_index(role: str) -> int:
+    """Stable position of a role in the catalog (used for deterministic ports and ordering)."""
+    return ROLE_NAMES.index(role)
+
+
+# ---------------------------------------------------------------- route modes
+
+# How a box answers for a role: the plan chooses one, render writes it as P_ROUTE, the gateway
+# routes by it and verify compares what the gateway advertises with it.
+SERVE = "serve"  # this box's own gear
+POOL = "pool"  # placed across replicas (this box's gear among them, or peers only)
+PROXY = "proxy"  # forwarded to the one declared peer, single hop
+REFER = "refer"  # answered 404 role_infeasible naming the peer that hosts it
+OWNERS = "owners"  # forwarded under the fleet key to the boxes that own it (seed 003)
+OFF = "off"  # not answered at all: 404 role_infeasible without a peer
+ROUTE_MODES: tuple[str, ...] = (SERVE, POOL, PROXY, REFER, OWNERS, OFF)
+# Modes whose answers come from other boxes.
+PEER_MODES = frozenset({POOL, PROXY, OWNERS})
+
+# ---------------------------------------------------------------- environment names
+
+# Per role prefix P, the gateway reads P_<suffix>.
+ROLE_ENV_SUFFIXES: tuple[str, ...] = (
+    "ROUTE", "BASE_URL", "SERVED_NAME", "MAX_MODEL_LEN", "MAX_ACTIVE", "FEASIBLE",
+    "QUANTIZATION", "PEER_ORIGIN", "PEER_PROXY", "PEER_API_KEY", "PEER_ORIGINS",
+    "PEER_API_KEYS", "PEER_RATES",
+)
+# Names the gateway reads besides the per-role ones.
+GATEWAY_ENV: tuple[str, ...] = (
+    "GATEWAY_HOST", "GATEWAY_PORT", "GATEWAY_DEFAULT_MODEL", "GATEWAY_ALIASES",
+    "GATEWAY_API_KEY", "GATEWAY_FLEET_KEY", "GATEWAY_SELF_ORIGIN",
+    "GATEWAY_FORCE_STRICT_TOOLS", "GATEWAY_POOL_POLICY", "GATEWAY_RETRY_AFTER_S",
+    "GATEWAY_MAX_BODY_BYTES", "GATEWAY_MAX_INFLIGHT_PER_KEY", "GATEWAY_HEADER_TIMEOUT_S",
+    "GATEWAY_BODY_TIMEOUT_S", "GATEWAY_CONNECT_TIMEOUT_S", "GATEWAY_UPSTREAM_TIMEOUT_S",
+    "GATEWAY_PROBE_INTERVAL_S", "GATEWAY_PROBE_TIMEOUT_S",
+    # Seed 004's names, kept so an existing fleet's .env still starts.
+    "CULTURE_VLLM_API_KEY", "FALLBACK_URL", "AUDIO_URL",
+)
+# The pressure thresholds (percent) and the sampler's settings.
+PRESSURE_ENV: tuple[str, ...] = (
+    "LOBES_SWAP_DEGRADED_THRESHOLD", "LOBES_IOWAIT_DEGRADED_THRESHOLD",
+    "LOBES_SWAP_NO_HARD_THRESHOLD", "LOBES_SWAP_PREFER_CHEAP_THRESHOLD",
+    "LOBES_IOWAIT_NO_HARD_THRESHOLD", "LOBES_PROC_ROOT", "LOBES_PRESSURE_SAMPLE_S",
+)
+# What an inventory may tune through fleet_gateway_tuning.
+TUNABLE_ENV: tuple[str, ...] = (
+    "LOBES_SWAP_NO_HARD_THRESHOLD", "LOBES_SWAP_PREFER_CHEAP_THRESHOLD",
+    "LOBES_SWAP_DEGRADED_THRESHOLD", "LOBES_IOWAIT_NO_HARD_THRESHOLD",
+    "LOBES_IOWAIT_DEGRADED_THRESHOLD", "GATEWAY_MAX_BODY_BYTES", "GATEWAY_MAX_INFLIGHT_PER_KEY",
+)
+# Environment values that are secrets: masked in diffs, never logged.
+SECRET_ENV = ("GATEWAY_API_KEY", "GATEWAY_FLEET_KEY", "CULTURE_VLLM_API_KEY")
+SECRET_ENV_SUFFIXES = ("_API_KEY", "_API_KEYS")
+
+
+def role_env(prefix: str, suffix: str) -> str:
+    """The variable P_<suffix> of a role prefix; the suffix must be a contract one."""
+    if suffix not in ROLE_ENV_SUFFIXES:
+        raise KeyError(f"{suffix} is not a per-role variable of the contract")
+    return f"{prefix}_{suffix}"
+
+
+KNOWN_ENV: frozenset[str] = frozenset(
+    [*GATEWAY_ENV, *PRESSURE_ENV,
+     *(f"{spec.prefix}_{suffix}" for spec in ROLES for suffix in ROLE_ENV_SUFFIXES)]
+)
+# Names under these prefixes belong to the contract: one the gateway does not know is a typo.
+_OWNED_PREFIXES = ("GATEWAY_", *(f"{spec.prefix}_" for spec in ROLES))
+
+
+def is_secret_env(name: str) -> bool:
+    return name in SECRET_ENV or name.endswith(SECRET_ENV_SUFFIXES)
+
+
+def unknown_env(names) -> list[tuple[str, str | None]]:
+    """Contract-owned names (GATEWAY_* or role-prefixed) that the contract does not define,
+    each with the closest known name (None when nothing is close)."""
+    unknown = []
+    for name in sorted(names):
+        if name in KNOWN_ENV or not name.startswith(_OWNED_PREFIXES):
+            continue
+        close = difflib.get_close_matches(name, KNOWN_ENV, n=1, cutoff=0.85)
+        unknown.append((name, close[0] if close else None))
+    return unknown
