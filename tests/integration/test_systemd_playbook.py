@@ -1,5 +1,6 @@
 """The gears and gateway roles on the process runtime: systemd units when forced, else the
-supervisor. --check only: no systemd runs here, so no unit can start."""
+supervisor; down.yml on the runtime rendered on the box. --check only: no systemd runs here,
+so no unit can start."""
 
 from __future__ import annotations
 
@@ -46,9 +47,11 @@ def box(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _check_run(box: Path, *extra_vars: str) -> dict[str, dict]:
-    """Run the playbook with --check --diff; return each task's localhost result by name."""
-    argv = [str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", str(box / "box.yml"),
+def _check_run(box: Path, *extra_vars: str, playbook: Path | None = None) -> dict[str, dict]:
+    """Run the playbook (box.yml by default) with --check --diff; return each task's localhost
+    result by name."""
+    argv = [str(VENV_BIN / "ansible-playbook"), "-i", "localhost,",
+            str(playbook or box / "box.yml"),
             "--check", "--diff", "-e", "ansible_connection=local",
             "-e", f"ansible_python_interpreter={sys.executable}",
             "-e", f"fleet_deploy_dir={box / 'box'}", "-e", f"fleet_unit_dir={box / 'units'}"]
@@ -66,19 +69,37 @@ def _check_run(box: Path, *extra_vars: str) -> dict[str, dict]:
 
 def test_forced_systemd_check_reports_the_units_it_would_write(box: Path) -> None:
     tasks = _check_run(box, "fleet_service_manager=systemd")
-    gears = tasks["Write the gears' systemd units"]
-    gateway = tasks["Write the gateway's systemd unit"]
+    gears = tasks["Write the systemd units of the gears"]
+    gateway = tasks["Write the systemd units of the gateway"]
     assert gears["changed"] is True
     assert gears["changed_units"] == ["lobes-localhost-gear-cortex.service"]
     assert gateway["changed_units"] == ["lobes-localhost-gateway.service"]
     assert f"WorkingDirectory={box / 'box'}" in gateway["diff"]["after"]
     assert f"EnvironmentFile={box / 'box' / '.env'}" in gateway["diff"]["after"]
-    assert "Run the gears as supervised processes" not in tasks
+    assert "Run the supervised processes of the gears" not in tasks
     assert not (box / "units").exists()
 
 
 def test_auto_without_systemd_keeps_the_supervisor(box: Path) -> None:
     tasks = _check_run(box)
-    assert "Run the gears as supervised processes" in tasks
-    assert "Run the gateway as a supervised process" in tasks
-    assert "Write the gears' systemd units" not in tasks
+    assert "Run the supervised processes of the gears" in tasks
+    assert "Run the supervised processes of the gateway" in tasks
+    assert "Write the systemd units of the gears" not in tasks
+
+
+def test_down_stops_the_runtime_rendered_on_the_box(box: Path) -> None:
+    # The inventory now says compose, the box still runs services.json: down stops processes
+    # and units and never asks Docker.
+    tasks = _check_run(box, "fleet_runtime=compose", playbook=ROOT / "playbooks" / "down.yml")
+    assert tasks["Stop the supervised processes of the gateway"]["changed"] is False
+    assert "Remove the systemd units of the gateway" in tasks
+    assert "Stop the supervised processes of the box's services" in tasks
+    assert "Remove the systemd units of the box's services" in tasks
+    assert not any("containers" in name for name in tasks)
+
+
+def test_down_on_a_box_never_rendered_stops_nothing(box: Path) -> None:
+    (box / "box" / "services.json").unlink()
+    tasks = _check_run(box, playbook=ROOT / "playbooks" / "down.yml")
+    assert not any(word in name for name in tasks
+                   for word in ("supervised processes", "systemd units", "containers"))
