@@ -2,13 +2,13 @@
 
 import socket
 import threading
-import time
 
 import pytest
 
-from tests.gateway.client import call, chat, raw_exchange, wired
+from tests.support.client import call, chat, raw_exchange, wired
 from tests.support.gateway_proc import start_gateway
 from tests.support.sim_proc import start_sim
+from tests.support.wait import wait_until
 
 KEY = "s3cret-gateway-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -73,10 +73,8 @@ def test_per_key_inflight_limit_and_fleet_exemption(gated):
                               kwargs={"timeout": 20})
     holder.start()
     try:
-        deadline = time.monotonic() + 5
-        while not [r for r in primary.requests() if r["method"] == "POST"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: [r for r in primary.requests() if r["method"] == "POST"],
+                   timeout=5, interval=0.02, message="the held request to reach the backend")
         reply = chat(gateway.url, {"model": "main"}, AUTH)
         assert reply.status == 429
         assert reply.error["type"] == reply.error["code"] == "rate_limit_exceeded"

@@ -5,7 +5,7 @@ import urllib.request
 
 import pytest
 
-from tests.gateway.client import call, chat, sse_events
+from tests.support.client import call, chat, sse_events
 
 
 @pytest.fixture(scope="module")

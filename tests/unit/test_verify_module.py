@@ -14,8 +14,9 @@ from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from ansible_collections.lobes.fleet.plugins.modules import render as render_module
 from ansible_collections.lobes.fleet.plugins.modules import verify as verify_module
 
+from tests.support.ports import free_block, free_port
 from tests.unit.modules import run_module
-from tests.unit.services import Services, free_block, free_port
+from tests.unit.services import Services
 
 ALPHA_KEY = "alpha-inbound-test-key"
 
