@@ -5,6 +5,8 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.support.client import call, chat, wired
 from tests.support.wait import wait_until
 
@@ -40,6 +42,7 @@ def _unanswered_listener() -> tuple[socket.socket, list[socket.socket], int]:
     return listener, fillers, port
 
 
+@pytest.mark.timing  # the 503 must come within the client's 3 s of wall time
 def test_a_dial_that_hangs_ends_at_the_connect_timeout_with_a_503(gateway_factory):
     listener, fillers, port = _unanswered_listener()
     try:

@@ -8,6 +8,7 @@ import re
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from lobes_sim.profiles import PROFILES
 
 from tests.support.wait import wait_until
@@ -76,6 +77,7 @@ def test_finished_reasons_are_counted_apart(sim_factory):
     assert counted["vllm:request_success_total:length"] == 1
 
 
+@pytest.mark.timing  # the freed slot answers within 1 s of wall time, not after 3 s
 def test_a_client_that_disconnects_is_aborted_and_frees_its_slot(sim_factory):
     sim = sim_factory("spark-cortex", extra_args=["--max-num-seqs", "1"])
     sock = socket.create_connection(("127.0.0.1", sim.port))
