@@ -120,7 +120,9 @@ def test_gateway_api_key_wins_over_culture_key():
      "PRIMARY_PEER_RATES", "> 0"),
     ({"PRIMARY_PEER_API_KEYS": "k"}, "PRIMARY_PEER_API_KEYS", "PRIMARY_PEER_ORIGINS"),
     ({"GATEWAY_POOL_POLICY": "random"}, "GATEWAY_POOL_POLICY", "rate"),
-])
+], ids=["origin-without-scheme", "origin-with-v1", "feasible-not-boolean", "port-not-a-number",
+        "window-zero", "swap-threshold-over-100", "alias-without-target", "rates-miscounted",
+        "rate-negative", "keys-without-origins", "unknown-pool-policy"])
 def test_bad_variable_names_itself_and_the_fix(env, variable, fix):
     with pytest.raises(ConfigError) as info:
         load_config(env)
