@@ -5,12 +5,12 @@ cd "$(dirname "$0")/.."
 . scripts/venv.sh requirements-dev.txt
 echo "== ruff"
 ruff check .
-# The simulator's calibration is asserted against wall time (seed 000's figures within 10%):
-# it runs alone first, so no other test competes for the two cores while it is measured.
-echo "== pytest: simulator calibration (alone)"
-python -m pytest -q tests/sim/test_calibration.py
+# Tests marked `timing` assert on wall time (the simulator's calibration: seed 000's figures
+# within 10%): they run alone first, so no other test competes for the cores while they measure.
+echo "== pytest: timing (alone)"
+python -m pytest -q -m timing tests
 echo "== pytest: everything else"
-python -m pytest -q -n 2 --ignore=tests/sim/test_calibration.py tests
+python -m pytest -q -n 2 -m "not timing" tests
 echo "== yamllint and ansible-lint"
 bash scripts/lint.sh
 echo "== ansible-test sanity"

@@ -1,14 +1,15 @@
 """The bearer gate, per-key in-flight limits, body/header limits and malformed input."""
 
+import json
 import socket
 import threading
-import time
 
 import pytest
 
-from tests.gateway.client import call, chat, raw_exchange, wired
+from tests.support.client import call, chat, raw_exchange, wired
 from tests.support.gateway_proc import start_gateway
 from tests.support.sim_proc import start_sim
+from tests.support.wait import wait_until
 
 KEY = "s3cret-gateway-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -31,7 +32,8 @@ def gated(gated_pair):
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"},
                                      {"Authorization": f"Basic {KEY}"},
-                                     {"Authorization": "Bearer "}])
+                                     {"Authorization": "Bearer "}],
+                         ids=["no-header", "wrong-key", "basic-scheme", "empty-bearer"])
 def test_401_is_openai_shaped_and_never_echoes(gated, headers):
     gateway, primary = gated
     reply = chat(gateway.url, {"model": "main"}, headers)
@@ -73,10 +75,8 @@ def test_per_key_inflight_limit_and_fleet_exemption(gated):
                               kwargs={"timeout": 20})
     holder.start()
     try:
-        deadline = time.monotonic() + 5
-        while not [r for r in primary.requests() if r["method"] == "POST"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: [r for r in primary.requests() if r["method"] == "POST"],
+                   timeout=5, interval=0.02, message="the held request to reach the backend")
         reply = chat(gateway.url, {"model": "main"}, AUTH)
         assert reply.status == 429
         assert reply.error["type"] == reply.error["code"] == "rate_limit_exceeded"
@@ -111,12 +111,6 @@ def limited():
         yield gateway
 
 
-def test_oversized_body_is_413(limited):
-    reply = chat(limited.url, {"model": "main",
-                               "messages": [{"role": "user", "content": "x" * 3000}]})
-    assert reply.status == 413 and reply.error["code"] == "payload_too_large"
-
-
 def test_oversized_chunked_body_is_413(limited):
     import http.client
 
@@ -127,19 +121,25 @@ def test_oversized_chunked_body_is_413(limited):
     conn.close()
 
 
-@pytest.mark.parametrize("body", [b"{not json", b"[1, 2]", b"\xff\xfe"])
-def test_malformed_json_is_400(limited, body):
+INVALID_JSON = {"type": "invalid_request_error", "code": "invalid_json"}
+
+# Each row: a chat request body the limited gateway refuses, the status, the error fields.
+BAD_BODIES = [
+    pytest.param(json.dumps({"model": "main", "max_tokens": 8,
+                             "messages": [{"role": "user", "content": "x" * 3000}]}).encode(),
+                 413, {"code": "payload_too_large"}, id="oversized-body"),
+    pytest.param(b"{not json", 400, INVALID_JSON, id="not-json"),
+    pytest.param(b"[1, 2]", 400, INVALID_JSON, id="json-not-an-object"),
+    pytest.param(b"\xff\xfe", 400, INVALID_JSON, id="not-utf8"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "error"), BAD_BODIES)
+def test_bad_bodies_are_refused(limited, body, status, error):
     reply = call(limited.url, "POST", "/v1/chat/completions", body,
                  {"Content-Type": "application/json"})
-    assert reply.status == 400
-    assert reply.error["type"] == "invalid_request_error"
-    assert reply.error["code"] == "invalid_json"
-
-
-def test_slow_body_times_out_with_408(limited):
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"
-    reply = raw_exchange(limited.url, head, timeout=5)
-    assert reply.startswith(b"HTTP/1.1 408 ")
+    assert reply.status == status
+    assert reply.error | error == reply.error
 
 
 def test_slow_headers_are_dropped(limited):
@@ -150,20 +150,29 @@ def test_slow_headers_are_dropped(limited):
     assert call(limited.url, "GET", "/health").status == 200
 
 
-@pytest.mark.parametrize("garbage", [
-    b"NONSENSE\r\n\r\n", b"GET / SPDY/9\r\n\r\n", b"GET /health HTTP/1.1\r\nBad Header\r\n\r\n",
-    b"GET /health HTTP/1.1\r\nBad : spacing\r\n\r\n",
+# Each row: raw bytes on a fresh connection and the status line the answer starts with.
+RAW_REFUSALS = [
+    pytest.param(b"NONSENSE\r\n\r\n", b"HTTP/1.1 400 ", id="not-a-request-line"),
+    pytest.param(b"GET / SPDY/9\r\n\r\n", b"HTTP/1.1 400 ", id="unknown-protocol"),
+    pytest.param(b"GET /health HTTP/1.1\r\nBad Header\r\n\r\n", b"HTTP/1.1 400 ",
+                 id="header-without-colon"),
+    pytest.param(b"GET /health HTTP/1.1\r\nBad : spacing\r\n\r\n", b"HTTP/1.1 400 ",
+                 id="space-before-colon"),
     # A bare LF or CR inside a line would split it upstream (the head is forwarded verbatim).
-    b"GET /health HTTP/1.1\r\nX-A: b\nContent-Length: 0\r\n\r\n",
-    b"GET /health HTTP/1.1\r\nX-A: b\rX-B: c\r\n\r\n"])
-def test_garbage_requests_get_400_and_the_process_survives(limited, garbage):
-    reply = raw_exchange(limited.url, garbage)
-    assert reply.startswith(b"HTTP/1.1 400 ")
-    assert call(limited.url, "GET", "/health").status == 200
+    pytest.param(b"GET /health HTTP/1.1\r\nX-A: b\nContent-Length: 0\r\n\r\n", b"HTTP/1.1 400 ",
+                 id="bare-lf-in-a-header"),
+    pytest.param(b"GET /health HTTP/1.1\r\nX-A: b\rX-B: c\r\n\r\n", b"HTTP/1.1 400 ",
+                 id="bare-cr-in-a-header"),
+    pytest.param(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n",
+                 b"HTTP/1.1 431 ", id="oversized-head"),
+    # The body never completes: GATEWAY_BODY_TIMEOUT_S (0.5 s) answers, before the client's 5 s.
+    pytest.param(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+                 b"HTTP/1.1 408 ", id="slow-body"),
+]
 
 
-def test_oversized_request_head_is_431(limited):
-    head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n"
-    reply = raw_exchange(limited.url, head)
-    assert reply.startswith(b"HTTP/1.1 431 ")
+@pytest.mark.parametrize(("data", "status_line"), RAW_REFUSALS)
+def test_bad_requests_are_refused_and_the_process_survives(limited, data, status_line):
+    reply = raw_exchange(limited.url, data, timeout=5)
+    assert reply.startswith(status_line)
     assert call(limited.url, "GET", "/health").status == 200

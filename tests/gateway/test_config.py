@@ -139,7 +139,12 @@ def test_gateway_api_key_wins_over_culture_key():
     ({"PRIMARY_ROUTE": "refer", "PRIMARY_FEASIBLE": "false",
       "PRIMARY_PEER_ORIGIN": "http://a:1", "PRIMARY_PEER_ORIGINS": "http://a:1"},
      "PRIMARY_PEER_ORIGINS", "route the role as pool"),
-], ids=lambda value: value if isinstance(value, str) else None)
+], ids=["origin-without-scheme", "origin-with-v1", "feasible-not-boolean", "port-not-a-number",
+        "window-zero", "swap-threshold-over-100", "alias-without-target", "rates-miscounted",
+        "rate-negative", "keys-without-origins", "unknown-pool-policy", "misspelt-global",
+        "misspelt-role-variable", "trailing-underscore", "unknown-global", "unknown-route",
+        "proxy-without-peer", "refer-while-feasible", "serve-while-infeasible",
+        "pool-without-origins", "owners-without-fleet-key", "refer-with-pool-origins"])
 def test_bad_variable_names_itself_and_the_fix(env, variable, fix):
     with pytest.raises(ConfigError) as info:
         load_config(env)

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from tests.gateway.client import chat, sse_events
+from tests.support.client import chat, sse_events
 from tests.support.gateway_proc import start_gateway
 from tests.support.sim_proc import start_sim
+from tests.support.wait import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,6 @@ def test_multimodal_never_fails_over_to_the_fallback(gateway_factory, sim_factor
 def test_client_leaving_mid_stream_aborts_upstream_and_nothing_crashes(gateway_factory,
                                                                        sim_factory):
     import http.client
-    import time
     import urllib.request
 
     primary = sim_factory("minor", served_name="slow")
@@ -135,9 +135,7 @@ def test_client_leaving_mid_stream_aborts_upstream_and_nothing_crashes(gateway_f
     assert running() == 1.0
     conn.sock.close()
     conn.close()
-    deadline = time.monotonic() + 5
-    while running() != 0.0:
-        assert time.monotonic() < deadline, "the backend kept generating for a gone client"
-        time.sleep(0.05)
+    wait_until(lambda: running() == 0.0, timeout=5,
+               message="the backend to stop generating for a gone client")
     assert gateway.alive()
     assert chat(gateway.url, {"model": "main", "max_tokens": 2}).status == 200

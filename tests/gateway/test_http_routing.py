@@ -5,7 +5,7 @@ import urllib.request
 
 import pytest
 
-from tests.gateway.client import call, chat, sse_events
+from tests.support.client import call, chat, sse_events
 
 
 @pytest.fixture(scope="module")
@@ -121,31 +121,42 @@ def test_chunked_request_body(duo):
     assert last_body(primary)["messages"][0]["content"] == "chunked"
 
 
-def test_backend_4xx_is_returned_verbatim(duo):
-    gateway = duo[0]
-    reply = chat(gateway.url, {"model": "main", "messages": []})
-    assert reply.status == 400
-    assert reply.error["type"] == "BadRequestError"  # vLLM's own body, not rewritten
+CHAT = "/v1/chat/completions"
+HELLO = [{"role": "user", "content": "hello"}]
+
+# Each row: a request the duo refuses, the status, the error fields (a subset of the error
+# object), fragments of its message, and headers the answer must carry.
+REFUSALS = [
+    # vLLM's own body, not rewritten.
+    pytest.param("POST", CHAT, {"model": "main", "messages": []}, 400,
+                 {"type": "BadRequestError"}, [], {}, id="backend-4xx-verbatim"),
+    pytest.param("POST", CHAT, {"model": "muse", "messages": HELLO, "max_tokens": 8}, 404,
+                 {"type": "role_infeasible", "code": "role_infeasible"}, [], {},
+                 id="unwired-opt-in-muse"),
+    pytest.param("POST", CHAT, {"model": "worker", "messages": HELLO, "max_tokens": 8}, 404,
+                 {"type": "role_infeasible", "code": "role_infeasible"}, [], {},
+                 id="unwired-opt-in-worker"),
+    pytest.param("POST", "/v1/embeddings", {"input": "x"}, 503, {}, ["EMBED_BASE_URL"], {},
+                 id="unwired-lane"),
+    pytest.param("GET", "/nope", None, 404, None, [], {}, id="unknown-path"),
+    pytest.param("GET", CHAT, None, 405, None, [], {"allow": "POST"}, id="wrong-method"),
+    pytest.param("POST", "/v1/nope", {}, 404, None, [], {}, id="unknown-v1-path"),
+]
 
 
-@pytest.mark.parametrize("model", ["muse", "worker"])
-def test_opt_in_roles_unwired_are_infeasible(duo, model):
-    reply = chat(duo[0].url, {"model": model})
-    assert reply.status == 404
-    assert reply.error["type"] == "role_infeasible" and reply.error["code"] == "role_infeasible"
-
-
-def test_unwired_lanes_answer_not_wired(duo):
-    reply = call(duo[0].url, "POST", "/v1/embeddings", {"input": "x"})
-    assert reply.status == 503 and "EMBED_BASE_URL" in reply.error["message"]
-
-
-def test_unknown_path_and_wrong_method(duo):
-    gateway = duo[0]
-    assert call(gateway.url, "GET", "/nope").status == 404
-    reply = call(gateway.url, "GET", "/v1/chat/completions")
-    assert reply.status == 405 and reply.headers["allow"] == "POST"
-    assert call(gateway.url, "POST", "/v1/nope", {}).status == 404
+@pytest.mark.parametrize(("method", "path", "body", "status", "error", "fragments", "headers"),
+                         REFUSALS)
+def test_refusals(duo, method, path, body, status, error, fragments, headers):
+    """error None: only the status and headers are checked, not the body."""
+    reply = call(duo[0].url, method, path, body)
+    assert reply.status == status, reply.body
+    for name, value in headers.items():
+        assert reply.headers[name] == value
+    if error is None:
+        return
+    assert reply.error | error == reply.error
+    for fragment in fragments:
+        assert fragment in reply.error["message"]
 
 
 def test_infeasible_role_refers_to_hosted_by(gateway_factory, sim_factory):

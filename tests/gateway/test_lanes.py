@@ -9,7 +9,7 @@ import socket
 import openai
 import pytest
 
-from tests.gateway.client import call, raw_exchange
+from tests.support.client import call, raw_exchange
 from tests.support.gateway_proc import start_gateway
 from tests.support.sim_proc import start_sim
 

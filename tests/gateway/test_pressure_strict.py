@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from tests.gateway.client import call, chat, wired
+from tests.support.client import call, chat, wired
 from tests.support.gateway_proc import start_gateway
 from tests.support.sim_proc import start_sim
+from tests.support.wait import wait_until
 
 
 def write_proc(root, swap_used_percent: float, iowait: int = 0, other: int = 0) -> None:
@@ -22,13 +23,18 @@ def write_proc(root, swap_used_percent: float, iowait: int = 0, other: int = 0) 
         os.replace(root / f".{name}", root / name)
 
 
+def wait_pressure(gateway, message: str, holds) -> dict:
+    """The /status pressure block once `holds(block)` is true (within 5 s)."""
+    def block() -> dict | None:
+        current = gateway.get_json("/status")["pressure"]
+        return current if holds(current) else None
+
+    return wait_until(block, timeout=5, interval=0.02, message=message)
+
+
 def wait_mode(gateway, mode: str) -> dict:
-    deadline = time.monotonic() + 5
-    while True:
-        block = gateway.get_json("/status")["pressure"]
-        if block["mode"] == mode or time.monotonic() > deadline:
-            return block
-        time.sleep(0.02)
+    """The /status pressure block once its mode is `mode`."""
+    return wait_pressure(gateway, f"pressure mode {mode}", lambda block: block["mode"] == mode)
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +91,9 @@ def test_status_reports_the_pressure_block(busy):
 def test_threshold_is_strictly_greater(pressured):
     gateway, root = pressured
     write_proc(root, 75)
-    time.sleep(0.1)
-    assert wait_mode(gateway, "warm")["pressure"]["swap_used_percent"] == 75.0
+    sampled = wait_pressure(gateway, "a pressure sample of 75 % swap",
+                            lambda block: block["pressure"]["swap_used_percent"] == 75.0)
+    assert sampled["mode"] == "warm"
     assert chat(gateway.url, {"model": "main"}).status == 200
 
 
@@ -101,14 +108,13 @@ def test_iowait_sheds_as_a_delta(pressured):
             iowait += int(100 * iowait_share)
             other += 100 - int(100 * iowait_share)
             write_proc(root, 10, iowait=iowait, other=other)
-            time.sleep(0.005)
+            time.sleep(0.005)  # the tick of a live /proc/stat, not a wait for an event
 
     for share, mode in ((0.6, "busy"), (0.5, "warm")):
         stop.clear()
         writer = threading.Thread(target=advance, args=(share,))
         writer.start()
         try:
-            time.sleep(0.1)
             block = wait_mode(gateway, mode)
             assert block["mode"] == mode, block
             status = chat(gateway.url, {"model": "main"}).status

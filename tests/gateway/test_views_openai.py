@@ -1,15 +1,15 @@
 """/health, /v1/models(/supported), /status, /capabilities, and the official openai client."""
 
 import threading
-import time
 
 import openai
 import pytest
 from lobes_gateway import __version__
 
-from tests.gateway.client import call, wired
+from tests.support.client import call, wired
 from tests.support.gateway_proc import start_gateway
 from tests.support.sim_proc import start_sim
+from tests.support.wait import wait_until
 
 KEY = "client-key"
 
@@ -62,13 +62,12 @@ def test_status_aggregate(box):
                                       "messages": [{"role": "user", "content": "x"}]})
     worker.start()
     try:
-        deadline = time.monotonic() + 5
-        while True:
+        def counted() -> dict | None:
             status = gateway.get_json("/status")
-            if status["busy"]["running"] + status["busy"]["waiting"] >= 1:
-                break
-            assert time.monotonic() < deadline, status
-            time.sleep(0.05)
+            return status if status["busy"]["running"] + status["busy"]["waiting"] >= 1 else None
+
+        status = wait_until(counted, timeout=5,
+                            message="/status to count the slowed request as busy")
     finally:
         primary.set_faults({})
         worker.join()
@@ -129,11 +128,9 @@ def test_openai_client_chat_stream_and_errors(box):
                                       "messages": [{"role": "user", "content": "x"}]})
     holder.start()
     try:
-        deadline = time.monotonic() + 5
-        while not [r for r in primary.requests() if r["method"] == "POST" and
-                   r["body"].endswith('"max_tokens":2}')]:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: [r for r in primary.requests() if r["method"] == "POST" and
+                            r["body"].endswith('"max_tokens":2}')],
+                   timeout=5, interval=0.02, message="the held request to reach the backend")
         with pytest.raises(openai.RateLimitError) as limited:
             client.chat.completions.create(model="main", max_tokens=1,
                                            messages=[{"role": "user", "content": "x"}])

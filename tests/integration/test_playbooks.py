@@ -11,10 +11,8 @@ test's own, never :8000.
 from __future__ import annotations
 
 import json
-import random
 import re
 import shutil
-import socket
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -22,30 +20,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.client import chat
+from tests.support.ports import free_block
+
 from .conftest import GATEWAY_SRC, ROOT, VENV_BIN, ansible_env, supervisor
 
 # The catalog has 11 roles; gears take port_base + catalog index.
 GEAR_PORT_SPAN = 12
-
-
-def _port_is_free(port: int) -> bool:
-    # SO_REUSEADDR as the gateway and the simulator bind: TIME_WAIT leftovers do not count.
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _free_port_block(size: int) -> int:
-    """A block of free ports below the kernel's ephemeral range (outgoing sockets stay off)."""
-    for _attempt in range(500):
-        base = random.randrange(20000, 32000 - size)
-        if all(_port_is_free(base + i) for i in range(size)):
-            return base
-    raise RuntimeError("no block of free ports")
 
 
 class LocalMesh:
@@ -56,7 +37,7 @@ class LocalMesh:
         shutil.copytree(ROOT / "inventories" / "local", self.inventory)
         self.deploy_dir = tmp_path / "deploy"
         # The gateway's port right below its gears' block.
-        block = _free_port_block(GEAR_PORT_SPAN + 1)
+        block = free_block(GEAR_PORT_SPAN + 1)
         self.port, self.gear_port_base = block, block + 1
         self.host_vars = self.inventory / "host_vars" / "localhost.yml"
         self.edit(
@@ -98,16 +79,10 @@ class LocalMesh:
             return json.loads(r.read())
 
     def chat(self, model: str) -> dict:
-        body = json.dumps(
-            {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]}
-        ).encode()
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/v1/chat/completions",
-            data=body,
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            return json.loads(reply.read())
+        """One chat completion for `model` through the deployed gateway; its JSON answer."""
+        reply = chat(f"http://127.0.0.1:{self.port}", {"model": model}, timeout=60)
+        assert reply.status == 200, reply.body
+        return reply.json()
 
     def processes(self) -> dict[str, int]:
         rows = supervisor(self.deploy_dir / "state", "status")["status"]

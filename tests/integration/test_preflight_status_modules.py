@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 
 import pytest
+
+from tests.support.ports import dead_origin
 
 from .conftest import ansible_module
 
@@ -57,13 +58,11 @@ def test_preflight_refuses_an_unknown_profile_and_a_missing_python():
 
 
 def test_mesh_status_reports_an_unreachable_box_without_failing():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        closed = sock.getsockname()[1]
+    ghost = dead_origin()
     plan = {
         "boxes": {
             "ghost": {
-                "origin": f"http://127.0.0.1:{closed}",
+                "origin": ghost,
                 "roles": {
                     "cortex": {"mode": "serve", "peers": []},
                     "senses": {"mode": "pool", "peers": [{"host": "a"}, {"host": "b"}]},

@@ -7,10 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.support.wait import wait_until
 
 from .conftest import supervisor
 
@@ -49,14 +50,6 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
-def _wait_for(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
-
-
 def test_up_runs_services_with_env_file_and_spec_env_and_logs_output(tmp_path, state_dir):
     (tmp_path / "box.env").write_text('# comment\nFROM_FILE="file value"\n')
     services = _write_services(
@@ -70,7 +63,8 @@ def test_up_runs_services_with_env_file_and_spec_env_and_logs_output(tmp_path, s
     assert row["running"] and row["child_running"]
     assert _alive(row["pid"]) and _alive(row["child_pid"])
     log = state_dir / "log" / "sleeper.log"
-    _wait_for(lambda: "env file value spec" in log.read_text())
+    wait_until(lambda: "env file value spec" in log.read_text(), timeout=20,
+               message="the sleeper to log both env values")
 
 
 def test_second_up_is_unchanged_and_a_changed_env_file_restarts(tmp_path, state_dir):
@@ -84,9 +78,11 @@ def test_second_up_is_unchanged_and_a_changed_env_file_restarts(tmp_path, state_
     env_file.write_text("FROM_FILE=two\n")
     assert supervisor(state_dir, "up", services=services)["up"][0]["action"] == "restarted"
 
-    _wait_for(lambda: not _alive(first_child))
+    wait_until(lambda: not _alive(first_child), timeout=20,
+               message="the first child to exit on restart")
     log = state_dir / "log" / "sleeper.log"
-    _wait_for(lambda: "env two None" in log.read_text())
+    wait_until(lambda: "env two None" in log.read_text(), timeout=20,
+               message="the restarted child to log the new env file")
 
 
 def test_a_watched_directory_change_restarts_but_pycache_does_not(tmp_path, state_dir):
@@ -120,7 +116,8 @@ def test_an_exiting_child_is_restarted_with_growing_backoff(tmp_path, state_dir)
     supervisor(state_dir, "up", services=services)
     log = state_dir / "log" / "crasher.log"
 
-    _wait_for(lambda: log.read_text().count("crashing") >= 3)
+    wait_until(lambda: log.read_text().count("crashing") >= 3, timeout=20,
+               message="three crashes in the log")
 
     text = log.read_text()
     assert "exited with 3; restarting in 0.5s" in text
@@ -141,7 +138,7 @@ def test_a_killed_child_is_replaced_by_a_new_process(tmp_path, state_dir):
         pid = _status(state_dir)["sleeper"]["child_pid"]
         return pid is not None and pid != first
 
-    _wait_for(replaced)
+    wait_until(replaced, timeout=20, message="a new child pid")
     assert _status(state_dir)["sleeper"]["restarts"] == 1
 
 
@@ -149,15 +146,15 @@ def test_down_stops_the_whole_process_group_and_removes_pidfiles(tmp_path, state
     services = _write_services(tmp_path, [_service("family", FAMILY)])
     supervisor(state_dir, "up", services=services)
     grandchild_file = tmp_path / "grandchild.pid"
-    _wait_for(grandchild_file.exists)
-    _wait_for(lambda: grandchild_file.read_text().strip() != "")
+    wait_until(lambda: grandchild_file.exists() and grandchild_file.read_text().strip(),
+               timeout=20, message="the grandchild to write its pid")
     row = _status(state_dir)["family"]
     grandchild = int(grandchild_file.read_text())
 
     assert supervisor(state_dir, "down")["down"] == [{"name": "family", "action": "stopped"}]
 
     for pid in (row["pid"], row["child_pid"], grandchild):
-        _wait_for(lambda pid=pid: not _alive(pid), timeout=5)
+        wait_until(lambda pid=pid: not _alive(pid), timeout=5, message=f"pid {pid} to exit")
     assert list((state_dir / "run").glob("*.pid")) == []
     assert supervisor(state_dir, "down")["down"] == []
 
@@ -168,11 +165,13 @@ def test_down_after_the_monitor_was_killed_still_stops_its_child(tmp_path, state
     row = _status(state_dir)["sleeper"]
 
     os.kill(row["pid"], signal.SIGKILL)
-    _wait_for(lambda: not _alive(row["pid"]))
+    wait_until(lambda: not _alive(row["pid"]), timeout=20,
+               message="the killed supervisor to exit")
     assert _status(state_dir)["sleeper"]["running"] is False
 
     supervisor(state_dir, "down", "sleeper")
-    _wait_for(lambda: not _alive(row["child_pid"]), timeout=5)
+    wait_until(lambda: not _alive(row["child_pid"]), timeout=5,
+               message="the orphaned child to be stopped")
 
 
 def test_a_pidfile_whose_pid_was_reused_is_not_taken_for_the_service(tmp_path, state_dir):

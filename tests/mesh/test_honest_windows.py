@@ -8,13 +8,12 @@ pooling peer reads: slots for placement, quantization for the fingerprint.
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+from tests.support.client import chat
 from tests.support.gateway_proc import start_gateway
 from tests.support.sim_proc import start_sim
+from tests.support.wait import wait_until
 
 SERVED = "unsloth/Qwen3.8-27B-NVFP4"
 KEY = {"Authorization": "Bearer k"}
@@ -35,13 +34,11 @@ def pool_env(origins):
 
 
 def replicas_when_judged(gateway):
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    def judged():
         cortex = gateway.get_json("/capabilities")["roles"]["cortex"]
-        if all(r["reason"] != "not probed yet" for r in cortex["replicas"]):
-            return cortex
-        time.sleep(0.05)
-    raise AssertionError("the pool was never probed")
+        return cortex if all(r["reason"] != "not probed yet" for r in cortex["replicas"]) else None
+
+    return wait_until(judged, message="every cortex replica of the pool probed")
 
 
 def test_a_box_advertises_the_window_its_backend_serves_not_its_config_mirror():
@@ -101,10 +98,7 @@ def test_a_pool_places_by_the_slots_each_replica_publishes():
 
 
 def proxied_by(url):
-    body = json.dumps({"model": "cortex", "max_tokens": 40,
-                       "messages": [{"role": "user", "content": "hi"}]}).encode()
-    request = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json", **KEY})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        response.read()
-        return response.headers["X-Lobes-Proxied-By"]
+    reply = chat(url, {"model": "cortex", "max_tokens": 40,
+                       "messages": [{"role": "user", "content": "hi"}]}, KEY)
+    assert reply.status == 200, reply.body
+    return reply.headers.get("x-lobes-proxied-by")

@@ -5,20 +5,21 @@ cortex forwards it, under the fleet key, to the gateways that do, in routing ord
 from __future__ import annotations
 
 import json
-import socket
-import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.support.client import chat
 from tests.support.gateway_proc import start_gateway
+from tests.support.ports import dead_origin
 from tests.support.sim_proc import start_sim
+from tests.support.wait import wait_until
 
 FLEET = "fleet-secret"
 ENTRY = "http://entry.test:8000"
 OWNER_KEY = "owner-inbound"
+ENTRY_AUTH = {"Authorization": "Bearer entry-client-key"}
+DECIDE = {"messages": [{"role": "user", "content": "decide"}], "max_tokens": 16}
 
 
 def owner_env(sim, served="sim-instant", **extra):
@@ -35,25 +36,6 @@ def entry_env(*owners, **extra):
            "GATEWAY_SELF_ORIGIN": ENTRY}
     env.update(extra)
     return env
-
-
-def dead_origin():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-
-def chat(url, key="entry-client-key", headers=None, **body):
-    payload = {"messages": [{"role": "user", "content": "decide"}], "max_tokens": 16, **body}
-    request = urllib.request.Request(
-        f"{url}/v1/chat/completions", data=json.dumps(payload).encode(),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}",
-                 **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.headers, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.headers, error.read()
 
 
 def posts(sim):
@@ -77,9 +59,9 @@ def test_the_owner_answers_under_the_fleet_key_marked_with_this_box(sims):
     sim, _ = sims
     with start_gateway(owner_env(sim)) as owner, \
             start_gateway(entry_env(owner.url)) as entry:
-        status, headers, body = chat(entry.url)
-    assert status == 200 and json.loads(body)["model"] == "sim-instant"
-    assert headers["X-Lobes-Proxied-By"] == owner.url
+        reply = chat(entry.url, DECIDE, ENTRY_AUTH)
+    assert reply.status == 200 and reply.json()["model"] == "sim-instant"
+    assert reply.headers["x-lobes-proxied-by"] == owner.url
     (received,) = posts(sim)
     assert received["headers"]["authorization"] == f"Bearer {FLEET}"
     assert received["headers"]["x-lobes-forwarded-by"] == ENTRY
@@ -91,8 +73,8 @@ def test_a_request_without_a_model_is_forwarded_for_the_role_this_box_resolved(s
     recorder, sim = sims
     with start_gateway(owner_env(sim)) as owner, \
             start_gateway(entry_env(recorder.url, owner.url)) as entry:
-        status, headers, _ = chat(entry.url)
-    assert (status, headers["X-Lobes-Proxied-By"]) == (200, owner.url)
+        reply = chat(entry.url, DECIDE, ENTRY_AUTH)
+    assert (reply.status, reply.headers["x-lobes-proxied-by"]) == (200, owner.url)
     (arrived,) = posts(recorder)
     assert json.loads(arrived["body"])["model"] == "cortex"
     assert arrived["headers"]["authorization"] == f"Bearer {FLEET}"
@@ -103,10 +85,10 @@ def test_an_owners_own_4xx_answer_comes_back_as_it_is(sims):
     with start_gateway(owner_env(first_sim)) as first, \
             start_gateway(owner_env(second_sim)) as second, \
             start_gateway(entry_env(first.url, second.url)) as entry:
-        status, headers, body = chat(entry.url, max_tokens=10**7)
-    assert status == 400
-    assert headers["X-Lobes-Proxied-By"] == first.url
-    assert "max_tokens" in body.decode() or "context" in body.decode()
+        reply = chat(entry.url, {**DECIDE, "max_tokens": 10**7}, ENTRY_AUTH)
+    assert reply.status == 400
+    assert reply.headers["x-lobes-proxied-by"] == first.url
+    assert "max_tokens" in reply.body.decode() or "context" in reply.body.decode()
     assert posts(second_sim) == []
 
 
@@ -116,8 +98,8 @@ def test_a_dead_owner_then_a_503_owner_fail_over_to_the_healthy_one(sims):
     with start_gateway(owner_env(failing_sim)) as failing, \
             start_gateway(owner_env(healthy_sim)) as healthy, \
             start_gateway(entry_env(dead_origin(), failing.url, healthy.url)) as entry:
-        status, headers, _ = chat(entry.url)
-    assert (status, headers["X-Lobes-Proxied-By"]) == (200, healthy.url)
+        reply = chat(entry.url, DECIDE, ENTRY_AUTH)
+    assert (reply.status, reply.headers["x-lobes-proxied-by"]) == (200, healthy.url)
     (received,) = posts(healthy_sim)
     assert received["headers"]["authorization"] == f"Bearer {FLEET}"
     assert received["headers"]["x-lobes-forwarded-by"] == ENTRY
@@ -128,8 +110,8 @@ def test_an_owner_without_the_role_404s_and_the_next_one_answers(sims):
     with start_gateway({"PRIMARY_FEASIBLE": "false", "GATEWAY_FLEET_KEY": FLEET}) as declining, \
             start_gateway(owner_env(sim)) as owner, \
             start_gateway(entry_env(declining.url, owner.url)) as entry:
-        status, headers, _ = chat(entry.url)
-    assert (status, headers["X-Lobes-Proxied-By"]) == (200, owner.url)
+        reply = chat(entry.url, DECIDE, ENTRY_AUTH)
+    assert (reply.status, reply.headers["x-lobes-proxied-by"]) == (200, owner.url)
 
 
 def test_a_forwarded_request_is_never_forwarded_again(sims):
@@ -138,9 +120,9 @@ def test_a_forwarded_request_is_never_forwarded_again(sims):
             start_gateway(entry_env(far_owner.url, GATEWAY_SELF_ORIGIN="http://middle.test:1")
                           ) as middle, \
             start_gateway(entry_env(middle.url)) as entry:
-        status, _, body = chat(entry.url)
-    assert status == 404
-    message = json.loads(body)["error"]["message"]
+        reply = chat(entry.url, DECIDE, ENTRY_AUTH)
+    assert reply.status == 404
+    message = reply.error["message"]
     assert "every owner of cortex declined" in message and f"{middle.url} (404)" in message
     assert posts(sim) == []
 
@@ -149,11 +131,11 @@ def test_a_marked_arrival_is_answered_where_it_lands(sims):
     sim, _ = sims
     with start_gateway(owner_env(sim)) as owner, \
             start_gateway(entry_env(owner.url, PRIMARY_PEER_ORIGIN=owner.url)) as entry:
-        status, headers, body = chat(entry.url, headers={"X-Lobes-Forwarded-By": "http://x:1"})
-    assert status == 404
-    assert json.loads(body)["error"]["type"] == "role_infeasible"
-    assert owner.url in json.loads(body)["error"]["message"]  # the referral names hosted_by
-    assert "X-Lobes-Proxied-By" not in headers
+        reply = chat(entry.url, DECIDE, {**ENTRY_AUTH, "X-Lobes-Forwarded-By": "http://x:1"})
+    assert reply.status == 404
+    assert reply.error["type"] == "role_infeasible"
+    assert owner.url in reply.error["message"]  # the referral names hosted_by
+    assert "x-lobes-proxied-by" not in reply.headers
     assert posts(sim) == []
 
 
@@ -162,9 +144,9 @@ def test_a_box_declared_twice_is_asked_once(sims):
     sim.set_faults({"error_status": 503})
     with start_gateway(owner_env(sim)) as owner, \
             start_gateway(entry_env(owner.url, owner.url)) as entry:
-        status, headers, body = chat(entry.url)
-    assert status == 503 and headers["Retry-After"]
-    error = json.loads(body)["error"]
+        reply = chat(entry.url, DECIDE, ENTRY_AUTH)
+    assert reply.status == 503 and reply.headers["retry-after"]
+    error = reply.error
     assert error["type"] == "backend_unavailable"
     assert f"{owner.url} (503)" in error["message"]
     assert len(posts(sim)) == 1
@@ -173,9 +155,9 @@ def test_a_box_declared_twice_is_asked_once(sims):
 def test_no_owner_reachable_is_a_retryable_503_naming_them():
     dead = dead_origin()
     with start_gateway(entry_env(dead)) as entry:
-        status, headers, body = chat(entry.url)
-    assert status == 503 and headers["Retry-After"]
-    assert f"{dead} (unreachable)" in json.loads(body)["error"]["message"]
+        reply = chat(entry.url, DECIDE, ENTRY_AUTH)
+    assert reply.status == 503 and reply.headers["retry-after"]
+    assert f"{dead} (unreachable)" in reply.error["message"]
 
 
 def test_only_the_fleet_key_is_exempt_from_the_owners_in_flight_limit():
@@ -184,9 +166,10 @@ def test_only_the_fleet_key_is_exempt_from_the_owners_in_flight_limit():
             start_gateway(owner_env(slow, "unsloth/Qwen3.8-27B-NVFP4", **limited)) as owner:
 
         def three(key, headers=None):
+            auth = {"Authorization": f"Bearer {key}", **(headers or {})}
             with ThreadPoolExecutor(3) as pool:
-                return sorted(s for s, _, _ in pool.map(
-                    lambda _: chat(owner.url, key, headers, max_tokens=160), range(3)))
+                return sorted(reply.status for reply in pool.map(
+                    lambda _: chat(owner.url, {**DECIDE, "max_tokens": 160}, auth), range(3)))
 
         assert three(FLEET) == [200, 200, 200]
         claimed = three(OWNER_KEY, {"X-Lobes-Forwarded-By": ENTRY})
@@ -204,22 +187,14 @@ def test_an_owner_routed_role_is_advertised_while_an_owner_serves_it(sims):
                 return entry.get_json("/capabilities")["roles"]["cortex"]
 
             def models():
-                auth = {"Authorization": "Bearer entry-client-key"}
-                return [m["id"] for m in entry.get_json("/v1/models", auth)["data"]]
+                return [m["id"] for m in entry.get_json("/v1/models", ENTRY_AUTH)["data"]]
 
-            wait_until(lambda: cortex()["ready"])
+            wait_until(lambda: cortex()["ready"], message="cortex advertised ready")
             assert [(o["origin"], o["ready"]) for o in cortex()["owners"]] == [
                 (dead, False), (owner.url, True)]
             assert "cortex" in models()
             owner.stop()
-            wait_until(lambda: not cortex()["ready"])
+            wait_until(lambda: not cortex()["ready"], message="cortex no longer ready")
             assert "cortex" not in models()
     finally:
         owner.stop()
-
-
-def wait_until(predicate, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition never held"
-        time.sleep(0.05)

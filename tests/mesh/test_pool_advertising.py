@@ -6,10 +6,9 @@ with the rejected key and the audio lane.
 
 from __future__ import annotations
 
-import time
-
 from tests.support.gateway_proc import start_gateway
 from tests.support.sim_proc import start_sim
+from tests.support.wait import wait_until
 
 SERVED = "unsloth/Qwen3.8-27B-NVFP4"
 PEER_KEY = "peer-inbound"
@@ -29,23 +28,16 @@ def listed(gateway):
     return [m["id"] for m in gateway.get_json("/v1/models")["data"]]
 
 
-def wait_for(predicate, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition never held")
-
-
 def test_a_peer_that_rejects_the_pairwise_key_is_not_advertised():
     with start_sim("spark-cortex", time_scale=20) as sim, \
             start_gateway({"PRIMARY_BASE_URL": sim.url, "PRIMARY_SERVED_NAME": SERVED,
                            "GATEWAY_API_KEY": PEER_KEY}) as peer, \
             start_gateway(proxy_env(peer.url, key="not-the-peer-key")) as wrong, \
             start_gateway(proxy_env(peer.url)) as right:
-        wait_for(lambda: role(right, "cortex")["ready"])
-        time.sleep(0.3)  # several probe passes of both boxes
+        wait_until(lambda: role(right, "cortex")["ready"],
+                   message="the box with the right key to call cortex ready")
+        wait_until(lambda: role(wrong, "cortex")["peer"]["reason"] != "not probed yet",
+                   message="the box with the wrong key to have probed its peer")
         assert "cortex" in listed(right)
         assert role(wrong, "cortex")["ready"] is False
         assert "cortex" not in listed(wrong)
@@ -56,10 +48,11 @@ def test_a_proxied_audio_lane_is_ready_from_the_peers_capabilities():
         peer = start_gateway({"AUDIO_URL": audio.url})
         try:
             with start_gateway(proxy_env(peer.url, "STT", key="")) as box:
-                wait_for(lambda: role(box, "stt")["ready"])
+                wait_until(lambda: role(box, "stt")["ready"], message="stt ready")
                 assert role(box, "stt")["proxied"] is True
                 assert "stt" not in listed(box)
                 peer.stop()
-                wait_for(lambda: not role(box, "stt")["ready"])
+                wait_until(lambda: not role(box, "stt")["ready"],
+                           message="stt unready once the peer stopped")
         finally:
             peer.stop()

@@ -4,61 +4,40 @@ backend and pools it with a faster peer, the Spark, placing each request on one 
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.error
 import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.support.gateway_proc import free_port, start_gateway
+from tests.support.client import Reply, chat
+from tests.support.gateway_proc import start_gateway
+from tests.support.ports import free_port
 from tests.support.sim_proc import start_sim
+from tests.support.wait import wait_until
 
 SERVED = "unsloth/Qwen3.8-27B-NVFP4"
 TIME_SCALE = 5
+CORTEX = {"model": "cortex", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 160}
+MARKED = {"X-Lobes-Proxied": "cortex"}
 
 
-def chat(url, headers=None, **body):
-    payload = {"model": "cortex", "messages": [{"role": "user", "content": "hi"}],
-               "max_tokens": 160, **body}
-    request = urllib.request.Request(f"{url}/v1/chat/completions",
-                                     data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json",
-                                              **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            response.read()
-            return response.status, response.headers
-    except urllib.error.HTTPError as error:
-        return error.code, error.headers
-
-
-def served_by(headers):
-    return headers["X-Lobes-Proxied-By"] or headers["X-Lobes-Served-By"]
+def served_by(reply: Reply) -> str:
+    return reply.headers.get("x-lobes-proxied-by") or reply.headers["x-lobes-served-by"]
 
 
 def burst(url, size):
     with ThreadPoolExecutor(size) as pool:
-        return list(pool.map(lambda _: chat(url), range(size)))
+        return list(pool.map(lambda _: chat(url, CORTEX, timeout=60), range(size)))
 
 
 def replicas(gateway):
     return gateway.get_json("/capabilities")["roles"]["cortex"]["replicas"]
 
 
-def wait_for(predicate, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition never held")
-
-
 def all_selectable(gateway):
-    wait_for(lambda: all(r["ready"] and r["compatible"] for r in replicas(gateway)))
+    wait_until(lambda: all(r["ready"] and r["compatible"] for r in replicas(gateway)),
+               message="every cortex replica ready and compatible")
 
 
 @pytest.fixture(scope="module")
@@ -108,19 +87,20 @@ def test_a_burst_goes_to_the_faster_peer_and_equal_rates_share_it_with_the_local
     with box:
         all_selectable(box)
         equal = burst(box.url, 4)
-    assert Counter(served_by(h) for _, h in fast) == {spark.url: 4}
-    assert Counter(served_by(h) for _, h in equal) == {me: 2, spark.url: 2}
-    local = [h for _, h in equal if h["X-Lobes-Served-By"] == me]
-    assert all(h["X-Lobes-Proxied-By"] is None and h["X-Lobes-Tier"] == "main" for h in local)
+    assert Counter(served_by(r) for r in fast) == {spark.url: 4}
+    assert Counter(served_by(r) for r in equal) == {me: 2, spark.url: 2}
+    local = [r.headers for r in equal if r.headers.get("x-lobes-served-by") == me]
+    assert all("x-lobes-proxied-by" not in h and h["x-lobes-tier"] == "main" for h in local)
 
 
 def test_a_marked_arrival_is_served_locally_never_sent_on(thor_sim, spark):
     me, box = thor_box(thor_sim, spark, "11,48.9")
     with box:
         all_selectable(box)
-        status, headers = chat(box.url, {"X-Lobes-Proxied": "cortex"})
-    assert status == 200
-    assert headers["X-Lobes-Served-By"] == me and headers["X-Lobes-Proxied-By"] is None
+        reply = chat(box.url, CORTEX, MARKED, timeout=60)
+    assert reply.status == 200
+    assert reply.headers["x-lobes-served-by"] == me
+    assert "x-lobes-proxied-by" not in reply.headers
 
 
 def test_a_dark_local_backend_leaves_the_pool_to_the_peer(thor_sim, spark):
@@ -128,11 +108,12 @@ def test_a_dark_local_backend_leaves_the_pool_to_the_peer(thor_sim, spark):
     with box:
         all_selectable(box)
         thor_sim.set_faults({"refuse": True})
-        wait_for(lambda: not replicas(box)[0]["ready"])
+        wait_until(lambda: not replicas(box)[0]["ready"],
+                   message="the local replica to turn unready")
         assert replicas(box)[0] == {"origin": me, "ready": False, "compatible": False,
                                     "reason": "local backend unreachable", "rate": 100}
-        status, headers = chat(box.url)
-    assert (status, headers["X-Lobes-Proxied-By"]) == (200, spark.url)
+        reply = chat(box.url, CORTEX, timeout=60)
+    assert (reply.status, reply.headers["x-lobes-proxied-by"]) == (200, spark.url)
 
 
 def local_rate(box):
@@ -145,12 +126,13 @@ def test_an_answer_from_the_local_replica_carries_its_reason_and_teaches_its_rat
     me, box = thor_box(thor_sim, spark, "1000,48.9")  # a prior far above what thor serves
     with box:
         all_selectable(box)
-        status, headers = chat(box.url, stream=stream)
+        reply = chat(box.url, {**CORTEX, "stream": stream}, timeout=60)
         # thor-cortex at time-scale 5 serves ~55 tok/s: one answer pulls the estimate well
         # down (published with the next probe pass).
-        wait_for(lambda: 0 < local_rate(box) < 1000 * 0.9)
-    assert (status, headers["X-Lobes-Served-By"]) == (200, me)
-    assert headers["X-Lobes-Route-Reason"] == "earliest-completion"
+        wait_until(lambda: 0 < local_rate(box) < 1000 * 0.9,
+                   message="the local rate estimate to fall below 90% of its prior")
+    assert (reply.status, reply.headers["x-lobes-served-by"]) == (200, me)
+    assert reply.headers["x-lobes-route-reason"] == "earliest-completion"
 
 
 def test_a_marked_arrival_counts_on_the_local_replica_while_it_is_served(thor_sim, spark):
@@ -159,13 +141,14 @@ def test_a_marked_arrival_counts_on_the_local_replica_while_it_is_served(thor_si
     with box:
         all_selectable(box)
         with ThreadPoolExecutor(3) as pool:
-            marked = [pool.submit(chat, box.url, {"X-Lobes-Proxied": "cortex"}, max_tokens=400)
-                      for _ in range(2)]
-            wait_for(lambda: thor_sim_running(thor_sim) == 2)
-            own = pool.submit(chat, box.url).result()
-            assert all(m.result()[0] == 200 for m in marked)
+            marked = [pool.submit(chat, box.url, {**CORTEX, "max_tokens": 400}, MARKED,
+                                  timeout=60) for _ in range(2)]
+            wait_until(lambda: thor_sim_running(thor_sim) == 2,
+                       message="both marked arrivals running on thor's simulator")
+            own = pool.submit(chat, box.url, CORTEX, timeout=60).result()
+            assert all(m.result().status == 200 for m in marked)
     # Equal rates, the local replica's 2 slots held by marked arrivals: spark is sooner.
-    assert own[1]["X-Lobes-Proxied-By"] == spark.url
+    assert own.headers["x-lobes-proxied-by"] == spark.url
 
 
 def thor_sim_running(sim):

@@ -8,22 +8,22 @@ from a "spark" peer (gated by its own key, inherited through an empty key slot) 
 from __future__ import annotations
 
 import json
-import socket
-import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.support.client import chat
 from tests.support.gateway_proc import start_gateway
+from tests.support.ports import dead_origin
 from tests.support.sim_proc import start_sim
+from tests.support.wait import wait_until
 
 SERVED = "unsloth/Qwen3.8-27B-NVFP4"
 SPARK_KEY = "spark-inbound"
 REASONS = {"sole-ready", "peer-less-loaded", "earliest-completion", "pinned"}
 TIME_SCALE = 5
+CORTEX = {"model": "cortex", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 160}
 
 
 def peer_env(sim, api_key=None):
@@ -49,44 +49,13 @@ def pool_env(singular, origins, **extra):
     return env
 
 
-def dead_origin():
-    """An origin nothing listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-
-def chat(url, headers=None, **body):
-    payload = {"model": "cortex", "messages": [{"role": "user", "content": "hi"}],
-               "max_tokens": 160, **body}
-    request = urllib.request.Request(f"{url}/v1/chat/completions",
-                                     data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json",
-                                              **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.headers, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.headers, error.read()
-
-
 def burst(url, size, headers=None):
     with ThreadPoolExecutor(size) as pool:
-        return list(pool.map(lambda _: chat(url, headers), range(size)))
+        return list(pool.map(lambda _: chat(url, CORTEX, headers), range(size)))
 
 
 def replicas(gateway):
     return gateway.get_json("/capabilities")["roles"]["cortex"].get("replicas", [])
-
-
-def wait_for(predicate, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"condition never held: {predicate.__doc__ or predicate}")
 
 
 def all_selectable(gateway, count=2):
@@ -94,7 +63,7 @@ def all_selectable(gateway, count=2):
         rows = replicas(gateway)
         return len(rows) == count and all(r["ready"] and r["compatible"] for r in rows)
 
-    wait_for(check)
+    wait_until(check, message=f"{count} cortex replicas, all ready and compatible")
 
 
 def posts(sim):
@@ -131,10 +100,10 @@ def test_concurrent_placements_spread_across_replicas(pair):
     with start_gateway(env) as orin:
         all_selectable(orin)
         answers = burst(orin.url, 4)
-    assert [status for status, _, _ in answers] == [200] * 4
-    split = Counter(h["X-Lobes-Proxied-By"] for _, h, _ in answers)
+    assert [reply.status for reply in answers] == [200] * 4
+    split = Counter(reply.headers["x-lobes-proxied-by"] for reply in answers)
     assert split == {spark.url: 2, thor.url: 2}
-    assert {h["X-Lobes-Route-Reason"] for _, h, _ in answers} <= REASONS
+    assert {reply.headers["x-lobes-route-reason"] for reply in answers} <= REASONS
 
 
 def test_rate_placement_keeps_a_burst_of_4_on_the_fast_replica_where_queue_splits_it(pair):
@@ -147,10 +116,11 @@ def test_rate_placement_keeps_a_burst_of_4_on_the_fast_replica_where_queue_split
     with start_gateway(pool_env(spark.url, origins, GATEWAY_POOL_POLICY="queue", **rates)) as orin:
         all_selectable(orin)
         queue = burst(orin.url, 4)
-    assert Counter(h["X-Lobes-Proxied-By"] for _, h, _ in rate) == {spark.url: 4}
-    assert {h["X-Lobes-Route-Reason"] for _, h, _ in rate} == {"earliest-completion"}
-    assert Counter(h["X-Lobes-Proxied-By"] for _, h, _ in queue) == {spark.url: 2, thor.url: 2}
-    assert {h["X-Lobes-Route-Reason"] for _, h, _ in queue} <= {"peer-less-loaded", "sole-ready"}
+    assert Counter(r.headers["x-lobes-proxied-by"] for r in rate) == {spark.url: 4}
+    assert {r.headers["x-lobes-route-reason"] for r in rate} == {"earliest-completion"}
+    assert Counter(r.headers["x-lobes-proxied-by"] for r in queue) == {spark.url: 2, thor.url: 2}
+    assert {r.headers["x-lobes-route-reason"] for r in queue} <= {"peer-less-loaded",
+                                                                  "sole-ready"}
 
 
 def test_the_inherited_key_reaches_spark_and_the_callers_key_reaches_no_peer(pair):
@@ -162,7 +132,8 @@ def test_the_inherited_key_reaches_spark_and_the_callers_key_reaches_no_peer(pai
     with start_gateway(env) as orin:
         all_selectable(orin)
         answers = burst(orin.url, 4, {"Authorization": "Bearer orin-caller-key"})
-    assert Counter(h["X-Lobes-Proxied-By"] for _, h, _ in answers) == {spark.url: 2, thor.url: 2}
+    split = Counter(reply.headers["x-lobes-proxied-by"] for reply in answers)
+    assert split == {spark.url: 2, thor.url: 2}
     spark_posts, thor_posts = posts(pair["spark_sim"]), posts(pair["thor_sim"])
     assert [r["headers"].get("authorization") for r in spark_posts] == [f"Bearer {SPARK_KEY}"] * 2
     assert [r["headers"].get("authorization") for r in thor_posts] == [None, None]
@@ -173,11 +144,11 @@ def test_a_stream_is_relayed_through_the_pool_with_its_markers(pair):
     spark, thor = pair["spark"], pair["thor"]
     with start_gateway(pool_env(spark.url, [spark.url, thor.url])) as orin:
         all_selectable(orin)
-        status, headers, body = chat(orin.url, stream=True)
-    assert status == 200
-    assert headers["X-Lobes-Proxied-By"] == spark.url
-    assert headers["X-Lobes-Route-Reason"] == "earliest-completion"
-    events = [line for line in body.decode().split("\n") if line.startswith("data: ")]
+        reply = chat(orin.url, {**CORTEX, "stream": True})
+    assert reply.status == 200
+    assert reply.headers["x-lobes-proxied-by"] == spark.url
+    assert reply.headers["x-lobes-route-reason"] == "earliest-completion"
+    events = [line for line in reply.body.decode().split("\n") if line.startswith("data: ")]
     assert len(events) > 10 and events[-1] == "data: [DONE]"
 
 
@@ -187,34 +158,36 @@ def test_a_marked_arrival_is_refused_508_without_dialling_any_replica(pair):
         all_selectable(orin)
         pair["spark_sim"].clear_requests()
         pair["thor_sim"].clear_requests()
-        status, headers, body = chat(orin.url, {"X-Lobes-Proxied": "cortex"})
-    assert status == 508
-    assert json.loads(body)["error"]["type"] == "proxy_loop"
-    assert "X-Lobes-Proxied-By" not in headers
+        reply = chat(orin.url, CORTEX, {"X-Lobes-Proxied": "cortex"})
+    assert reply.status == 508
+    assert reply.error["type"] == "proxy_loop"
+    assert "x-lobes-proxied-by" not in reply.headers
     assert posts(pair["spark_sim"]) == [] and posts(pair["thor_sim"]) == []
 
 
 def test_the_reference_is_the_first_ready_peer_not_the_first_declared(pair):
     thor, dead = pair["thor"], dead_origin()
     with start_gateway(pool_env(thor.url, [dead, thor.url])) as orin:
-        rows = wait_for(lambda: replicas(orin) if replicas(orin)[1]["ready"] else None)
+        rows = wait_until(lambda: replicas(orin) if replicas(orin)[1]["ready"] else None,
+                          message="thor's replica (the second) to be ready")
         assert [(r["origin"], r["ready"], r["compatible"], r["reason"]) for r in rows] == [
             (dead, False, False, "peer gateway unreachable"),
             (thor.url, True, True, "fingerprint reference")]
-        status, headers, _ = chat(orin.url)
-    assert status == 200
-    assert (headers["X-Lobes-Proxied-By"], headers["X-Lobes-Route-Reason"]) == (
+        reply = chat(orin.url, CORTEX)
+    assert reply.status == 200
+    assert (reply.headers["x-lobes-proxied-by"], reply.headers["x-lobes-route-reason"]) == (
         thor.url, "sole-ready")
 
 
 def test_nothing_selectable_falls_through_to_the_singular_forward(pair):
     spark, dead = pair["spark"], dead_origin()
     with start_gateway(pool_env(spark.url, [dead])) as orin:
-        wait_for(lambda: replicas(orin)[0]["reason"] == "peer gateway unreachable")
-        status, headers, _ = chat(orin.url)
-    assert status == 200
-    assert headers["X-Lobes-Proxied-By"] == spark.url
-    assert headers["X-Lobes-Route-Reason"] == "none"
+        wait_until(lambda: replicas(orin)[0]["reason"] == "peer gateway unreachable",
+                   message="the dead replica judged unreachable")
+        reply = chat(orin.url, CORTEX)
+    assert reply.status == 200
+    assert reply.headers["x-lobes-proxied-by"] == spark.url
+    assert reply.headers["x-lobes-route-reason"] == "none"
 
 
 def test_a_peer_that_goes_dark_is_not_compatible_and_comes_back(pair):
@@ -226,13 +199,14 @@ def test_a_peer_that_goes_dark_is_not_compatible_and_comes_back(pair):
             with start_gateway(pool_env(spark.url, [spark.url, thor.url])) as orin:
                 all_selectable(orin)
                 thor.stop()
-                rows = wait_for(lambda: [r for r in [replicas(orin)] if not r[1]["ready"]])[0]
+                rows = wait_until(lambda: [r for r in [replicas(orin)] if not r[1]["ready"]],
+                                  message="thor's replica to turn unready")[0]
                 assert (rows[1]["ready"], rows[1]["compatible"], rows[1]["reason"]) == (
                     False, False, "peer gateway unreachable")
                 cortex = orin.get_json("/capabilities")["roles"]["cortex"]
                 assert cortex["ready"] is True and cortex["context"] == 262144
                 answers = burst(orin.url, 2)
-                assert {h["X-Lobes-Proxied-By"] for _, h, _ in answers} == {spark.url}
+                assert {r.headers["x-lobes-proxied-by"] for r in answers} == {spark.url}
                 thor = start_gateway(peer_env(thor_sim), port=port)
                 all_selectable(orin)
                 assert replicas(orin)[1]["reason"] == ""
@@ -250,11 +224,11 @@ def test_a_placed_replica_that_fails_moves_the_request_to_the_next(pair):
         with start_gateway(env) as orin:
             all_selectable(orin)
             thor_sim.set_faults({"error_status": 503})
-            status, headers, _ = chat(orin.url)
-            assert (status, headers["X-Lobes-Proxied-By"]) == (200, spark.url)
+            reply = chat(orin.url, CORTEX)
+            assert (reply.status, reply.headers["x-lobes-proxied-by"]) == (200, spark.url)
             thor.stop()
-            status, headers, _ = chat(orin.url)
-            assert (status, headers["X-Lobes-Proxied-By"]) == (200, spark.url)
+            reply = chat(orin.url, CORTEX)
+            assert (reply.status, reply.headers["x-lobes-proxied-by"]) == (200, spark.url)
 
 
 def test_every_replica_declining_is_a_404_naming_them(pair):
@@ -269,12 +243,12 @@ def test_every_replica_declining_is_a_404_naming_them(pair):
                     peer.stop()
                     replacement = start_gateway(declined, port=peer.port)
                     first, second = (replacement, second) if index == 0 else (first, replacement)
-                status, _, body = chat(orin.url)
+                reply = chat(orin.url, CORTEX)
         finally:
             first.stop()
             second.stop()
-    assert status == 404
-    error = json.loads(body)["error"]
+    assert reply.status == 404
+    error = reply.error
     assert error["type"] == "role_infeasible"
     assert f"{first.url} (404)" in error["message"] and f"{second.url} (404)" in error["message"]
 
@@ -285,9 +259,10 @@ def test_a_replica_busy_with_another_boxes_work_is_not_taken_for_idle(pair):
     with start_gateway(env) as orin, ThreadPoolExecutor(2) as elsewhere:
         all_selectable(orin)
         # Another box's two long requests straight to spark fill its two slots.
-        held = [elsewhere.submit(chat, spark.url, {"Authorization": f"Bearer {SPARK_KEY}"},
-                                 max_tokens=600) for _ in range(2)]
-        wait_for(lambda: replicas(orin)[0].get("load") == 2)
-        status, headers, _ = chat(orin.url)
-        assert all(h.result()[0] == 200 for h in held)
-    assert (status, headers["X-Lobes-Proxied-By"]) == (200, thor.url)
+        held = [elsewhere.submit(chat, spark.url, {**CORTEX, "max_tokens": 600},
+                                 {"Authorization": f"Bearer {SPARK_KEY}"}) for _ in range(2)]
+        wait_until(lambda: replicas(orin)[0].get("load") == 2,
+                   message="spark's replica to show a load of 2")
+        reply = chat(orin.url, CORTEX)
+        assert all(h.result().status == 200 for h in held)
+    assert (reply.status, reply.headers["x-lobes-proxied-by"]) == (200, thor.url)

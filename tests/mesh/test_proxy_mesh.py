@@ -9,17 +9,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.gateway.client import call, chat, sse_events
 from tests.integration.conftest import ansible_module
 from tests.support import gateway_proc, sim_proc
-from tests.support.gateway_proc import free_port, start_gateway
+from tests.support.client import call, chat, sse_events
+from tests.support.gateway_proc import start_gateway
+from tests.support.ports import dead_origin, free_port
 from tests.support.sim_proc import start_sim
+from tests.support.wait import wait_until
 
 gateway_factory = gateway_proc.gateway_factory
 sim_factory = sim_proc.sim_factory
@@ -27,12 +27,6 @@ sim_factory = sim_proc.sim_factory
 SPARK_KEY = "spark-inbound"
 ORIN_KEY = "orin-inbound"
 ORIN_AUTH = {"Authorization": f"Bearer {ORIN_KEY}"}
-
-
-def dead_origin() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def proxy_env(peer: str, **extra: str) -> dict[str, str]:
@@ -59,7 +53,8 @@ def mesh(tmp_path_factory):
                 start_gateway(proxy_env(spark.url, LOBES_PROC_ROOT=str(proc),
                                         PRIMARY_BASE_URL=orin_primary.url,
                                         PRIMARY_SERVED_NAME="sim-instant")) as orin:
-            wait_for(lambda: "senses" in model_ids(orin))
+            wait_until(lambda: "senses" in model_ids(orin), timeout=5,
+                       message="orin to list senses")
             yield orin, spark, senses, audio
 
 
@@ -69,13 +64,6 @@ def box(mesh):
         sim.set_faults({})
         sim.clear_requests()
     return mesh
-
-
-def wait_for(predicate, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def model_ids(gateway) -> list[str]:
@@ -119,7 +107,8 @@ def test_capabilities_count_the_requests_out_at_the_peer_until_answered(box, str
         replies = [pool.submit(chat, orin.url, {"model": "senses", "stream": stream,
                                                 "max_tokens": 20}, ORIN_AUTH)
                    for _ in range(2)]
-        wait_for(lambda: senses_in_flight(orin) == 2)
+        wait_until(lambda: senses_in_flight(orin) == 2, timeout=5,
+                   message="orin to count 2 senses requests out at spark")
         senses.set_faults({})
         assert all(reply.result().status == 200 for reply in replies)
     assert senses_in_flight(orin) == 0
@@ -181,11 +170,13 @@ def test_advertising_follows_the_peer(box):
     assert caps["served_name"] == "gemma"
     senses.set_faults({"refuse": True})
     try:
-        wait_for(lambda: "senses" not in model_ids(orin))
+        wait_until(lambda: "senses" not in model_ids(orin), timeout=5,
+                   message="orin to stop listing senses")
         assert orin.get_json("/capabilities")["roles"]["senses"]["ready"] is False
     finally:
         senses.set_faults({})
-    wait_for(lambda: "senses" in model_ids(orin))
+    wait_until(lambda: "senses" in model_ids(orin), timeout=5,
+               message="orin to list senses again")
 
 
 def test_peer_down_is_503_with_retry_after(gateway_factory):
@@ -242,7 +233,8 @@ def test_mesh_status_shows_the_requests_a_box_has_out_at_its_peer(box):
     with ThreadPoolExecutor(1) as pool:
         reply = pool.submit(chat, orin.url, {"model": "senses", "max_tokens": 400,
                                              "ignore_eos": True}, ORIN_AUTH, timeout=120)
-        wait_for(lambda: senses_in_flight(orin) == 1)
+        wait_until(lambda: senses_in_flight(orin) == 1, timeout=5,
+                   message="orin to count 1 senses request out at spark")
         rows = ansible_module("lobes.fleet.mesh_status", json.dumps({"plan": plan}))["rows"]
         senses.set_faults({})
         assert reply.result().status == 200

@@ -23,7 +23,7 @@ TOLERANCE = 0.10
 # Seed 000 sent max_tokens=160 at temperature 0; the model stopped at 154-155 tokens.
 SEED_000_REQUEST = {"max_tokens": 160, "temperature": 0}
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 
 @dataclass(frozen=True)

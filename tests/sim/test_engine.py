@@ -6,10 +6,12 @@ import asyncio
 import json
 import re
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from lobes_sim.profiles import PROFILES
+
+from tests.support.wait import wait_until
 
 from .client import chat_payload, post, request
 
@@ -28,15 +30,6 @@ def metrics(url: str) -> dict[str, float]:
         key = name.split("{", 1)[0] + (f":{reason.group(1)}" if reason else "")
         samples[key] = float(value)
     return samples
-
-
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_every_metric_carries_the_served_model_name(sim_factory):
@@ -62,7 +55,8 @@ def test_requests_beyond_max_num_seqs_wait_and_show_in_the_gauges(sim_factory):
             running = busy["vllm:num_requests_running"]
             return (running, busy["vllm:num_requests_waiting"]) == (2, 2)
 
-        assert wait_for(two_running_two_waiting)
+        wait_until(two_running_two_waiting, interval=0.01,
+                   message="2 requests running and 2 waiting")
         assert 0 < metrics(sim.url)["vllm:kv_cache_usage_perc"] < 1
         answers = [reply.result().json() for reply in replies]
     done = metrics(sim.url)
@@ -83,6 +77,7 @@ def test_finished_reasons_are_counted_apart(sim_factory):
     assert counted["vllm:request_success_total:length"] == 1
 
 
+@pytest.mark.timing  # the freed slot answers within 1 s of wall time, not after 3 s
 def test_a_client_that_disconnects_is_aborted_and_frees_its_slot(sim_factory):
     sim = sim_factory("spark-cortex", extra_args=["--max-num-seqs", "1"])
     sock = socket.create_connection(("127.0.0.1", sim.port))
@@ -91,7 +86,8 @@ def test_a_client_that_disconnects_is_aborted_and_frees_its_slot(sim_factory):
                  + str(len(body)).encode() + b"\r\n\r\n" + body)
     assert sock.recv(4096).startswith(b"HTTP/1.1 200")
     sock.close()
-    assert wait_for(lambda: metrics(sim.url)["vllm:request_success_total:abort"] == 1)
+    wait_until(lambda: metrics(sim.url)["vllm:request_success_total:abort"] == 1,
+               interval=0.01, message="the disconnected request counted as aborted")
     assert metrics(sim.url)["vllm:num_requests_running"] == 0
     # The one slot is free again: a short request is answered at once, not after 3 s.
     assert post(sim.url, CHAT, chat_payload(max_tokens=2), timeout=1.0).status == 200

@@ -72,6 +72,7 @@ def test_die_after_chunks_truncates_the_stream(sim):
     assert stream(sim.url, CHAT, chat_payload(max_tokens=10)).done
 
 
+@pytest.mark.timing  # a ratio of two wall-clock durations, within 20 %
 def test_slow_factor_lowers_the_token_rate(sim_factory):
     sim = sim_factory("spark-cortex", time_scale=4)
     payload = chat_payload(max_tokens=60, ignore_eos=True)

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,18 +14,14 @@ from typing import Any
 
 import pytest
 
+from tests.support.ports import free_port
+from tests.support.wait import WaitTimeout, http_ok, wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY_DIR = ROOT / "gateway"
 # The interpreter the gateway runs under: the tests' own unless LOBES_TEST_GATEWAY_PYTHON names
 # another (the gateway supports Python >= 3.10; the boxes run what their OS ships).
 GATEWAY_PYTHON = os.environ.get("LOBES_TEST_GATEWAY_PYTHON") or sys.executable
-
-
-def free_port() -> int:
-    """A port nobody listens on right now (bound to 0 and released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class GatewayProcess:
@@ -51,19 +44,19 @@ class GatewayProcess:
         self._wait_ready(startup_timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                output = self.output()
-                raise RuntimeError(f"gateway exited with {self._proc.returncode}: {output}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=1) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"gateway on port {self.port} did not answer /health")
+        """Return once /health answers 200; raise if the process exits or never answers."""
+        try:
+            wait_until(self._ready, timeout=timeout_s,
+                       message=f"the gateway on port {self.port} to answer /health")
+        except WaitTimeout as error:
+            self.stop()
+            raise RuntimeError(str(error)) from error
+
+    def _ready(self) -> bool:
+        """Whether /health answers 200 now; raises once the process has exited."""
+        if self._proc.poll() is not None:
+            raise RuntimeError(f"gateway exited with {self._proc.returncode}: {self.output()}")
+        return http_ok(f"{self.url}/health")
 
     def output(self) -> str:
         """Everything the gateway has written to stdout and stderr so far."""

@@ -23,13 +23,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.wait import WaitTimeout, http_ok, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY_DIR = ROOT / "gateway"
@@ -127,14 +128,13 @@ def _read_banner(process: subprocess.Popen[str], deadline: float) -> re.Match[st
 
 
 def _wait_ready(url: str, deadline: float) -> bool:
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as response:
-                if response.status == 200:
-                    return True
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.02)
-    return False
+    """Whether `url` answers 200 before `deadline` (a time.monotonic() value)."""
+    try:
+        wait_until(lambda: http_ok(url), timeout=max(0.0, deadline - time.monotonic()),
+                   interval=0.02, message=f"{url} to answer 200")
+    except WaitTimeout:
+        return False
+    return True
 
 
 def start_sim(

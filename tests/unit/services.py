@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import socket
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from lobes_gateway.config import parse_env_file
+
+from tests.support.wait import WaitTimeout, http_ok, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,55 +61,8 @@ def health_url(service: dict, env: dict) -> str:
 
 
 def wait_health(url: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        except (OSError, ValueError):
-            time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer")
-
-
-_HANDED_OUT: set = set()  # ports given to a test but maybe not bound yet
-
-
-def _bindable(port: int) -> bool:
-    if port in _HANDED_OUT:
-        return False
-    with socket.socket() as sock:
-        # Servers bind with SO_REUSEADDR: a port left in TIME_WAIT is free for them.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _ephemeral_floor() -> int:
+    """Return once `url` answers 200; raise RuntimeError naming it otherwise."""
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_block(size: int) -> int:
-    """The first port of `size` consecutive free ports below the ephemeral range, where no
-    outgoing connection takes a port (a busy machine may hold thousands), none of them handed
-    out before by this module."""
-    floor = _ephemeral_floor()
-    tries = 500
-    while tries:
-        tries -= 1
-        base = random.randrange(20000, floor - size)
-        if all(_bindable(base + i) for i in range(size)):
-            _HANDED_OUT.update(range(base, base + size))
-            return base
-    raise RuntimeError(f"no {size} consecutive free ports")
-
-
-def free_port() -> int:
-    """One free port, never one handed out before by this module."""
-    return free_block(1)
+        wait_until(lambda: http_ok(url), timeout=timeout, message=f"{url} to answer 200")
+    except WaitTimeout as error:
+        raise RuntimeError(str(error)) from error

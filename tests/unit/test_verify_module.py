@@ -14,8 +14,9 @@ from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from ansible_collections.lobes.fleet.plugins.modules import render as render_module
 from ansible_collections.lobes.fleet.plugins.modules import verify as verify_module
 
+from tests.support.ports import free_block, free_port
 from tests.unit.modules import run_module
-from tests.unit.services import Services, free_block, free_port
+from tests.unit.services import Services
 
 ALPHA_KEY = "alpha-inbound-test-key"
 
@@ -139,6 +140,7 @@ def test_a_version_other_than_the_collections_fails(mesh):
     assert "version: declared 9.9.9, advertised 0.1.0" in result["msg"]
 
 
+@pytest.mark.timing  # gives up within 10 s of wall time
 def test_an_unreachable_gateway_fails_after_the_timeout(mesh):
     plan = mesh.plan
     started = time.monotonic()

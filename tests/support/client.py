@@ -1,4 +1,7 @@
-"""A tiny http.client wrapper for gateway tests: exact status, headers and body."""
+"""A tiny http.client wrapper for tests of gateways: exact status, headers and body.
+
+Nothing raises on an error status; header names are lower-cased.
+"""
 
 from __future__ import annotations
 
@@ -11,20 +14,25 @@ from urllib.parse import urlsplit
 
 @dataclass
 class Reply:
+    """One HTTP answer as it came: status, lower-cased headers, body bytes."""
+
     status: int
     headers: dict[str, str]
     body: bytes
 
     def json(self) -> dict:
+        """The body parsed as JSON."""
         return json.loads(self.body)
 
     @property
     def error(self) -> dict:
+        """The OpenAI-shaped error object of the body."""
         return self.json()["error"]
 
 
 def call(url: str, method: str, path: str, body: bytes | dict | None = None,
-         headers: dict[str, str] | None = None, timeout: float = 10.0) -> Reply:
+         headers: dict[str, str] | None = None, timeout: float = 30.0) -> Reply:
+    """One request on a fresh connection; a dict body is sent as JSON."""
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     data = json.dumps(body).encode() if isinstance(body, dict) else body
@@ -38,9 +46,11 @@ def call(url: str, method: str, path: str, body: bytes | dict | None = None,
         conn.close()
 
 
-def chat(url: str, payload: dict, headers: dict[str, str] | None = None, **kw) -> Reply:
-    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, **payload}
-    return call(url, "POST", "/v1/chat/completions", body, headers, **kw)
+def chat(url: str, payload: dict | None = None, headers: dict[str, str] | None = None, *,
+         timeout: float = 30.0) -> Reply:
+    """POST a chat completion: one "hello" message and max_tokens 8 unless `payload` says else."""
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, **(payload or {})}
+    return call(url, "POST", "/v1/chat/completions", body, headers, timeout=timeout)
 
 
 def sse_events(body: bytes) -> list[str]:
