@@ -95,7 +95,8 @@ REJECTIONS = [
                  ["role senses, field proxy: declare one of referral, proxy, pool or owners"],
                  id="one-peer-mode-per-role"),
     pytest.param({("orin", "fleet_roles", "senses", "feasible"): True},
-                 ["role senses, field proxy: a role served here takes no referral, proxy or owners"],
+                 ["role senses, field proxy: a role served here takes no referral, proxy or "
+                  "owners"],
                  id="served-role-takes-no-proxy"),
     # Seed 000's Thor at its 1048576 YaRN window cannot pool with the Spark's 262144.
     pytest.param({("thor", "fleet_roles", "cortex", "context"): 1048576,
