@@ -9,8 +9,8 @@ import signal
 import sys
 
 from . import __version__
-from .app import Gateway
-from .config import ConfigError, load_config
+from .app.gateway import Gateway
+from .policy.config import ConfigError, load_config
 
 LISTEN_BACKLOG = 4096
 # Young-generation collections every 700 allocations re-walk every in-flight request's objects;

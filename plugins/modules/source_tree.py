@@ -57,7 +57,7 @@ written:
   returned: always
   type: list
   elements: str
-  sample: [lobes_gateway/app.py]
+  sample: [lobes_gateway/app/gateway.py]
 removed:
   description: Files (relative to O(dest)) removed because O(src) no longer has them.
   returned: always

@@ -19,7 +19,7 @@ import yaml
 from ansible_collections.lobes.fleet.plugins.module_utils import advert, contract
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from lobes_gateway import __version__ as gateway_version
-from lobes_gateway.config import load_config, parse_env_file
+from lobes_gateway.policy.config import load_config, parse_env_file
 
 from tests.support.gateway_proc import start_gateway
 

@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 from lobes_gateway import __version__
-from lobes_gateway.config import ConfigError, Origin, load_config, parse_env_file
+from lobes_gateway.policy.config import ConfigError, load_config, parse_env_file
+from lobes_gateway.transport.upstream import Origin
 
 
 def test_defaults_without_environment():

@@ -1,9 +1,9 @@
-"""Fibers: a connection's coroutine stepped from socket callbacks (lobes_gateway.fiber)."""
+"""Fibers: a connection's coroutine stepped from socket callbacks (transport/fiber.py)."""
 
 import asyncio
 
-from lobes_gateway.channel import Channel
-from lobes_gateway.fiber import Fiber
+from lobes_gateway.transport.channel import Channel
+from lobes_gateway.transport.fiber import Fiber
 
 
 def test_a_fiber_reads_a_channel_and_awaits_other_futures():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from lobes_gateway.relay import _scan_chunks, _trailers_end
+from lobes_gateway.app.relay import _scan_chunks, _trailers_end
 
 TWO_EVENTS = b"6\r\ndata:1\r\n6\r\ndata:2\r\n"
 

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-from lobes_gateway.config import ConfigError, load_config
-from lobes_gateway.routing import (
+from lobes_gateway.policy.config import ConfigError, load_config
+from lobes_gateway.policy.routing import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,

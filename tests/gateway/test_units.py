@@ -3,11 +3,11 @@
 import json
 
 import pytest
-from lobes_gateway.auth import CLIENT, FLEET, Caller, Gate, InflightLimits
-from lobes_gateway.config import PressureConfig
-from lobes_gateway.forward import encode_for, inject_strict, is_compile_failure
-from lobes_gateway.pressure import PressureMonitor
-from lobes_gateway.views import parse_metrics
+from lobes_gateway.app.dispatch import encode_for, inject_strict, is_compile_failure
+from lobes_gateway.app.views import parse_metrics
+from lobes_gateway.policy.auth import CLIENT, FLEET, Caller, Gate, InflightLimits
+from lobes_gateway.policy.config import PressureConfig
+from lobes_gateway.policy.pressure import PressureMonitor
 
 
 def write_proc(root, swap_total=1000, swap_free=1000, iowait=0, total_other=0):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from lobes_gateway.watchdog import Watchdog
+from lobes_gateway.transport.watchdog import Watchdog
 
 
 def _run(coro):

@@ -1,29 +1,43 @@
-"""The pure rules shared by pool dispatch and owner forwarding."""
+"""The pure rules of dispatch: when an attempt moves on, what peers see, what is counted."""
 
 import json
 
 import pytest
-from lobes_gateway.forward import TO_PROXY_PEER, forward_headers, peer_headers
-from lobes_gateway.http import Request, parse_head
-from lobes_gateway.owner import distinct_boxes
-from lobes_gateway.placement import DEFAULT_EXPECTED_TOKENS
-from lobes_gateway.pool import (
+from lobes_gateway.app.dispatch import (
+    LAST,
+    LOCAL,
+    PEER,
+    REPLICA,
+    TO_PROXY_PEER,
     Failure,
-    completion_tokens,
+    distinct_boxes,
     exhausted,
-    expected_tokens,
+    forward_headers,
     moves_on,
+    peer_headers,
 )
+from lobes_gateway.app.meter import completion_tokens
+from lobes_gateway.policy.placement import DEFAULT_EXPECTED_TOKENS, expected_tokens
+from lobes_gateway.transport.http import Request, parse_head
+
+# (rule, status, moves on): seed 003 for replicas and owners, seed 004 for the one peer.
+MOVING_ON = [
+    *((REPLICA, status, True) for status in (500, 502, 503, 508, 401, 403, 404)),
+    *((REPLICA, status, False) for status in (200, 400, 413, 422, 429)),
+    *((LOCAL, status, True) for status in (500, 502, 503)),
+    *((LOCAL, status, False) for status in (200, 400, 401, 404, 429)),
+    *((LAST, status, False) for status in (200, 404, 500, 503)),
+    *((PEER, status, True) for status in (500, 502, 503)),
+    # A peer's 508 proxy_loop is a misdeclaration, relayed; its 404 is judged by the body.
+    *((PEER, status, False) for status in (200, 401, 404, 508)),
+]
 
 
-@pytest.mark.parametrize("status", [500, 502, 503, 508, 401, 403, 404])
-def test_server_errors_and_declines_move_on(status):
-    assert moves_on(status)
-
-
-@pytest.mark.parametrize("status", [200, 400, 413, 422, 429])
-def test_any_other_status_is_the_answer(status):
-    assert not moves_on(status)
+@pytest.mark.parametrize(("rule", "status", "moves"), MOVING_ON,
+                         ids=[f"{('local', 'last', 'peer', 'replica')[r]}-{s}"
+                              for r, s, _ in MOVING_ON])
+def test_which_statuses_move_on_under_each_rule(rule, status, moves):
+    assert moves_on(rule, status) is moves
 
 
 def _request(*header_lines: str) -> Request:

@@ -1,6 +1,6 @@
 """Counting a relayed stream's completion tokens without parsing its chunks."""
 
-from lobes_gateway.meter import CountingWriter
+from lobes_gateway.app.meter import CountingWriter
 
 
 class Sink:

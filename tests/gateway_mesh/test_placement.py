@@ -3,7 +3,7 @@
 import asyncio
 
 import pytest
-from lobes_gateway.placement import (
+from lobes_gateway.policy.placement import (
     Candidate,
     PinnedPolicy,
     Placer,

@@ -1,10 +1,10 @@
 """A pool judged one probe pass at a time: the reference rule, compatibility, the dark peer."""
 
-from lobes_gateway.peers import (
+from lobes_gateway.mesh.replicas import (
     REFERENCE_REASON,
     Fingerprint,
-    Pool,
     ProbeResult,
+    ReplicaSet,
     ReplicaSpec,
 )
 
@@ -24,7 +24,7 @@ def dark():
 
 
 def pool(*origins):
-    return Pool("cortex", tuple(ReplicaSpec(origin=o) for o in origins))
+    return ReplicaSet("cortex", tuple(ReplicaSpec(origin=o) for o in origins))
 
 
 def rows(p):

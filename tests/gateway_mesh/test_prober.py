@@ -6,11 +6,11 @@ fetch is injected, so these tests drive every answer a peer can give without soc
 import asyncio
 import json
 
-from lobes_gateway.peers import (
+from lobes_gateway.mesh.replicas import (
     REFERENCE_REASON,
-    Pool,
     Prober,
     ProbeTarget,
+    ReplicaSet,
     ReplicaSpec,
     probe_replica,
 )
@@ -149,7 +149,7 @@ def test_the_local_replica_is_probed_on_its_backend_by_served_name():
 
 
 def test_a_probe_pass_judges_the_whole_pool_and_a_dark_peer_drops_out():
-    pool = Pool("cortex", (ReplicaSpec(origin=SPARK), ReplicaSpec(origin=THOR)))
+    pool = ReplicaSet("cortex", (ReplicaSpec(origin=SPARK), ReplicaSpec(origin=THOR)))
     table = {**healthy_peer(SPARK), **healthy_peer(THOR)}
     prober = Prober([(pool, ProbeTarget("cortex"))], FakeFetch(table), clock=lambda: 7.0)
     asyncio.run(prober.probe_once())
@@ -161,7 +161,7 @@ def test_a_probe_pass_judges_the_whole_pool_and_a_dark_peer_drops_out():
 
 
 def test_the_run_loop_keeps_probing_until_cancelled():
-    pool = Pool("cortex", (ReplicaSpec(origin=SPARK),))
+    pool = ReplicaSet("cortex", (ReplicaSpec(origin=SPARK),))
     fetch = FakeFetch(healthy_peer(SPARK))
     prober = Prober([(pool, ProbeTarget("cortex"))], fetch, interval_s=0.001)
 

@@ -5,9 +5,9 @@ pool rules: the empty-slot inheritance, rates in origin order, and errors naming
 """
 
 import pytest
-from lobes_gateway.config import ConfigError, load_config
-from lobes_gateway.peers import LOCAL_ORIGIN, Pool, ReplicaSpec, with_local_replica
-from lobes_gateway.pool import replica_specs
+from lobes_gateway.mesh.peers import replica_specs
+from lobes_gateway.mesh.replicas import LOCAL_ORIGIN, ReplicaSet, ReplicaSpec, with_local_replica
+from lobes_gateway.policy.config import ConfigError, load_config
 
 SPARK = "http://spark.tail0be7e0.ts.net:8001"
 THOR = "http://thor.tail0be7e0.ts.net:8000"
@@ -76,7 +76,7 @@ def test_bad_rates_name_the_variable(rates):
 def test_an_origin_declared_twice_is_refused_by_the_pool():
     spark, _ = specs()
     with pytest.raises(ValueError, match="declares an origin twice"):
-        Pool("cortex", (spark, spark))
+        ReplicaSet("cortex", (spark, spark))
 
 
 def test_local_replica_comes_first_when_self_origin_is_not_declared():

@@ -1,6 +1,6 @@
-"""Peer state for replica pools: who the replicas are, what each last probe saw, who may serve.
+"""Replica sets: the peers of a pool, a proxy or owner forwarding, and what each last probe saw.
 
-A pool is judged one whole probe pass at a time. The fingerprint reference is the first
+A replica set is judged one whole probe pass at a time. The fingerprint reference is the first
 replica that is READY in this pass, in declaration order; every other ready replica is
 compatible only if its fingerprint agrees with the reference. A replica whose probe failed
 in this pass is neither ready nor compatible: it is never judged on a fingerprint it
@@ -162,7 +162,7 @@ def _judge(
 
 
 @dataclass
-class Pool:
+class ReplicaSet:
     """The replicas of one role and their state after the latest probe pass."""
 
     role: str
@@ -370,7 +370,7 @@ async def probe_replica(
 class Prober:
     """Background loop probing every pool's replicas concurrently, one whole pass at a time."""
 
-    pools: Sequence[tuple[Pool, ProbeTarget]]
+    replica_sets: Sequence[tuple[ReplicaSet, ProbeTarget]]
     fetch: Fetch
     interval_s: float = 5.0
     timeout_s: float = 3.0
@@ -378,18 +378,19 @@ class Prober:
     on_pass: Callable[[], None] | None = None
 
     async def probe_once(self) -> None:
-        """One whole pass over every pool; on_pass then publishes the new verdicts."""
-        await asyncio.gather(*(self._probe_pool(pool, target) for pool, target in self.pools))
+        """One whole pass over every replica set; on_pass then publishes the new verdicts."""
+        await asyncio.gather(*(self._probe_set(replicas, target)
+                               for replicas, target in self.replica_sets))
         if self.on_pass is not None:
             self.on_pass()
 
-    async def _probe_pool(self, pool: Pool, target: ProbeTarget) -> None:
+    async def _probe_set(self, replicas: ReplicaSet, target: ProbeTarget) -> None:
         started = self.clock()
         results = await asyncio.gather(
-            *(probe_replica(self.fetch, spec, target, self.timeout_s) for spec in pool.specs)
+            *(probe_replica(self.fetch, spec, target, self.timeout_s) for spec in replicas.specs)
         )
-        pool.apply_pass(
-            {spec.origin: r for spec, r in zip(pool.specs, results, strict=True)}, started
+        replicas.apply_pass(
+            {spec.origin: r for spec, r in zip(replicas.specs, results, strict=True)}, started
         )
 
     async def run(self) -> None:

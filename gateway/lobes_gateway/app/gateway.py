@@ -1,4 +1,9 @@
-"""Wires the rooms: connection loop, auth gate, routing, pressure, dispatch to upstream."""
+"""Wires the rooms: the connection loop, the auth gate, routing, dispatch and the relay.
+
+A request walks one way: transport (Channel, parse_head) -> auth (Gate, InflightLimits) ->
+routing (Router: lane and model to a Route) -> dispatch (the route's attempts, with pressure
+and placement on the way) -> upstream (exchange) -> relay (the Outcome, then settled).
+"""
 
 from __future__ import annotations
 
@@ -6,32 +11,12 @@ import asyncio
 import json
 import sys
 import traceback
-from collections import Counter
 
-from . import errors
-from .advert import ProxyAdverts
-from .auth import Caller, Gate, InflightLimits
-from .channel import Channel
-from .config import GatewayConfig
-from .errors import ApiError
-from .fiber import Fiber
-from .forward import Forwarder, forward_headers
-from .http import (
-    MAX_HEAD_BYTES,
-    HttpError,
-    Request,
-    buffered_body,
-    error_bytes,
-    parse_head,
-    read_body,
-    response_bytes,
-)
-from .owner import Owners
-from .pool import Pools
-from .pressure import PressureMonitor
-from .realtime import tunnel
-from .relay import Pending, relay
-from .routing import (
+from ..mesh.peers import PeerWatch
+from ..policy.auth import Caller, Gate, InflightLimits
+from ..policy.config import GatewayConfig
+from ..policy.pressure import PressureMonitor
+from ..policy.routing import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
@@ -41,16 +26,29 @@ from .routing import (
     SPEECH,
     TRANSCRIPTION,
     LocalRoute,
-    PeerRoute,
-    PoolRoute,
-    ProxyRoute,
     Refusal,
-    Route,
     Router,
 )
-from .upstream import Pool
-from .views import PeerView, Views
-from .watchdog import Watchdog
+from ..transport import errors
+from ..transport.channel import Channel
+from ..transport.errors import ApiError
+from ..transport.fiber import Fiber
+from ..transport.http import (
+    MAX_HEAD_BYTES,
+    HttpError,
+    Request,
+    buffered_body,
+    error_bytes,
+    parse_head,
+    read_body,
+    response_bytes,
+)
+from ..transport.upstream import Connections
+from ..transport.watchdog import Watchdog
+from .dispatch import Dispatcher
+from .realtime import tunnel
+from .relay import Outcome, relay
+from .views import Views
 
 POST_LANES = {
     "/v1/chat/completions": CHAT,
@@ -67,19 +65,6 @@ _JSON_DECODER = json.JSONDecoder()
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # Loop turns a shutdown allows the connections' fibers to see their sockets closed.
 SHUTDOWN_TURNS = 10
-_DEFAULT_REASON = b"X-Lobes-Tier-Reason: default"
-_MANUAL_OVERRIDE = b"X-Lobes-Tier-Reason: manual_override"
-_TIER_LINES: dict[str, bytes] = {}
-
-
-def _tier_line(tier: str) -> bytes:
-    """The X-Lobes-Tier header line for `tier`, encoded once."""
-    line = _TIER_LINES.get(tier)
-    if line is None:
-        line = _TIER_LINES[tier] = b"X-Lobes-Tier: " + tier.encode()
-    return line
-
-
 def _has_body(req: Request) -> bool:
     return "transfer-encoding" in req.headers or req.headers.get("content-length", "0") != "0"
 
@@ -90,22 +75,14 @@ class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.router = Router(config)
-        self.pool = Pool(config.limits.connect_timeout_s)
+        self.connections = Connections(config.limits.connect_timeout_s)
         self.gate = Gate(config.api_key, config.fleet_key)
         self.inflight = InflightLimits(config.limits.max_inflight_per_key)
         self.pressure = PressureMonitor(config.pressure)
-        self.peer_views: dict[str, PeerView] = {}
-        # Requests this box has out at peers, per role (proxied, pooled, owner-forwarded).
-        self.peer_in_flight: Counter[str] = Counter()
-        self.views = Views(config, self.router, self.pool, self.pressure, self.peer_views.get,
-                           self.peer_in_flight)
-        self.forwarder = Forwarder(config, self.pool)
-        self.pools = Pools(config, self.router, self.pool, self.forwarder, self.peer_views)
-        self.owners = Owners(config, self.pool, self.forwarder)
-        self.adverts = ProxyAdverts(config, self.router, self.pool, self.forwarder,
-                                    self.peer_views)
-        self._served_by = (b"X-Lobes-Served-By: " + config.self_origin.encode()
-                           if config.self_origin else None)
+        self.peers = PeerWatch(config, self.router, self.connections)
+        self.dispatcher = Dispatcher(config, self.connections, self.peers, self.pressure)
+        self.views = Views(config, self.router, self.connections, self.pressure,
+                           self.peers.views.get, self.dispatcher.peer_in_flight)
         self._background: list[asyncio.Task] = []
         # Open client connections, ended at shutdown.
         self._clients: set[Channel] = set()
@@ -116,8 +93,7 @@ class Gateway:
         await self.views.windows.probe_once()  # before listening: advertise served windows
         self._background.append(asyncio.create_task(self.views.windows.run()))
         self._background.append(asyncio.create_task(self.pressure.run()))
-        self._background.append(asyncio.create_task(self.pools.run()))
-        self._background.append(asyncio.create_task(self.adverts.run()))
+        self._background.append(asyncio.create_task(self.peers.run()))
 
     def accept(self) -> Channel:
         """The protocol of a new client connection (the listening server's factory)."""
@@ -219,7 +195,7 @@ class Gateway:
         if not isinstance(route, LocalRoute):
             assert isinstance(route, Refusal)  # the realtime lane is never proxied
             return self._refuse(req, client, route.error)
-        await tunnel(self.pool, route.targets[0].origin, req, client,
+        await tunnel(self.connections, route.targets[0].origin, req, client,
                      self.config.limits.upstream_timeout_s)
         return False
 
@@ -256,19 +232,18 @@ class Gateway:
                 client.write(error_bytes(exc.error, keep_alive=False))
                 return False
             req.body = body
-            outcome = await self._dispatch(req, lane, caller, client)
-            if isinstance(outcome, Pending):
+            outcome = await self._dispatch(req, lane, client)
+            if isinstance(outcome, Outcome):
                 keep_alive = req.keep_alive
                 # A stream may be held for minutes: keep only what the relay needs.
                 req.body, req.headers, req.header_block = b"", {}, ""
-                return await relay(self.pool, outcome.response, client, outcome.extra,
-                                   keep_alive)
+                return await relay(self.connections, outcome, client, keep_alive)
             return outcome
         finally:
             self.inflight.release(caller)
 
-    async def _dispatch(self, req: Request, lane: str, caller: Caller,
-                        client: Channel) -> bool | Pending:
+    async def _dispatch(self, req: Request, lane: str, client: Channel) -> bool | Outcome:
+        """Parse a JSON body, route the request, and run the route's attempts."""
         payload = None
         if lane in _JSON_LANES:
             try:
@@ -277,73 +252,15 @@ class Gateway:
                 return self._answer(req, client, errors.invalid_json(str(exc)))
             if not isinstance(payload, dict):
                 return self._answer(req, client, errors.invalid_json("expected a JSON object"))
-        requested_tier = None
         if lane in GENERATE_LANES:
             resolved = self.router.resolve(lane, payload.get("model"))
-            route, requested_tier = resolved.route, resolved.requested_tier
-        else:
-            route = self.router.lane_routes[lane]
-        if isinstance(route, LocalRoute):  # the usual case, one call shorter than _follow
-            return await self._local(req, lane, route, requested_tier, payload, client)
-        if isinstance(route, PeerRoute):
-            return await self._counted(req, lane, route, requested_tier, payload, caller, client)
-        return await self._follow(req, lane, route, requested_tier, payload, caller, client)
+            return await self.dispatcher.run(req, resolved.route, resolved.requested_tier,
+                                             payload, client)
+        return await self.dispatcher.run(req, self.router.lane_routes[lane], None, payload,
+                                         client)
 
-    async def _follow(self, req: Request, lane: str, route: Route, requested_tier: str | None,
-                      payload: dict | None, caller: Caller,
-                      client: Channel) -> bool | Pending:
-        if isinstance(route, Refusal):
-            return self._answer(req, client, route.error)
-        if isinstance(route, LocalRoute):
-            return await self._local(req, lane, route, requested_tier, payload, client)
-        if isinstance(route, PoolRoute):
-            # The pool relays the fall-through itself: it adds its headers and meters the rate.
-            return await self.pools.serve(req, route, payload, client, lambda: self._follow(
-                req, lane, route.fall_through, requested_tier, payload, caller, client))
-        if isinstance(route, ProxyRoute):
-            return await self.forwarder.proxy(req, route, payload, client)
-        return await self.owners.serve(req, route, payload, client, lambda: self._relayed(
-            req, lane, route.fall_through, requested_tier, payload, caller, client))
-
-    async def _counted(self, req: Request, lane: str, route: PeerRoute,
-                       requested_tier: str | None, payload: dict | None, caller: Caller,
-                       client: Channel) -> bool:
-        """A role answered by peers, relayed here so its in-flight count spans the answer."""
-        self.peer_in_flight[route.role] += 1
-        try:
-            return await self._relayed(req, lane, route, requested_tier, payload, caller,
-                                       client)
-        finally:
-            self.peer_in_flight[route.role] -= 1
-
-    async def _relayed(self, req: Request, lane: str, route: Route, requested_tier: str | None,
-                       payload: dict | None, caller: Caller,
-                       client: Channel) -> bool:
-        """Follow a fall-through route and relay it here, inside the caller's in-flight count."""
-        outcome = await self._follow(req, lane, route, requested_tier, payload, caller, client)
-        if isinstance(outcome, Pending):
-            return await relay(self.pool, outcome.response, client, outcome.extra,
-                               req.keep_alive)
-        return outcome
-
-    async def _local(self, req: Request, lane: str, route: LocalRoute,
-                     requested_tier: str | None, payload: dict | None,
-                     client: Channel) -> bool | Pending:
-        override = req.headers.get("x-lobes-override", "").lower() == "true"
-        extra: list[bytes] = []
-        if route.tier is not None and lane in GENERATE_LANES:
-            if not override and self.pressure.sheds(requested_tier, route.tier):
-                error = errors.server_busy(self.pressure.config.retry_after_s, route.tier)
-                return self._answer(req, client, error, (("X-Lobes-Tier", route.tier),))
-            extra = [_tier_line(route.tier), _MANUAL_OVERRIDE if override else _DEFAULT_REASON]
-        if self._served_by is not None:
-            extra.append(self._served_by)
-        return await self.forwarder.local(req, route, payload, forward_headers(req),
-                                          extra, client)
-
-    def _answer(self, req: Request, client: Channel, error: ApiError,
-                extra: tuple[tuple[str, str], ...] = ()) -> bool:
-        client.write(error_bytes(error, extra, keep_alive=req.keep_alive))
+    def _answer(self, req: Request, client: Channel, error: ApiError) -> bool:
+        client.write(error_bytes(error, keep_alive=req.keep_alive))
         return req.keep_alive
 
     async def close(self) -> None:
@@ -353,7 +270,7 @@ class Gateway:
         await asyncio.gather(*self._background, return_exceptions=True)
         for client in list(self._clients):
             client.abort()
-        self.pool.close_all()
+        self.connections.close_all()
         # Each connection's fiber sees its sockets closed and ends on the next turns.
         for _turn in range(SHUTDOWN_TURNS):
             if not self._clients:

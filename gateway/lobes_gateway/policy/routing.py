@@ -20,8 +20,9 @@ from lobes_contract import (
     RERANK,
 )
 
-from . import errors
-from .config import ConfigError, GatewayConfig, Origin, RoleConfig
+from ..transport import errors
+from ..transport.upstream import Origin
+from .config import ConfigError, GatewayConfig, RoleConfig
 
 # Lanes: the generate lane is model-routed, the others are routed by path.
 CHAT = "chat"
@@ -94,7 +95,7 @@ class OwnerRoute:
 
     role: str
     owners: tuple[str, ...]
-    fall_through: LocalRoute | Refusal
+    refusal: Refusal  # a marked arrival is answered with it: never forwarded twice
 
 
 Route = LocalRoute | Refusal | ProxyRoute | PoolRoute | OwnerRoute
@@ -129,6 +130,11 @@ class Router:
             for lane, table in ((CHAT, self.generate_routes),
                                 (COMPLETIONS, self.completion_routes))
         }
+
+    def routes(self) -> list[Route]:
+        """Every precomputed route (a role's chat and completion routes both)."""
+        return [*self.generate_routes.values(), *self.completion_routes.values(),
+                *self.lane_routes.values()]
 
     @property
     def default_role(self) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import defaultdict
+from typing import NamedTuple
 
 from .channel import Channel
-from .config import Origin
 from .http import MAX_HEAD_BYTES, header_block
 from .watchdog import Watchdog
 
@@ -20,6 +20,21 @@ _HOP_LINES = re.compile(rb"^(?:connection|keep-alive|transfer-encoding|content-l
 # (name, value) of the response headers the gateway acts on, found in the lowered head.
 _READ_HEADERS = re.compile(rb"\r\n(connection|transfer-encoding|content-length|content-type)"
                            rb"[ \t]*:[ \t]*([^\r\n]*?)[ \t]*(?=\r\n)")
+
+
+class Origin(NamedTuple):
+    """A plain-HTTP origin (scheme://host:port, no path), as dialled.
+
+    A NamedTuple rather than a dataclass: the connection pool hashes one on every request,
+    and a tuple hashes in C.
+    """
+
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
 
 
 class UpstreamError(Exception):
@@ -65,8 +80,9 @@ class Response:
         self.length = int(raw_length) if raw_length is not None else None
 
 
-class Pool:
-    """Idle keep-alive connections per origin; connect failures raise UpstreamError."""
+class Connections:
+    """The upstream connection pool: idle keep-alive connections per origin; connect failures
+    raise UpstreamError."""
 
     def __init__(self, connect_timeout_s: float) -> None:
         self._idle: dict[Origin, list[Connection]] = defaultdict(list)
@@ -121,17 +137,17 @@ class Pool:
         self._idle.clear()
 
 
-async def exchange(pool: Pool, origin: Origin, head: bytes, body: bytes,
+async def exchange(connections: Connections, origin: Origin, head: bytes, body: bytes,
                    timeout_s: float) -> Response:
     """Send one request; its final response head (1xx other than 101 skipped) within timeout_s.
 
     A stale pooled socket (closed or reset before answering) is retried once on a fresh one.
     """
     for _attempt in range(2):
-        conn = pool.take_idle(origin)
+        conn = connections.take_idle(origin)
         reused = conn is not None
         if conn is None:
-            conn = await pool.open(origin)
+            conn = await connections.open(origin)
         channel = conn.channel
         conn.watchdog.arm(timeout_s, conn.abort)
         try:
@@ -185,10 +201,10 @@ async def _read_to_end(channel: Channel) -> bytes:
     return b"".join(parts)
 
 
-def finish(pool: Pool, response: Response) -> None:
+def finish(connections: Connections, response: Response) -> None:
     """Return a fully read response's connection to the pool (or close it)."""
     if response.keep_alive:
-        pool.release(response.conn)
+        connections.release(response.conn)
     else:
         response.conn.close()
 
@@ -204,11 +220,11 @@ def request_head(method: str, target: str, origin: Origin, headers: str,
             f"{headers}{length}\r\n").encode("latin-1")
 
 
-async def fetch(pool: Pool, origin: Origin, path: str, headers: list[tuple[str, str]],
+async def fetch(connections: Connections, origin: Origin, path: str, headers: list[tuple[str, str]],
                 timeout_s: float) -> tuple[int, bytes]:
     """GET `path` from `origin`: (status, body); raises UpstreamError when nothing answers."""
     head = request_head("GET", path, origin, header_block(headers), None)
-    response = await exchange(pool, origin, head, b"", timeout_s)
+    response = await exchange(connections, origin, head, b"", timeout_s)
     response.conn.watchdog.arm(timeout_s, response.conn.abort)
     try:
         body = await read_body(response)
@@ -218,5 +234,5 @@ async def fetch(pool: Pool, origin: Origin, path: str, headers: list[tuple[str, 
         raise UpstreamError(f"{origin.url}{path}: {type(exc).__name__}") from None
     finally:
         response.conn.watchdog.disarm()
-    finish(pool, response)
+    finish(connections, response)
     return response.status, body

@@ -14,8 +14,8 @@ import json
 
 from lobes_contract import AUDIO_TASKS
 
-from .config import GatewayConfig, Origin
-from .upstream import Pool, UpstreamError, fetch
+from ..policy.config import GatewayConfig
+from ..transport.upstream import Connections, Origin, UpstreamError, fetch
 
 
 def served_window(body: bytes, served_name: str) -> int | None:
@@ -35,8 +35,8 @@ def served_window(body: bytes, served_name: str) -> int | None:
 class BackendWindows:
     """Last window each local backend reported, keyed by (origin, served name)."""
 
-    def __init__(self, config: GatewayConfig, pool: Pool) -> None:
-        self._pool = pool
+    def __init__(self, config: GatewayConfig, connections: Connections) -> None:
+        self._connections = connections
         self._timeout = config.limits.probe_timeout_s
         self._interval = config.limits.probe_interval_s
         self._headers = ([("Authorization", f"Bearer {config.api_key}")]
@@ -54,7 +54,7 @@ class BackendWindows:
 
     async def _probe(self, origin: Origin, served_name: str) -> None:
         try:
-            status, body = await fetch(self._pool, origin, "/v1/models", self._headers,
+            status, body = await fetch(self._connections, origin, "/v1/models", self._headers,
                                        self._timeout)
         except UpstreamError:
             return  # down: ready says so; the window it served last is still its window

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections import Counter
 
-from .channel import Channel
-from .http import status_line
-from .upstream import Pool, Response, finish, read_body
+from ..policy.placement import Placement
+from ..transport.channel import Channel
+from ..transport.http import status_line
+from ..transport.upstream import Connections, Response, finish, read_body
+from .meter import CountingWriter, completion_tokens
 
 # Above this many unsent bytes the relay waits for the client (backpressure).
 HIGH_WATER = 64 * 1024
@@ -22,18 +26,82 @@ _INTERRUPTED = json.dumps({"error": {
     "message": "the backend closed the stream mid-response; retry the request"}}).encode()
 
 
-class Pending:
-    """A response head chosen for the client, relayed by the connection's top frame.
+class Outcome:
+    """The answer a dispatch ended in, relayed by the connection's top frame.
 
     Dispatch returns it instead of relaying, so the routing frames (payload, bodies, headers)
-    are gone while a long stream is held.
+    are gone while a long stream is held. It carries what hangs on the answer: the placement
+    counted on a pool replica (released, and taught the replica's rate, when the relay ends)
+    and the peer in-flight count of its role.
     """
 
-    __slots__ = ("extra", "response")
+    __slots__ = ("body", "counter", "extra", "placement", "response", "role", "started")
 
-    def __init__(self, response: Response, extra: list[bytes]) -> None:
+    def __init__(self, response: Response, extra: list[bytes], placement: Placement | None,
+                 started: float, body: bytes | None = None) -> None:
         self.response = response
         self.extra = extra
+        self.placement = placement
+        self.started = started
+        self.body = body  # read already (a peer's 404, a strict-lane 400)
+        self.counter: Counter[str] | None = None
+        self.role = ""
+
+    def count(self, counter: Counter[str], role: str) -> None:
+        """Hold one of `role`'s in-flight count in `counter` until the relay ends."""
+        self.counter, self.role = counter, role
+
+    def settle(self) -> None:
+        """The relay ended: release the placement and the in-flight count."""
+        if self.placement is not None:
+            self.placement.release()
+        if self.counter is not None:
+            self.counter[self.role] -= 1
+
+
+async def relay(connections: Connections, outcome: Outcome, client: Channel,
+                keep_alive: bool) -> bool:
+    """Relay an outcome to `client`, then settle it; returns whether the client connection
+    stays usable. A 200 from a placed replica teaches the replica's rate on the way."""
+    try:
+        response = outcome.response
+        if outcome.body is not None:
+            return _write_read(response, outcome.body, outcome.extra, client, keep_alive)
+        if outcome.placement is None or response.status != 200:
+            return await pass_through(connections, response, client, outcome.extra, keep_alive)
+        return await _relay_learning(connections, outcome, client, keep_alive)
+    finally:
+        outcome.settle()
+
+
+def _write_read(response: Response, body: bytes, extra: list[bytes], client: Channel,
+                keep_alive: bool) -> bool:
+    """An answer whose body was read already, relayed with the gateway's headers."""
+    framing = b"Content-Length: %d" % len(body)
+    client.write(head_bytes(response, extra, framing, keep_alive) + body)
+    return keep_alive
+
+
+async def _relay_learning(connections: Connections, outcome: Outcome, client: Channel,
+                          keep_alive: bool) -> bool:
+    """A placed replica's 200: relayed whole or streamed, and its rate taught from it."""
+    response, placement = outcome.response, outcome.placement
+    assert placement is not None
+    if response.length is not None:
+        try:
+            body = await read_body(response)
+        except _BROKEN:
+            response.conn.close()
+            return False
+        finish(connections, response)
+        placement.record_completion(completion_tokens(body), time.monotonic() - outcome.started)
+        return _write_read(response, body, outcome.extra, client, keep_alive)
+    counted = CountingWriter(client)
+    kept = await pass_through(connections, response, counted,  # type: ignore[arg-type]
+                              outcome.extra, keep_alive)
+    if counted.done or counted.usage_tokens is not None:  # only a stream that ended whole
+        placement.record_completion(counted.completion_tokens, time.monotonic() - outcome.started)
+    return kept
 
 
 def head_bytes(response: Response, extra: list[bytes], framing: bytes, keep_alive: bool) -> bytes:
@@ -42,18 +110,19 @@ def head_bytes(response: Response, extra: list[bytes], framing: bytes, keep_aliv
     return status_line(response.status) + response.relayed + b"\r\n".join(lines)
 
 
-async def relay(pool: Pool, response: Response, client: Channel,
-                extra: list[bytes], keep_alive: bool) -> bool:
-    """Relay `response` to `client`; returns whether the client connection stays usable."""
+async def pass_through(connections: Connections, response: Response, client: Channel,
+                       extra: list[bytes], keep_alive: bool) -> bool:
+    """Relay `response` to `client` as it comes; returns whether the client connection stays
+    usable."""
     length = response.length
     if length is not None:
         # The usual answer: a small JSON body that came in with its head, relayed at once.
         body = response.conn.channel.take(length) if length <= _BODY_IN_ONE_READ else None
         if body is None:
-            return await _relay_sized(pool, response, client, extra, keep_alive)
+            return await _relay_sized(connections, response, client, extra, keep_alive)
         client.write(head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive)
                      + body)
-        finish(pool, response)
+        finish(connections, response)
         return keep_alive
     if response.chunked and not _is_event_stream(response):
         try:
@@ -61,18 +130,18 @@ async def relay(pool: Pool, response: Response, client: Channel,
         except _BROKEN:
             response.conn.close()
             return False
-        finish(pool, response)
+        finish(connections, response)
         framing = b"Content-Length: %d" % len(body)
         client.write(head_bytes(response, extra, framing, keep_alive) + body)
         return keep_alive
-    return await _relay_stream(pool, response, client, extra, keep_alive)
+    return await _relay_stream(connections, response, client, extra, keep_alive)
 
 
 def _is_event_stream(response: Response) -> bool:
     return response.headers.get(b"content-type", b"").startswith(b"text/event-stream")
 
 
-async def _relay_sized(pool: Pool, response: Response, client: Channel,
+async def _relay_sized(connections: Connections, response: Response, client: Channel,
                        extra: list[bytes], keep_alive: bool) -> bool:
     length = response.length or 0
     head = head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive)
@@ -93,11 +162,11 @@ async def _relay_sized(pool: Pool, response: Response, client: Channel,
     except _BROKEN:
         response.conn.close()
         return False
-    finish(pool, response)
+    finish(connections, response)
     return keep_alive
 
 
-async def _relay_stream(pool: Pool, response: Response, client: Channel,
+async def _relay_stream(connections: Connections, response: Response, client: Channel,
                         extra: list[bytes], keep_alive: bool) -> bool:
     """Pass chunks through as they arrive, one client write per upstream read."""
     client.write(head_bytes(response, extra, b"Transfer-Encoding: chunked", keep_alive))
@@ -120,7 +189,7 @@ async def _relay_stream(pool: Pool, response: Response, client: Channel,
             transport.close()
         return False
     client.write(_STREAM_END)
-    finish(pool, response)
+    finish(connections, response)
     return keep_alive
 
 

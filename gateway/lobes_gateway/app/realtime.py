@@ -5,23 +5,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from . import errors
-from .channel import Channel
-from .config import Origin
-from .http import Request, error_bytes, header_block
-from .upstream import Pool, UpstreamError, exchange, read_body, request_head
+from ..transport import errors
+from ..transport.channel import Channel
+from ..transport.http import Request, error_bytes, header_block
+from ..transport.upstream import (
+    Connections,
+    Origin,
+    UpstreamError,
+    exchange,
+    read_body,
+    request_head,
+)
 
 _SKIP = frozenset({"host", "content-length"})
 
 
-async def tunnel(pool: Pool, origin: Origin, req: Request, client: Channel,
+async def tunnel(connections: Connections, origin: Origin, req: Request, client: Channel,
                  timeout_s: float) -> None:
     """Relay the upgrade to `origin`; on 101, pump bytes until either side closes."""
     headers = header_block([(name, value) for name, value in req.headers.items()
                             if name not in _SKIP])
     try:
-        response = await exchange(pool, origin, request_head("GET", req.target, origin, headers,
-                                                             None), b"", timeout_s)
+        head = request_head("GET", req.target, origin, headers, None)
+        response = await exchange(connections, origin, head, b"", timeout_s)
     except UpstreamError:
         error = errors.backend_unavailable("the realtime bridge", 5)
         client.write(error_bytes(error, keep_alive=False))

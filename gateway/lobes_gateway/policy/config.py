@@ -6,7 +6,6 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from lobes_contract import (
@@ -22,6 +21,8 @@ from lobes_contract import (
     unknown_env,
 )
 
+from ..transport.upstream import Origin
+
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_INFLIGHT_PER_KEY = 32
@@ -36,21 +37,6 @@ class ConfigError(ValueError):
     def __init__(self, variable: str, problem: str, fix: str) -> None:
         super().__init__(f"{variable}: {problem}; {fix}")
         self.variable = variable
-
-
-class Origin(NamedTuple):
-    """A plain-HTTP origin (scheme://host:port, no path), as dialled.
-
-    A NamedTuple rather than a dataclass: the connection pool hashes one on every request,
-    and a tuple hashes in C.
-    """
-
-    host: str
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
 
 @dataclass(frozen=True)

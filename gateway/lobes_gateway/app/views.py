@@ -10,10 +10,12 @@ from dataclasses import dataclass
 
 from lobes_contract import CANDIDATES, GENERATE, ROLES
 
-from . import __version__
-from .config import GatewayConfig, Origin, RoleConfig
-from .pressure import PressureMonitor
-from .routing import (
+from .. import __version__
+from ..mesh.peers import PeerView
+from ..mesh.windows import BackendWindows
+from ..policy.config import GatewayConfig, RoleConfig
+from ..policy.pressure import PressureMonitor
+from ..policy.routing import (
     LocalRoute,
     OwnerRoute,
     PoolRoute,
@@ -22,8 +24,7 @@ from .routing import (
     Route,
     Router,
 )
-from .upstream import Pool, UpstreamError, fetch
-from .windows import BackendWindows
+from ..transport.upstream import Connections, Origin, UpstreamError, fetch
 
 _METRICS = {
     "vllm:num_requests_running": "running",
@@ -34,16 +35,6 @@ _METRICS = {
     "vllm:generation_tokens_total": "generation_tokens_total",
     "vllm:request_success_total": "request_success_total",
 }
-
-
-@dataclass(frozen=True)
-class PeerView:
-    """What the background prober last saw of a peer-served role."""
-
-    ready: bool
-    listed: bool
-    context: int | None
-    extra: dict[str, object] | None = None
 
 
 PeerViews = Callable[[str], "PeerView | None"]
@@ -88,19 +79,19 @@ def _serving(rc: RoleConfig | None) -> dict[str, object]:
 class Views:
     """Builds the JSON of the gateway's own endpoints."""
 
-    def __init__(self, config: GatewayConfig, router: Router, pool: Pool,
+    def __init__(self, config: GatewayConfig, router: Router, connections: Connections,
                  pressure: PressureMonitor, peer_views: PeerViews,
                  peer_in_flight: Mapping[str, int]) -> None:
         self._config = config
         self._peer_in_flight = peer_in_flight
         self._router = router
-        self._pool = pool
+        self._connections = connections
         self._pressure = pressure
         self._peer_views = peer_views
         self._created = int(time.time())
         self.health_body = json.dumps({"status": "ok", "version": __version__}).encode()
         self._backends = self._local_backends()
-        self.windows = BackendWindows(config, pool)
+        self.windows = BackendWindows(config, connections)
 
     def _local_backends(self) -> list[Backend]:
         backends = [Backend(rc.name, rc.role.task, rc.served_name, rc.base_url)
@@ -167,7 +158,7 @@ class Views:
 
         async def probe(origin: Origin) -> bool:
             try:
-                status, _ = await fetch(self._pool, origin, "/health", [], timeout)
+                status, _ = await fetch(self._connections, origin, "/health", [], timeout)
             except UpstreamError:
                 return False
             return status == 200
@@ -241,10 +232,11 @@ class Views:
                      "served_name": backend.served_name, "url": backend.origin.url,
                      "health": "down", "metrics": {}}
         try:
-            status, _ = await fetch(self._pool, backend.origin, "/health", [], timeout)
+            status, _ = await fetch(self._connections, backend.origin, "/health", [], timeout)
             row["health"] = "ok" if status == 200 else f"http {status}"
             if backend.task != "audio":
-                status, body = await fetch(self._pool, backend.origin, "/metrics", [], timeout)
+                status, body = await fetch(self._connections, backend.origin, "/metrics", [],
+                                           timeout)
                 if status == 200:
                     row["metrics"] = parse_metrics(body.decode("utf-8", "replace"))
         except UpstreamError:

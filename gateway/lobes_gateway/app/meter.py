@@ -10,9 +10,10 @@ the count.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
-from .channel import Channel
+from ..transport.channel import Channel
 
 _EVENT = b"data: "
 _DONE = b"data: [DONE]"
@@ -77,3 +78,13 @@ class _CountingTransport:
 
     def close(self) -> None:
         self._transport.close()
+
+
+def completion_tokens(body: bytes) -> int:
+    """usage.completion_tokens of a JSON answer, 0 when it carries none."""
+    try:
+        usage = json.loads(body).get("usage") or {}
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return 0
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) else 0

@@ -1,0 +1,427 @@
+"""The one failover loop: a request's route becomes attempts, tried in order until one answers.
+
+Routing (policy/routing.py) gives each request a Route, fixed at start-up: the local targets
+(the role's gear, then the fallback), the one proxied peer, a pool's replicas, or the owners,
+and what to answer when none of them can. Here a route becomes a plan: a generator of Attempts
+(a pool places each one on the replicas not tried yet) that ends in an Answer, the error to
+give when every attempt failed. Dispatcher.run sends each attempt, judges its response head by
+the attempt's rule, and ends in one outcome: an Outcome for the relay (the response, the
+gateway's headers, the placement and peer count it holds) or an error answered here.
+
+Rules for moving on to the next attempt:
+  LOCAL    a transport error, or a 5xx when another local target follows (primary, fallback)
+  LAST     a transport error only: the last local target's 5xx is the answer
+  PEER     the one proxied peer: a transport error or a 5xx other than 508 means the peer is
+           down; its 404 role_infeasible is a decline, terminal (seed 004)
+  REPLICA  pool replicas and owners (seed 003): a transport error, a 5xx or a 401/403/404
+A strict-lane attempt whose 400 says the tool schema could not be compiled is retried once on
+the same target without the injected strict flag; any other 400 is the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import time
+from collections import Counter
+from collections.abc import Generator
+from dataclasses import dataclass
+
+from ..mesh.peers import PeerWatch, PooledRole
+from ..policy.config import GatewayConfig
+from ..policy.placement import Placement, expected_tokens
+from ..policy.pressure import PressureMonitor
+from ..policy.routing import (
+    LocalRoute,
+    OwnerRoute,
+    PeerRoute,
+    PoolRoute,
+    ProxyRoute,
+    Refusal,
+    Route,
+)
+from ..transport import errors
+from ..transport.channel import Channel
+from ..transport.errors import ApiError
+from ..transport.http import Request, error_bytes, header_block, header_names
+from ..transport.upstream import (
+    Connections,
+    Origin,
+    UpstreamError,
+    exchange,
+    finish,
+    read_body,
+    request_head,
+)
+from .relay import Outcome
+
+LOCAL, LAST, PEER, REPLICA = range(4)
+_DECLINES = frozenset({401, 403, 404})
+_BROKEN = (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError)
+# Markers of vLLM's 400 when strict tool schemas cannot be compiled into a grammar.
+_COMPILE_FAILURE = (b"grammar", b"schema")
+FORWARDED_BY = "X-Lobes-Forwarded-By"
+# A request that already crossed a box is answered where it lands (owner forwarding).
+_MARKERS = ("x-lobes-forwarded-by", "x-lobes-proxied")
+
+# Request header lines that describe the client hop; the gateway sets its own.
+_REQUEST_HOP = header_names("connection", "keep-alive", "proxy-connection", "te", "trailer",
+                            "transfer-encoding", "upgrade", "host", "content-length", "expect")
+# What a peer must not see of the caller's headers: its key and the markers of earlier hops
+# (a proxy keeps X-Lobes-Forwarded-By, so an owner-forwarded request stays marked).
+TO_PROXY_PEER = header_names("authorization", prefixes=("x-lobes-proxied",))
+TO_PEER = header_names("authorization", prefixes=("x-lobes-proxied", "x-lobes-forwarded"))
+
+_DEFAULT_REASON = b"X-Lobes-Tier-Reason: default"
+_MANUAL_OVERRIDE = b"X-Lobes-Tier-Reason: manual_override"
+_NO_ROUTE_REASON = b"X-Lobes-Route-Reason: none"
+_TIER_LINES: dict[str, bytes] = {}
+
+
+def _tier_line(tier: str) -> bytes:
+    """The X-Lobes-Tier header line for `tier`, encoded once."""
+    line = _TIER_LINES.get(tier)
+    if line is None:
+        line = _TIER_LINES[tier] = b"X-Lobes-Tier: " + tier.encode()
+    return line
+
+
+def forward_headers(req: Request) -> str:
+    """The caller's end-to-end header lines, as forwarded to a local backend."""
+    return _REQUEST_HOP.sub("", req.header_block)
+
+
+def peer_headers(req: Request, api_key: str | None, markers: list[tuple[str, str]],
+                 strip: re.Pattern[str] = TO_PEER) -> str:
+    """The caller's header lines for a peer: `strip`ped of its key and markers, ours attached."""
+    block = strip.sub("", forward_headers(req))
+    if api_key:
+        block += f"Authorization: Bearer {api_key}\r\n"
+    return block + header_block(markers)
+
+
+def inject_strict(payload: dict) -> dict | None:
+    """A copy with strict:true on each function tool lacking its own strict; None if unchanged."""
+    tools = payload.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return None
+    changed = False
+    new_tools = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and "strict" not in function:
+            tool = {**tool, "function": {**function, "strict": True}}
+            changed = True
+        new_tools.append(tool)
+    return {**payload, "tools": new_tools} if changed else None
+
+
+def encode_for(raw: bytes, payload: dict | None, model: str | None, modified: bool) -> bytes:
+    """The body to send: the caller's bytes unless the model or the payload must change."""
+    if payload is None:
+        return raw
+    if model is not None and payload.get("model") != model:
+        payload = {**payload, "model": model}
+        modified = True
+    if not modified:
+        return raw
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def is_compile_failure(status: int, body: bytes) -> bool:
+    lowered = body.lower()
+    return status == 400 and any(marker in lowered for marker in _COMPILE_FAILURE)
+
+
+def distinct_boxes(origins: tuple[str, ...]) -> list[str]:
+    """Owners in routing order, each box once (two replicas on one box are asked once)."""
+    return list(dict.fromkeys(origins))
+
+
+def this_box(config: GatewayConfig) -> str:
+    """The origin this box names itself by: GATEWAY_SELF_ORIGIN, else host name and port."""
+    return config.self_origin or f"http://{socket.gethostname()}:{config.port}"
+
+
+class Attempt:
+    """One upstream try: where, what to send, the headers its answer carries, when to move on."""
+
+    __slots__ = ("body", "extra", "headers", "name", "origin", "placement", "rule", "strict")
+
+    def __init__(self, origin: Origin, name: str, headers: str, body: bytes, extra: list[bytes],
+                 rule: int, placement: Placement | None = None, strict: bool = False) -> None:
+        self.origin = origin
+        self.name = name
+        self.headers = headers
+        self.body = body
+        self.extra = extra
+        self.rule = rule
+        self.placement = placement
+        self.strict = strict
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The end of a plan: the error this box answers itself, with its headers."""
+
+    error: ApiError
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An attempt that did not answer: unreachable (status None) or the status that moved on."""
+
+    name: str
+    status: int | None
+    declined: bool = False  # a proxied peer's 404 role_infeasible
+    compile_failure: bool = False  # a strict-lane 400: retry without strict
+
+    def describe(self) -> str:
+        return f"{self.name} ({'unreachable' if self.status is None else self.status})"
+
+
+# What a plan yields, and what it is sent back after each failed attempt.
+Plan = Generator["Attempt | Answer", Failure, None]
+
+
+def moves_on(rule: int, status: int) -> bool:
+    """Whether a response head with `status` sends the request on, under `rule` (the body
+    unread: a proxied peer's 404 and a strict-lane 400 are judged by theirs)."""
+    if status >= 500:
+        return rule != LAST and (rule != PEER or status != 508)
+    return rule == REPLICA and status in _DECLINES
+
+
+def exhausted(who: str, failures: list[Failure], retry_after: int) -> ApiError:
+    """Everyone tried failed: 404 when all declined (401/403/404), else a retryable 503.
+
+    who names them, e.g. "every replica of the cortex pool".
+    """
+    named = ", ".join(f.describe() for f in failures)
+    if all(f.status in _DECLINES for f in failures):
+        return ApiError(404, "role_infeasible", "role_infeasible",
+                        f"{who} declined the request: {named}; check the keys "
+                        "(P_PEER_API_KEYS, GATEWAY_FLEET_KEY) and that each one hosts the role")
+    return errors.backend_unavailable(f"{who} ({named})", retry_after)
+
+
+def _answer_only(answer: Answer) -> Plan:
+    yield answer
+
+
+class Dispatcher:
+    """Turns routes into plans and runs them: the gateway's one failover loop."""
+
+    def __init__(self, config: GatewayConfig, connections: Connections, peers: PeerWatch,
+                 pressure: PressureMonitor) -> None:
+        self._connections = connections
+        self._peers = peers
+        self._pressure = pressure
+        self._timeout = config.limits.upstream_timeout_s
+        self._retry_after = config.pressure.retry_after_s
+        self._fleet_key = config.fleet_key
+        self._me = this_box(config)
+        self._served_by = (b"X-Lobes-Served-By: " + config.self_origin.encode()
+                           if config.self_origin else None)
+        # Requests this box has out at peers, per role (proxied, pooled, owner-forwarded),
+        # counted from before the dial until the relay ends.
+        self.peer_in_flight: Counter[str] = Counter()
+
+    async def run(self, req: Request, route: Route, requested_tier: str | None,
+                  payload: dict | None, client: Channel) -> bool | Outcome:
+        """Try the route's attempts; an Outcome to relay, or whether the connection stays
+        usable after an error answered here."""
+        counted = route.role if isinstance(route, PeerRoute) else None
+        if counted is not None:
+            self.peer_in_flight[counted] += 1
+        plan = self.plan(req, route, requested_tier, payload, [], None)
+        step = next(plan)
+        held: Placement | None = None
+        while isinstance(step, Attempt):
+            if held is not None and step.placement is not held:
+                held.release()
+            held = step.placement
+            result = await self._attempt(req, step)
+            if isinstance(result, Outcome):
+                plan.close()
+                if counted is not None:
+                    result.count(self.peer_in_flight, counted)
+                return result
+            step = plan.send(result)
+        plan.close()
+        if held is not None:
+            held.release()
+        if counted is not None:
+            self.peer_in_flight[counted] -= 1
+        client.write(error_bytes(step.error, step.headers, keep_alive=req.keep_alive))
+        return req.keep_alive
+
+    async def _attempt(self, req: Request, attempt: Attempt) -> Outcome | Failure:
+        """Send one attempt and judge its response head by the attempt's rule."""
+        started = time.monotonic() if attempt.placement is not None else 0.0
+        origin = attempt.origin
+        head = request_head("POST", req.target, origin, attempt.headers, len(attempt.body))
+        try:
+            response = await exchange(self._connections, origin, head, attempt.body,
+                                      self._timeout)
+        except UpstreamError:
+            return Failure(attempt.name, None)
+        status = response.status
+        if status < 400:
+            return Outcome(response, attempt.extra, attempt.placement, started)
+        if moves_on(attempt.rule, status):
+            response.conn.close()
+            return Failure(attempt.name, status)
+        if (status == 404 and attempt.rule == PEER) or (status == 400 and attempt.strict):
+            return await self._inspect(attempt, response, started)
+        return Outcome(response, attempt.extra, attempt.placement, started)
+
+    async def _inspect(self, attempt: Attempt, response, started: float) -> Outcome | Failure:
+        """A peer's 404 or a strict-lane 400: the body says whether it is a decline or a
+        schema compile failure (both move on), or the answer to relay as it came."""
+        try:
+            body = await read_body(response)
+        except _BROKEN:
+            response.conn.close()
+            return Failure(attempt.name, None)
+        finish(self._connections, response)
+        if attempt.strict and is_compile_failure(response.status, body):
+            return Failure(attempt.name, 400, compile_failure=True)
+        if not attempt.strict and b"role_infeasible" in body:
+            return Failure(attempt.name, 404, declined=True)
+        return Outcome(response, attempt.extra, attempt.placement, started, body)
+
+    def plan(self, req: Request, route: Route, requested_tier: str | None,
+             payload: dict | None, tail: list[bytes], placement: Placement | None) -> Plan:
+        """The attempts of a route; `tail` headers join each answer, `placement` counts the
+        local ones on the pool replica they serve as."""
+        if isinstance(route, LocalRoute):
+            return self._local(req, route, requested_tier, payload, tail, placement)
+        if isinstance(route, ProxyRoute):
+            return self._proxy(req, route, payload, tail)
+        if isinstance(route, PoolRoute):
+            return self._pool(req, route, requested_tier, payload)
+        if isinstance(route, OwnerRoute):
+            return self._owners(req, route, payload)
+        assert isinstance(route, Refusal)
+        return _answer_only(Answer(route.error))
+
+    def _local(self, req: Request, route: LocalRoute, requested_tier: str | None,
+               payload: dict | None, tail: list[bytes], placement: Placement | None) -> Plan:
+        """This box's gear, then the fallback; pressure sheds the full tiers first."""
+        extra: list[bytes] = []
+        if route.tier is not None:
+            override = req.headers.get("x-lobes-override", "").lower() == "true"
+            if not override and self._pressure.sheds(requested_tier, route.tier):
+                if placement is not None:  # placed on the local replica, never dialled
+                    placement.release()
+                error = errors.server_busy(self._retry_after, route.tier)
+                yield Answer(error, (("X-Lobes-Tier", route.tier),))
+                return
+            extra = [_tier_line(route.tier), _MANUAL_OVERRIDE if override else _DEFAULT_REASON]
+        if self._served_by is not None:
+            extra.append(self._served_by)
+        extra += tail
+        headers = forward_headers(req)
+        strict = inject_strict(payload) if route.strict_lane and payload is not None else None
+        last = len(route.targets) - 1
+        for index, target in enumerate(route.targets):
+            model = target.served_name if route.rewrite_model else None
+            rule = LOCAL if index < last else LAST
+            if strict is not None:
+                failure = yield Attempt(target.origin, target.name, headers,
+                                        encode_for(req.body, strict, model, True), extra, rule,
+                                        placement, strict=True)
+                if not failure.compile_failure:
+                    continue
+            yield Attempt(target.origin, target.name, headers,
+                          encode_for(req.body, payload, model, False), extra, rule, placement)
+        if last == 0:
+            yield Answer(errors.backend_unavailable(f"the {route.role} backend",
+                                                    self._retry_after))
+        else:
+            yield Answer(errors.upstream_unavailable(route.role))
+
+    def _proxy(self, req: Request, route: ProxyRoute, payload: dict | None,
+               tail: list[bytes]) -> Plan:
+        """The one declared peer: single hop, pairwise key, attributed answers."""
+        arrived = req.headers.get("x-lobes-proxied")
+        if arrived is not None:
+            yield Answer(errors.proxy_loop(route.role, arrived, route.origin))
+            return
+        headers = peer_headers(req, route.api_key, [("X-Lobes-Proxied", route.role)],
+                               TO_PROXY_PEER)
+        body = encode_for(req.body, payload, route.peer_model, False)
+        extra = [b"X-Lobes-Proxied-By: " + route.origin.encode(), *tail]
+        failure = yield Attempt(self._peers.origin(route.origin), route.origin, headers, body,
+                                extra, PEER)
+        if failure.declined:
+            error = errors.peer_declined(route.role, route.origin)
+        else:
+            error = errors.backend_unavailable(f"peer {route.origin} (role {route.role})",
+                                               self._retry_after)
+        yield Answer(error, (("X-Lobes-Proxied-By", route.origin),))
+
+    def _pool(self, req: Request, route: PoolRoute, requested_tier: str | None,
+              payload: dict | None) -> Plan:
+        """Place on a selectable replica, then the next untried one after each failure."""
+        role = self._peers.pooled[route.role]
+        arrived = req.headers.get("x-lobes-proxied")
+        if arrived is not None:
+            yield from self._pooled_arrival(req, route, role, arrived, requested_tier, payload)
+            return
+        tried: set[str] = set()
+        failures: list[Failure] = []
+        want = expected_tokens(payload)
+        while (placement := role.placer.place(role.candidates(tried), want)) is not None:
+            tried.add(placement.origin)
+            reason = b"X-Lobes-Route-Reason: " + placement.reason.value.encode()
+            if placement.origin == role.local_origin:  # the local path: pressure, tiers
+                yield from self.plan(req, route.fall_through, requested_tier, payload,
+                                     [reason], placement)
+                return
+            spec = role.spec(placement.origin)
+            headers = peer_headers(req, spec.api_key, [("X-Lobes-Proxied", role.role)])
+            body = encode_for(req.body, payload,
+                              role.replicas.served_id if payload else None, False)
+            extra = [b"X-Lobes-Proxied-By: " + spec.origin.encode(), reason]
+            failures.append((yield Attempt(self._peers.origin(spec.origin), spec.origin,
+                                           headers, body, extra, REPLICA, placement)))
+        if not tried:  # nothing selectable: the singular forward or the local path
+            yield from self.plan(req, route.fall_through, requested_tier, payload,
+                                 [_NO_ROUTE_REASON], None)
+            return
+        error = exhausted(f"every replica of the {route.role} pool", failures,
+                          self._retry_after)
+        yield Answer(error, (("X-Lobes-Route-Reason", "none"),))
+
+    def _pooled_arrival(self, req: Request, route: PoolRoute, role: PooledRole, arrived: str,
+                        requested_tier: str | None, payload: dict | None) -> Plan:
+        """Single hop: a request another box placed here is served locally, and counted on
+        the local replica so it is not mistaken for idle capacity; never forwarded again."""
+        if role.local_origin is None:
+            yield Answer(errors.proxy_loop(route.role, arrived,
+                                           f"the {route.role} replica pool"))
+            return
+        placement = role.placer.occupy(role.local_origin, role.default_slots)
+        yield from self.plan(req, route.fall_through, requested_tier, payload, [], placement)
+
+    def _owners(self, req: Request, route: OwnerRoute, payload: dict | None) -> Plan:
+        """Seed 003: the owners in routing order under the fleet key; a marked arrival is
+        answered where it lands (the route's refusal here), never forwarded again."""
+        if any(marker in req.headers for marker in _MARKERS):
+            yield Answer(route.refusal.error)
+            return
+        headers = peer_headers(req, self._fleet_key, [(FORWARDED_BY, self._me)])
+        # The body names the role this box resolved, so a request without a model is
+        # answered for the same role on the owner.
+        body = encode_for(req.body, payload, route.role if payload is not None else None, False)
+        failures: list[Failure] = []
+        for owner in distinct_boxes(route.owners):
+            extra = [b"X-Lobes-Proxied-By: " + owner.encode()]
+            failures.append((yield Attempt(self._peers.origin(owner), owner, headers, body,
+                                           extra, REPLICA)))
+        yield Answer(exhausted(f"every owner of {route.role}", failures, self._retry_after))

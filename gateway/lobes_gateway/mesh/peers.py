@@ -1,0 +1,183 @@
+"""What this box knows of the boxes that answer for its roles, kept by one background prober.
+
+Routing names, per role, the peers that may answer it: a pool's replicas, the one proxied peer,
+or the owners a request is forwarded to. PeerWatch holds a ReplicaSet for each, probes them all
+in one loop, and publishes what it saw as PeerViews for /capabilities and /v1/models: a role
+appears there, and reports ready, only while the latest probe saw a peer host it. A pool also
+gets a Placer (policy/placement.py) that places each request on its selectable replicas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lobes_contract import AUDIO_TASKS
+
+from ..policy.config import GatewayConfig, RoleConfig, parse_origin
+from ..policy.placement import Candidate, Placer, Policy, policy_named
+from ..policy.routing import OwnerRoute, PoolRoute, ProxyRoute, Route, Router
+from ..transport.upstream import Connections, Origin, UpstreamError, fetch
+from .replicas import Prober, ProbeTarget, ReplicaSet, ReplicaSpec, ReplicaState, with_local_replica
+
+
+@dataclass(frozen=True)
+class PeerView:
+    """What the background prober last saw of a role answered by peers."""
+
+    ready: bool
+    listed: bool
+    context: int | None
+    extra: dict[str, object] | None = None
+
+
+@dataclass
+class PooledRole:
+    """One pooled role: its replicas' state, its placer, and the slots each replica runs."""
+
+    role: str
+    replicas: ReplicaSet
+    placer: Placer
+    default_slots: int
+
+    def candidates(self, exclude: set[str]) -> list[Candidate]:
+        return [Candidate(s.origin, s.slots or self.default_slots)
+                for s in self.replicas.selectable() if s.origin not in exclude]
+
+    @property
+    def local_origin(self) -> str | None:
+        """The origin of this box's own backend when it is one of the replicas."""
+        return next((spec.origin for spec in self.replicas.specs if spec.is_local), None)
+
+    @property
+    def hosted(self) -> bool:
+        return self.local_origin is not None
+
+    def spec(self, origin: str) -> ReplicaSpec:
+        return next(s for s in self.replicas.specs if s.origin == origin)
+
+    def note_loads(self) -> None:
+        """Hand each peer's probed load to placement (a dark peer's is forgotten)."""
+        for state in self.replicas.states:
+            self.placer.note_load(state.origin, state.load if state.ready else None)
+
+    def _row(self, state: ReplicaState) -> dict[str, object]:
+        """A replica's /capabilities row: its verdict plus the rate placement now uses."""
+        row = state.snapshot()
+        rate = self.placer.rate(state.origin)
+        if rate is not None:
+            row["rate"] = round(rate, 2)
+        return row
+
+    def view(self) -> PeerView:
+        """What /capabilities and /v1/models publish for the role."""
+        served = self.replicas.served_id
+        extra: dict[str, object] = {"replicas": [self._row(s) for s in self.replicas.states]}
+        if served is not None:
+            extra["served_name"] = served
+        if self.hosted:
+            extra["proxied"] = False
+        # A hosted pool's model is listed as this box's own backend already.
+        listed = not self.hosted and served is not None and self.replicas.peer_lists(served)
+        return PeerView(ready=self.replicas.ready, listed=listed, context=self.replicas.context,
+                        extra=extra)
+
+
+def replica_specs(rc: RoleConfig) -> tuple[ReplicaSpec, ...]:
+    """The pool's replicas as config declared them (keys already inherited)."""
+    return tuple(ReplicaSpec(origin=p.origin, api_key=p.api_key, prior_rate=p.rate)
+                 for p in rc.peers)
+
+
+def _pooled_role(route: PoolRoute, policy: Policy, self_origin: str | None) -> PooledRole:
+    rc = route.config
+    specs = replica_specs(rc)
+    if rc.base_url is not None:
+        specs = with_local_replica(specs, local_url=rc.base_url.url, self_origin=self_origin)
+    placer = Placer(policy, {s.origin: s.prior_rate for s in specs})
+    return PooledRole(route.role, ReplicaSet(route.role, specs), placer, rc.max_active or 1)
+
+
+def _probe_target(config: GatewayConfig, role: str) -> ProbeTarget:
+    """Audio roles are judged from /capabilities alone: they have no /v1/models entry.
+
+    served_id is what this box's own backend must list when it is one of the replicas.
+    """
+    rc = config.roles[role]
+    return ProbeTarget(role, served_id=rc.served_name, audio=rc.role.task in AUDIO_TASKS)
+
+
+def _set_view(replicas: ReplicaSet, extra: dict[str, object]) -> PeerView:
+    """The view of a proxied peer or of owners: listed while a ready one lists the model."""
+    served = replicas.served_id
+    return PeerView(ready=replicas.ready,
+                    listed=served is not None and replicas.peer_lists(served),
+                    context=replicas.context, extra=extra)
+
+
+class PeerWatch:
+    """Every peer route's replica set, the one prober that judges them, and their views."""
+
+    def __init__(self, config: GatewayConfig, router: Router, connections: Connections) -> None:
+        self._connections = connections
+        self._timeout = config.limits.probe_timeout_s
+        self._origins: dict[str, Origin] = {}
+        self.views: dict[str, PeerView] = {}
+        self.pooled: dict[str, PooledRole] = {}
+        self._proxied: dict[str, ReplicaSet] = {}
+        self._owned: dict[str, ReplicaSet] = {}
+        self._targets: list[tuple[ReplicaSet, ProbeTarget]] = []
+        policy = policy_named(config.pool_policy)
+        for route in router.routes():
+            self._watch(route, config, policy)
+        self._prober = Prober(self._targets, self._fetch, interval_s=config.limits.probe_interval_s,
+                              timeout_s=self._timeout, on_pass=self._publish)
+        self._publish()
+
+    def _watch(self, route: Route, config: GatewayConfig, policy: Policy) -> None:
+        """Keep the replica set of a peer route (a role's chat and completion routes share it)."""
+        if isinstance(route, PoolRoute) and route.role not in self.pooled:
+            pooled = self.pooled[route.role] = _pooled_role(route, policy, config.self_origin)
+            self._targets.append((pooled.replicas, _probe_target(config, route.role)))
+        elif isinstance(route, ProxyRoute) and route.role not in self._proxied:
+            peer = ReplicaSet(route.role, (ReplicaSpec(route.origin, route.api_key),))
+            self._proxied[route.role] = peer
+            # This box expects no served id of its own for a proxied role: the role alone.
+            audio = config.roles[route.role].role.task in AUDIO_TASKS
+            self._targets.append((peer, ProbeTarget(route.role, audio=audio)))
+        elif isinstance(route, OwnerRoute) and route.role not in self._owned:
+            specs = tuple(ReplicaSpec(origin=o, api_key=config.fleet_key)
+                          for o in dict.fromkeys(route.owners))
+            owners = self._owned[route.role] = ReplicaSet(route.role, specs)
+            self._targets.append((owners, _probe_target(config, route.role)))
+
+    def origin(self, url: str) -> Origin:
+        """A peer's origin as dialled (parsed once; config validated every declared one)."""
+        origin = self._origins.get(url)
+        if origin is None:
+            origin = self._origins[url] = parse_origin("peer origin", url)
+        return origin
+
+    async def _fetch(self, url: str, path: str, api_key: str | None) -> tuple[int, bytes]:
+        headers = [("Authorization", f"Bearer {api_key}")] if api_key else []
+        try:
+            return await fetch(self._connections, self.origin(url), path, headers,
+                               self._timeout)
+        except UpstreamError as exc:
+            raise ConnectionError(str(exc)) from None
+
+    def _publish(self) -> None:
+        for name, role in self.pooled.items():
+            role.note_loads()
+            self.views[name] = role.view()
+        for name, peer in self._proxied.items():
+            extra: dict[str, object] = {"peer": peer.states[0].snapshot()}
+            if peer.served_id is not None:
+                extra["served_name"] = peer.served_id
+            self.views[name] = _set_view(peer, extra)
+        for name, owners in self._owned.items():
+            self.views[name] = _set_view(owners, {"owners": owners.capabilities()["replicas"]})
+
+    async def run(self) -> None:
+        """Probe forever (a background task); nothing to do without peer routes."""
+        if self._prober.replica_sets:
+            await self._prober.run()
