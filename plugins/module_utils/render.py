@@ -364,7 +364,8 @@ def render_services(plan: dict, gateway_dir: str = "gateway") -> dict:
         "env_file": ".env",
         "pidfile": "gateway.pid",
         "log": "gateway.log",
-        "watch": [f"{gateway_dir}/lobes_gateway"],
+        # The gateway imports the contract module beside its package: a change there restarts it.
+        "watch": [f"{gateway_dir}/lobes_gateway", f"{gateway_dir}/lobes_contract.py"],
     })
     return {"version": 1, "host": plan["host"], "services": services}
 
