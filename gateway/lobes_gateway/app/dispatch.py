@@ -49,6 +49,7 @@ from ..transport.http import Request, error_bytes, header_block, header_names
 from ..transport.upstream import (
     Connections,
     Origin,
+    Response,
     UpstreamError,
     exchange,
     finish,
@@ -77,17 +78,6 @@ TO_PEER = header_names("authorization", prefixes=("x-lobes-proxied", "x-lobes-fo
 _DEFAULT_REASON = b"X-Lobes-Tier-Reason: default"
 _MANUAL_OVERRIDE = b"X-Lobes-Tier-Reason: manual_override"
 _NO_ROUTE_REASON = b"X-Lobes-Route-Reason: none"
-_TIER_LINES: dict[str, bytes] = {}
-
-
-def _tier_line(tier: str) -> bytes:
-    """The X-Lobes-Tier header line for `tier`, encoded once."""
-    line = _TIER_LINES.get(tier)
-    if line is None:
-        line = _TIER_LINES[tier] = b"X-Lobes-Tier: " + tier.encode()
-    return line
-
-
 def forward_headers(req: Request) -> str:
     """The caller's end-to-end header lines, as forwarded to a local backend."""
     return _REQUEST_HOP.sub("", req.header_block)
@@ -226,31 +216,43 @@ class Dispatcher:
         self._me = this_box(config)
         self._served_by = (b"X-Lobes-Served-By: " + config.self_origin.encode()
                            if config.self_origin else None)
+        self._header_lines: dict[tuple[str | None, bool], list[bytes]] = {}
         # Requests this box has out at peers, per role (proxied, pooled, owner-forwarded),
         # counted from before the dial until the relay ends.
         self.peer_in_flight: Counter[str] = Counter()
 
     async def run(self, req: Request, route: Route, requested_tier: str | None,
                   payload: dict | None, client: Channel) -> bool | Outcome:
-        """Try the route's attempts; an Outcome to relay, or whether the connection stays
-        usable after an error answered here."""
+        """Try the route's attempts in order; an Outcome to relay, or whether the connection
+        stays usable after an error answered here."""
         counted = route.role if isinstance(route, PeerRoute) else None
         if counted is not None:
             self.peer_in_flight[counted] += 1
         plan = self.plan(req, route, requested_tier, payload, [], None)
         step = next(plan)
-        held: Placement | None = None
+        held: Placement | None = None  # released when the plan moves past it
         while isinstance(step, Attempt):
-            if held is not None and step.placement is not held:
+            placement = step.placement
+            if held is not placement and held is not None:
                 held.release()
-            held = step.placement
-            result = await self._attempt(req, step)
-            if isinstance(result, Outcome):
-                plan.close()
-                if counted is not None:
-                    result.count(self.peer_in_flight, counted)
-                return result
-            step = plan.send(result)
+            held = placement
+            started = time.monotonic() if placement is not None else 0.0
+            head = request_head("POST", req.target, step.origin, step.headers, len(step.body))
+            try:
+                response = await exchange(self._connections, step.origin, head, step.body,
+                                          self._timeout)
+            except UpstreamError:
+                step = plan.send(Failure(step.name, None))
+                continue
+            judged = (Outcome(response, step.extra, placement, started)
+                      if response.status < 400 else await self._judge(step, response, started))
+            if isinstance(judged, Failure):
+                step = plan.send(judged)
+                continue
+            plan.close()
+            if counted is not None:
+                judged.count(self.peer_in_flight, counted)
+            return judged
         plan.close()
         if held is not None:
             held.release()
@@ -259,36 +261,24 @@ class Dispatcher:
         client.write(error_bytes(step.error, step.headers, keep_alive=req.keep_alive))
         return req.keep_alive
 
-    async def _attempt(self, req: Request, attempt: Attempt) -> Outcome | Failure:
-        """Send one attempt and judge its response head by the attempt's rule."""
-        started = time.monotonic() if attempt.placement is not None else 0.0
-        origin = attempt.origin
-        head = request_head("POST", req.target, origin, attempt.headers, len(attempt.body))
-        try:
-            response = await exchange(self._connections, origin, head, attempt.body,
-                                      self._timeout)
-        except UpstreamError:
-            return Failure(attempt.name, None)
+    async def _judge(self, attempt: Attempt, response: Response,
+                     started: float) -> Outcome | Failure:
+        """An error status, by the attempt's rule: move on, or relay it. A peer's 404 and a
+        strict-lane 400 are judged by their body: a decline or a schema compile failure
+        moves on."""
         status = response.status
-        if status < 400:
-            return Outcome(response, attempt.extra, attempt.placement, started)
         if moves_on(attempt.rule, status):
             response.conn.close()
             return Failure(attempt.name, status)
-        if (status == 404 and attempt.rule == PEER) or (status == 400 and attempt.strict):
-            return await self._inspect(attempt, response, started)
-        return Outcome(response, attempt.extra, attempt.placement, started)
-
-    async def _inspect(self, attempt: Attempt, response, started: float) -> Outcome | Failure:
-        """A peer's 404 or a strict-lane 400: the body says whether it is a decline or a
-        schema compile failure (both move on), or the answer to relay as it came."""
+        if not ((status == 404 and attempt.rule == PEER) or (status == 400 and attempt.strict)):
+            return Outcome(response, attempt.extra, attempt.placement, started)
         try:
             body = await read_body(response)
         except _BROKEN:
             response.conn.close()
             return Failure(attempt.name, None)
         finish(self._connections, response)
-        if attempt.strict and is_compile_failure(response.status, body):
+        if attempt.strict and is_compile_failure(status, body):
             return Failure(attempt.name, 400, compile_failure=True)
         if not attempt.strict and b"role_infeasible" in body:
             return Failure(attempt.name, 404, declined=True)
@@ -312,7 +302,7 @@ class Dispatcher:
     def _local(self, req: Request, route: LocalRoute, requested_tier: str | None,
                payload: dict | None, tail: list[bytes], placement: Placement | None) -> Plan:
         """This box's gear, then the fallback; pressure sheds the full tiers first."""
-        extra: list[bytes] = []
+        override = False
         if route.tier is not None:
             override = req.headers.get("x-lobes-override", "").lower() == "true"
             if not override and self._pressure.sheds(requested_tier, route.tier):
@@ -321,10 +311,10 @@ class Dispatcher:
                 error = errors.server_busy(self._retry_after, route.tier)
                 yield Answer(error, (("X-Lobes-Tier", route.tier),))
                 return
-            extra = [_tier_line(route.tier), _MANUAL_OVERRIDE if override else _DEFAULT_REASON]
-        if self._served_by is not None:
-            extra.append(self._served_by)
-        extra += tail
+        extra = (self._header_lines.get((route.tier, override))
+                 or self._local_headers(route.tier, override))
+        if tail:
+            extra = [*extra, *tail]
         headers = forward_headers(req)
         strict = inject_strict(payload) if route.strict_lane and payload is not None else None
         last = len(route.targets) - 1
@@ -344,6 +334,21 @@ class Dispatcher:
                                                     self._retry_after))
         else:
             yield Answer(errors.upstream_unavailable(route.role))
+
+    def _local_headers(self, tier: str | None, override: bool) -> list[bytes]:
+        """The headers of a local answer: its tier and why, and X-Lobes-Served-By (built once
+        per tier and override; never changed by a caller)."""
+        key = (tier, override)
+        lines = self._header_lines.get(key)
+        if lines is None:
+            lines = []
+            if tier is not None:
+                lines += [b"X-Lobes-Tier: " + tier.encode(),
+                          _MANUAL_OVERRIDE if override else _DEFAULT_REASON]
+            if self._served_by is not None:
+                lines.append(self._served_by)
+            lines = self._header_lines[key] = lines
+        return lines
 
     def _proxy(self, req: Request, route: ProxyRoute, payload: dict | None,
                tail: list[bytes]) -> Plan:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from collections import Counter
+from collections.abc import Coroutine
 
 from ..policy.placement import Placement
 from ..transport.channel import Channel
@@ -59,16 +60,29 @@ class Outcome:
             self.counter[self.role] -= 1
 
 
-async def relay(connections: Connections, outcome: Outcome, client: Channel,
-                keep_alive: bool) -> bool:
-    """Relay an outcome to `client`, then settle it; returns whether the client connection
-    stays usable. A 200 from a placed replica teaches the replica's rate on the way."""
+def relay(connections: Connections, outcome: Outcome, client: Channel,
+          keep_alive: bool) -> Coroutine[object, object, bool]:
+    """Relay an outcome to `client`: the coroutine to await, whose result is whether the
+    client connection stays usable.
+
+    The usual answer (nothing to settle, nothing read yet) passes straight through (returned,
+    not awaited here: one coroutine frame less); otherwise the outcome is settled when the
+    relay ends, and a placed replica's 200 teaches the replica's rate.
+    """
+    if outcome.placement is None and outcome.counter is None and outcome.body is None:
+        return pass_through(connections, outcome.response, client, outcome.extra, keep_alive)
+    return _relay_settling(connections, outcome, client, keep_alive)
+
+
+async def _relay_settling(connections: Connections, outcome: Outcome, client: Channel,
+                          keep_alive: bool) -> bool:
     try:
-        response = outcome.response
         if outcome.body is not None:
-            return _write_read(response, outcome.body, outcome.extra, client, keep_alive)
-        if outcome.placement is None or response.status != 200:
-            return await pass_through(connections, response, client, outcome.extra, keep_alive)
+            return _write_read(outcome.response, outcome.body, outcome.extra, client,
+                               keep_alive)
+        if outcome.placement is None or outcome.response.status != 200:
+            return await pass_through(connections, outcome.response, client, outcome.extra,
+                                      keep_alive)
         return await _relay_learning(connections, outcome, client, keep_alive)
     finally:
         outcome.settle()
