@@ -1,11 +1,19 @@
-"""config.py: the environment contract parses into typed, validated, frozen config."""
+"""policy/config.py: the environment contract parses into typed, validated, frozen config."""
 
 import dataclasses
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 from lobes_gateway import __version__
 from lobes_gateway.policy.config import ConfigError, load_config, parse_env_file
 from lobes_gateway.transport.upstream import Origin
+
+from tests.support.gateway_proc import GATEWAY_DIR, GATEWAY_PYTHON
+from tests.support.ports import free_port
+
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 
 
 def test_defaults_without_environment():
@@ -201,3 +209,16 @@ TRAILING=value # comment
 def test_parse_env_file_rejects_garbage():
     with pytest.raises(ValueError, match="line 2"):
         parse_env_file("A=1\nnot a pair\n")
+
+
+def test_a_misspelt_variable_in_a_rendered_env_stops_the_gateway_at_start():
+    """The golden tailnet .env with one name misspelt, as an operator's hand edit would."""
+    rendered = (GOLDEN / "tailnet" / "agx-orin" / ".env").read_text()
+    env = parse_env_file(rendered.replace("EMBED_PEER_ORIGIN=", "EMBED_PEER_ORIGN="))
+    env.update(PATH=os.environ["PATH"], PYTHONPATH=str(GATEWAY_DIR), GATEWAY_HOST="127.0.0.1",
+               GATEWAY_PORT=str(free_port()))
+    started = subprocess.run([GATEWAY_PYTHON, "-m", "lobes_gateway"], env=env,
+                             capture_output=True, text=True, timeout=30, check=False)
+    assert started.returncode == 2
+    assert ("EMBED_PEER_ORIGN: is not a variable of the gateway's contract; "
+            "did you mean EMBED_PEER_ORIGIN?") in started.stderr
