@@ -20,7 +20,6 @@ the same target without the injected strict flag; any other 400 is the answer.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import socket
@@ -52,15 +51,12 @@ from ..transport.upstream import (
     Response,
     UpstreamError,
     exchange,
-    finish,
-    read_body,
     request_head,
 )
-from .relay import Outcome
+from .relay import Outcome, read_whole
 
 LOCAL, LAST, PEER, REPLICA = range(4)
 _DECLINES = frozenset({401, 403, 404})
-_BROKEN = (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError)
 # Markers of vLLM's 400 when strict tool schemas cannot be compiled into a grammar.
 _COMPILE_FAILURE = (b"grammar", b"schema")
 FORWARDED_BY = "X-Lobes-Forwarded-By"
@@ -272,12 +268,9 @@ class Dispatcher:
             return Failure(attempt.name, status)
         if not ((status == 404 and attempt.rule == PEER) or (status == 400 and attempt.strict)):
             return Outcome(response, attempt.extra, attempt.placement, started)
-        try:
-            body = await read_body(response)
-        except _BROKEN:
-            response.conn.close()
+        body = await read_whole(self._connections, response)
+        if body is None:
             return Failure(attempt.name, None)
-        finish(self._connections, response)
         if attempt.strict and is_compile_failure(status, body):
             return Failure(attempt.name, 400, compile_failure=True)
         if not attempt.strict and b"role_infeasible" in body:

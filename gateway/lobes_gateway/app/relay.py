@@ -88,6 +88,17 @@ async def _relay_settling(connections: Connections, outcome: Outcome, client: Ch
         outcome.settle()
 
 
+async def read_whole(connections: Connections, response: Response) -> bytes | None:
+    """The whole body, its connection pooled again; None when the upstream broke off (closed)."""
+    try:
+        body = await read_body(response)
+    except _BROKEN:
+        response.conn.close()
+        return None
+    finish(connections, response)
+    return body
+
+
 def _write_read(response: Response, body: bytes, extra: list[bytes], client: Channel,
                 keep_alive: bool) -> bool:
     """An answer whose body was read already, relayed with the gateway's headers."""
@@ -102,12 +113,9 @@ async def _relay_learning(connections: Connections, outcome: Outcome, client: Ch
     response, placement = outcome.response, outcome.placement
     assert placement is not None
     if response.length is not None:
-        try:
-            body = await read_body(response)
-        except _BROKEN:
-            response.conn.close()
+        body = await read_whole(connections, response)
+        if body is None:
             return False
-        finish(connections, response)
         placement.record_completion(completion_tokens(body), time.monotonic() - outcome.started)
         return _write_read(response, body, outcome.extra, client, keep_alive)
     counted = CountingWriter(client)
@@ -139,15 +147,10 @@ async def pass_through(connections: Connections, response: Response, client: Cha
         finish(connections, response)
         return keep_alive
     if response.chunked and not _is_event_stream(response):
-        try:
-            body = await read_body(response)
-        except _BROKEN:
-            response.conn.close()
+        body = await read_whole(connections, response)
+        if body is None:
             return False
-        finish(connections, response)
-        framing = b"Content-Length: %d" % len(body)
-        client.write(head_bytes(response, extra, framing, keep_alive) + body)
-        return keep_alive
+        return _write_read(response, body, extra, client, keep_alive)
     return await _relay_stream(connections, response, client, extra, keep_alive)
 
 
