@@ -409,24 +409,3 @@ def load_config(environ: Mapping[str, str]) -> GatewayConfig:
         limits=_limits(env),
     )
 
-
-_ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
-
-
-def parse_env_file(text: str) -> dict[str, str]:
-    """Parse the dotenv subset: KEY=VALUE lines, # comments, optional single/double quotes."""
-    result: dict[str, str] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        match = _ENV_LINE.match(line)
-        if not match:
-            raise ValueError(f"line {number}: {stripped!r} is not KEY=VALUE")
-        key, value = match.groups()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        elif " #" in value:
-            value = value.split(" #", 1)[0].rstrip()
-        result[key] = value
-    return result

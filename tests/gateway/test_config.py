@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 from lobes_gateway import __version__
-from lobes_gateway.config import ConfigError, Origin, load_config, parse_env_file
+from lobes_gateway.config import ConfigError, Origin, load_config
 
 
 def test_defaults_without_environment():
@@ -173,25 +173,3 @@ def test_several_unknown_names_are_all_named():
         "owners"])
 def test_an_env_without_p_route_keeps_seed_004s_meaning(env, route):
     assert load_config(env).roles["cortex"].route == route
-
-
-def test_parse_env_file_subset():
-    text = """
-# a comment
-PRIMARY_BASE_URL=http://127.0.0.1:8001
-export GATEWAY_PORT = 8000
-GATEWAY_API_KEY="quoted # not a comment"
-GATEWAY_FLEET_KEY='single'
-EMPTY=
-TRAILING=value # comment
-"""
-    assert parse_env_file(text) == {
-        "PRIMARY_BASE_URL": "http://127.0.0.1:8001", "GATEWAY_PORT": "8000",
-        "GATEWAY_API_KEY": "quoted # not a comment", "GATEWAY_FLEET_KEY": "single",
-        "EMPTY": "", "TRAILING": "value",
-    }
-
-
-def test_parse_env_file_rejects_garbage():
-    with pytest.raises(ValueError, match="line 2"):
-        parse_env_file("A=1\nnot a pair\n")

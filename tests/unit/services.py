@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from lobes_gateway.config import parse_env_file
+from lobes_service_files import parse_env_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
