@@ -156,7 +156,8 @@ def _service(entry: object, base_dir: str, index: int) -> Service:
     env = _field(entry, "env", Mapping, where, {})
     for key, value in env.items():
         if not _ENV_NAME.fullmatch(key) or not isinstance(value, str):
-            raise ServicesError(f"{where}: field 'env' must map names to strings, got {key!r}")
+            raise ServicesError(f"{where}: field 'env' must map names to strings, "
+                                f"got {key!r}: {value!r}")
     return Service(
         name=name,
         argv=argv,
@@ -174,15 +175,15 @@ def parse_services(document: object, base_dir: str) -> ServicesFile:
     """A services.json document checked and typed; base_dir is the directory that holds it."""
     entries = document.get("services") if isinstance(document, Mapping) else None
     if not isinstance(entries, list):
-        raise ServicesError("services.json: expected an object with a 'services' list")
+        raise ServicesError("expected an object with a 'services' list")
     host = document.get("host", "")
     if not isinstance(host, str):
-        raise ServicesError(f"services.json: field 'host' must be a str, got {host!r}")
+        raise ServicesError(f"field 'host' must be a str, got {host!r}")
     services = tuple(_service(entry, base_dir, i) for i, entry in enumerate(entries))
     names = [s.name for s in services]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ServicesError(f"services.json: duplicate service names {duplicates}")
+        raise ServicesError(f"duplicate service names {duplicates}")
     return ServicesFile(base_dir=base_dir, host=host, services=services)
 
 
