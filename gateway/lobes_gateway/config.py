@@ -379,7 +379,7 @@ def _refuse_unknown(environ: Mapping[str, str]) -> None:
         return
     name, closest = unknown[0]
     fix = f"did you mean {closest}?" if closest else "remove it (docs/gateway.md lists the names)"
-    others = f" (and {', '.join(n for n, _ in unknown[1:])})" if len(unknown) > 1 else ""
+    others = f" (and {', '.join(pair[0] for pair in unknown[1:])})" if len(unknown) > 1 else ""
     raise ConfigError(name, f"is not a variable of the gateway's contract{others}", fix)
 
 
@@ -408,4 +408,3 @@ def load_config(environ: Mapping[str, str]) -> GatewayConfig:
         pressure=_pressure(env),
         limits=_limits(env),
     )
-
