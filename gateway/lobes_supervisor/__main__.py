@@ -9,9 +9,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from lobes_service_files import Service, ServicesError, load_services
+
 from . import control, monitor
 from .layout import Layout
-from .spec import SpecError, load_services
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,40 +54,46 @@ def _daemonize() -> None:
         os._exit(0)
 
 
-def _monitor(args: argparse.Namespace, layout: Layout) -> int:
-    specs = load_services(args.services, args.watch)
-    spec = next((s for s in specs if s.name in args.names), None)
+def _services(args: argparse.Namespace) -> list[Service]:
+    if args.services is None:
+        raise ServicesError(f"{args.command} needs --services")
+    return list(load_services(str(args.services)).services)
+
+
+def _monitor(args: argparse.Namespace, layout: Layout, watch: tuple[str, ...]) -> int:
+    spec = next((s for s in _services(args) if s.name in args.names), None)
     if spec is None:
-        raise SpecError(f"no service named {args.names} in {args.services}")
+        raise ServicesError(f"no service named {args.names} in {args.services}")
     _daemonize()
-    return monitor.run(spec, layout)
+    return monitor.run(spec, layout, watch)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     layout = Layout(args.state_dir.resolve())
+    # Resolved once, so up and the monitors it starts fingerprint the very same paths.
+    if args.services is not None:
+        args.services = args.services.resolve()
+    watch = tuple(str(path.resolve()) for path in args.watch)
     try:
         if args.command == "monitor":
-            return _monitor(args, layout)
+            return _monitor(args, layout, watch)
         if args.command == "down":
             result = control.down(layout, args.names, args.exclude, dry_run=args.dry_run)
         elif args.command == "status":
-            specs = load_services(args.services, args.watch) if args.services else []
-            result = control.status(layout, specs)
+            result = control.status(layout, _services(args) if args.services else [])
         else:
-            if args.services is None:
-                raise SpecError(f"{args.command} needs --services")
-            specs = load_services(args.services, args.watch)
             act = control.up if args.command == "up" else control.restart
             result = act(
                 layout,
-                specs,
-                args.services.resolve(),
+                _services(args),
+                args.services,
                 args.names,
                 args.exclude,
+                watch=watch,
                 dry_run=args.dry_run,
             )
-    except (SpecError, control.SupervisorError) as exc:
+    except (ServicesError, control.SupervisorError) as exc:
         print(json.dumps({"failed": True, "msg": str(exc)}))
         return 2
     print(json.dumps({"failed": False, args.command: [asdict(r) for r in result]}))

@@ -11,10 +11,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from lobes_service_files import (
+    EnvFileError,
+    Service,
+    ServicesError,
+    fingerprint,
+    read_env_file,
+    select,
+)
+
 from . import pidfile
 from .layout import Layout
 from .monitor import STOP_GRACE_S, terminate_group
-from .spec import ServiceSpec, fingerprint
 
 START_TIMEOUT_S = 15.0
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
@@ -59,7 +67,7 @@ def _monitors(layout: Layout) -> dict[str, tuple[Path, pidfile.PidRecord]]:
     return found
 
 
-def status(layout: Layout, specs: Iterable[ServiceSpec] = ()) -> list[ServiceStatus]:
+def status(layout: Layout, specs: Iterable[Service] = ()) -> list[ServiceStatus]:
     """Every service named in specs or found running in the state directory."""
     monitors = _monitors(layout)
     by_name = {s.name: s for s in specs}
@@ -85,7 +93,16 @@ def status(layout: Layout, specs: Iterable[ServiceSpec] = ()) -> list[ServiceSta
     return rows
 
 
-def _start(spec: ServiceSpec, layout: Layout, services_file: Path) -> None:
+def _check_env_file(spec: Service) -> None:
+    """Refuse a service whose .env cannot be parsed before its monitor starts."""
+    if spec.env_path is not None and os.path.exists(spec.env_path):
+        try:
+            read_env_file(spec.env_path)
+        except EnvFileError as exc:
+            raise ServicesError(f"service {spec.name!r}: field 'env_file': {exc}") from exc
+
+
+def _start(spec: Service, layout: Layout, services_file: Path, watch: tuple[str, ...]) -> None:
     layout.ensure()
     env = {"PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": _PACKAGE_PARENT}
     argv = [
@@ -96,6 +113,7 @@ def _start(spec: ServiceSpec, layout: Layout, services_file: Path) -> None:
         str(layout.state_dir),
         "--services",
         str(services_file),
+        *(arg for path in watch for arg in ("--watch", path)),
         "monitor",
         spec.name,
     ]
@@ -137,27 +155,21 @@ def _stop(layout: Layout, path: Path, record: pidfile.PidRecord) -> None:
     pidfile.remove(path)
 
 
-def _selected(
-    specs: list[ServiceSpec], names: Iterable[str], exclude: Iterable[str] = ()
-) -> list[ServiceSpec]:
-    chosen, skipped = set(names), set(exclude)
-    unknown = chosen - {s.name for s in specs}
-    if unknown:
-        raise SupervisorError(f"no service named {sorted(unknown)} in the services file")
-    return [s for s in specs if (not chosen or s.name in chosen) and s.name not in skipped]
-
-
 def up(
     layout: Layout,
-    specs: list[ServiceSpec],
+    specs: list[Service],
     services_file: Path,
     names: Iterable[str] = (),
     exclude: Iterable[str] = (),
     *,
+    watch: tuple[str, ...] = (),
     dry_run: bool = False,
 ) -> list[Action]:
     """Make the selected specs run (start missing, restart changed) and stop services that
-    the services file no longer lists."""
+    the services file no longer lists; watch paths are part of every fingerprint."""
+    selected = select(specs, names, exclude)
+    for spec in selected:
+        _check_env_file(spec)
     monitors = _monitors(layout)
     listed = {s.name for s in specs}
     actions = []
@@ -166,16 +178,16 @@ def up(
             if not dry_run:
                 _stop(layout, path, record)
             actions.append(Action(name, "stopped"))
-    for spec in _selected(specs, names, exclude):
+    for spec in selected:
         path, record = monitors.get(spec.name, (layout.monitor_pidfile(spec), None))
-        if pidfile.alive(record) and record.fingerprint == fingerprint(spec):
+        if pidfile.alive(record) and record.fingerprint == fingerprint(spec, watch):
             actions.append(Action(spec.name, "unchanged"))
             continue
         verb = "restarted" if pidfile.alive(record) else "started"
         if not dry_run:
             if record is not None:
                 _stop(layout, path, record)
-            _start(spec, layout, services_file)
+            _start(spec, layout, services_file, watch)
         actions.append(Action(spec.name, verb))
     return actions
 
@@ -202,19 +214,23 @@ def down(
 
 def restart(
     layout: Layout,
-    specs: list[ServiceSpec],
+    specs: list[Service],
     services_file: Path,
     names: Iterable[str] = (),
     exclude: Iterable[str] = (),
     *,
+    watch: tuple[str, ...] = (),
     dry_run: bool = False,
 ) -> list[Action]:
     """Stop and start the selected services, whatever their fingerprint."""
     monitors = _monitors(layout)
-    selected = _selected(specs, names, exclude)
+    selected = select(specs, names, exclude)
+    for spec in selected:
+        _check_env_file(spec)
     for spec in selected:
         path, record = monitors.get(spec.name, (None, None))
         if record is not None and not dry_run:
             _stop(layout, path, record)
-    done = up(layout, specs, services_file, [s.name for s in selected], dry_run=dry_run)
+    done = up(layout, specs, services_file, [s.name for s in selected], watch=watch,
+              dry_run=dry_run)
     return [Action(a.name, "restarted") for a in done if a.action != "stopped"]

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .spec import ServiceSpec
+from lobes_service_files import Service
 
 
 @dataclass(frozen=True)
@@ -27,19 +27,19 @@ class Layout:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
-    def monitor_pidfile(self, spec: ServiceSpec) -> Path:
+    def monitor_pidfile(self, spec: Service) -> Path:
         return self.run_dir / spec.pidfile_name
 
-    def child_pidfile(self, spec: ServiceSpec) -> Path:
+    def child_pidfile(self, spec: Service) -> Path:
         return self.run_dir / f"{spec.name}.child.pid"
 
-    def log(self, spec: ServiceSpec) -> Path:
+    def log(self, spec: Service) -> Path:
         return self.log_dir / spec.log_name
 
     def state_file(self, name: str) -> Path:
         return self.run_dir / f"{name}.state.json"
 
-    def write_state(self, spec: ServiceSpec, *, restarts: int, last_exit: int | None) -> None:
+    def write_state(self, spec: Service, *, restarts: int, last_exit: int | None) -> None:
         self.state_file(spec.name).write_text(
             json.dumps({"restarts": restarts, "last_exit": last_exit}) + "\n"
         )

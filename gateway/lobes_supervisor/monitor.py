@@ -7,13 +7,14 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TextIO
 
+from lobes_service_files import EnvFileError, Service, fingerprint, read_env_file
+
 from . import pidfile
 from .layout import Layout
-from .spec import ServiceSpec, child_environment, fingerprint
 
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
@@ -40,11 +41,22 @@ def _rotate(path: Path) -> None:
         path.replace(path.with_name(path.name + ".1"))
 
 
-def _spawn(spec: ServiceSpec, log: TextIO) -> subprocess.Popen:
+def child_environment(spec: Service, inherited: Mapping[str, str]) -> dict[str, str]:
+    """The child's environment: a few inherited basics, then env_file, then the spec's env."""
+    env = {k: v for k, v in inherited.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TZ")}
+    env.setdefault("PATH", os.defpath)
+    env["PYTHONUNBUFFERED"] = "1"
+    if spec.env_path is not None:
+        env.update(read_env_file(spec.env_path))
+    env.update(spec.env)
+    return env
+
+
+def _spawn(spec: Service, log: TextIO) -> subprocess.Popen:
     # Its own session, so stopping signals the whole process group the child may grow.
     return subprocess.Popen(
         list(spec.argv),
-        cwd=spec.cwd,
+        cwd=spec.workdir,
         env=child_environment(spec, os.environ),
         stdin=subprocess.DEVNULL,
         stdout=log,
@@ -99,7 +111,7 @@ def terminate_group(
         os.killpg(pid, signal.SIGKILL)
 
 
-def run(spec: ServiceSpec, layout: Layout) -> int:
+def run(spec: Service, layout: Layout, extra_watch: Iterable[str] = ()) -> int:
     """Supervise spec until SIGTERM/SIGINT; returns the exit status for the monitor."""
     stop = _Stop()
     signal.signal(signal.SIGTERM, stop.request)
@@ -109,7 +121,7 @@ def run(spec: ServiceSpec, layout: Layout) -> int:
     with log_path.open("a", buffering=1) as log:
         pidfile.write(
             layout.monitor_pidfile(spec),
-            pidfile.record_for(os.getpid(), spec.name, "monitor", fingerprint(spec)),
+            pidfile.record_for(os.getpid(), spec.name, "monitor", fingerprint(spec, extra_watch)),
         )
         try:
             _supervise(spec, layout, log, stop)
@@ -120,14 +132,14 @@ def run(spec: ServiceSpec, layout: Layout) -> int:
     return 0
 
 
-def _supervise(spec: ServiceSpec, layout: Layout, log: TextIO, stop: _Stop) -> None:
+def _supervise(spec: Service, layout: Layout, log: TextIO, stop: _Stop) -> None:
     backoff = FIRST_BACKOFF_S
     restarts = 0
     while not stop.requested:
         started = time.monotonic()
         try:
             child = _spawn(spec, log)
-        except OSError as exc:
+        except (OSError, EnvFileError) as exc:
             _note(log, f"{spec.name}: cannot start {spec.argv[0]!r}: {exc}")
             exit_code: int | None = 127
         else:
@@ -148,7 +160,7 @@ def _supervise(spec: ServiceSpec, layout: Layout, log: TextIO, stop: _Stop) -> N
         backoff = min(backoff * 2, MAX_BACKOFF_S)
 
 
-def _child_record(pid: int, spec: ServiceSpec) -> pidfile.PidRecord:
+def _child_record(pid: int, spec: Service) -> pidfile.PidRecord:
     try:
         return pidfile.record_for(pid, spec.name, "child")
     except ProcessLookupError:

@@ -45,7 +45,8 @@ options:
         C(watch)) are relative to the file''s own directory; C(cwd) defaults to that directory;
         C(pidfile) and C(log) are bare file names (defaults C(<name>.pid), C(<name>.log)).'
       - The child's environment is PATH, HOME, LANG, LC_ALL and TZ from the supervisor, then the
-        variables of C(env_file) (dotenv subset), then C(env).
+        variables of C(env_file), then C(env). C(env_file) holds C(NAME=value) lines (optional
+        C(export), C(#) comments, single or double quotes); a line that is not is refused.
     type: path
   state_dir:
     description: Directory for pidfiles (C(run/)) and logs (C(log/)).

@@ -1,6 +1,7 @@
-"""The collection and the stdlib gateway share one contract module (the gateway must run
-without the collection, so gateway/lobes_contract.py is a link to plugins/module_utils/contract.py).
-These tests hold the rest together: the link is the same file and stays stdlib-only, every
+"""The collection and the stdlib gateway share the contract and service-files modules (the gateway
+must run without the collection, so gateway/lobes_contract.py and gateway/lobes_service_files.py
+are links to plugins/module_utils/). These tests hold the rest together: each link is the same
+file and stays stdlib-only, every
 rendered .env is one the gateway accepts and reads back as rendered, the gateway built from each
 tailnet box's .env routes every role as that box's plan declares, and the keys a box attaches to
 its peers are exactly the inbound keys those peers were rendered with."""
@@ -14,12 +15,14 @@ import sys
 from pathlib import Path
 
 import lobes_contract
+import lobes_service_files
 import pytest
 import yaml
-from ansible_collections.lobes.fleet.plugins.module_utils import advert, contract
+from ansible_collections.lobes.fleet.plugins.module_utils import advert, contract, service_files
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from lobes_gateway import __version__ as gateway_version
-from lobes_gateway.policy.config import load_config, parse_env_file
+from lobes_gateway.policy.config import load_config
+from lobes_service_files import parse_env_file
 
 from tests.support.gateway_proc import start_gateway
 
@@ -30,12 +33,19 @@ TAILNET = ROOT / "inventories" / "tailnet"
 ROUTING_FIELDS = ("route", "feasible", "proxied", "hosted_by")
 
 
-def test_the_gateway_and_the_collection_import_one_contract_file():
-    assert Path(lobes_contract.__file__).resolve() == Path(contract.__file__).resolve()
+# (the box-side module, the module_utils module it links to)
+LINKED = [(lobes_contract, contract), (lobes_service_files, service_files)]
 
 
-def test_the_contract_imports_only_the_standard_library():
-    tree = ast.parse(Path(contract.__file__).read_text())
+@pytest.mark.parametrize(("linked", "module_utils"), LINKED, ids=lambda m: m.__name__)
+def test_the_gateway_and_the_collection_import_one_file(linked, module_utils):
+    assert Path(linked.__file__).is_symlink()
+    assert Path(linked.__file__).resolve() == Path(module_utils.__file__).resolve()
+
+
+@pytest.mark.parametrize("module_utils", [contract, service_files], ids=lambda m: m.__name__)
+def test_a_linked_module_imports_only_the_standard_library(module_utils):
+    tree = ast.parse(Path(module_utils.__file__).read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 from lobes_gateway import __version__
-from lobes_gateway.policy.config import ConfigError, load_config, parse_env_file
+from lobes_gateway.policy.config import ConfigError, load_config
 from lobes_gateway.transport.upstream import Origin
+from lobes_service_files import parse_env_file
 
 from tests.support.gateway_proc import GATEWAY_DIR, GATEWAY_PYTHON
 from tests.support.ports import free_port
@@ -187,28 +188,6 @@ def test_several_unknown_names_are_all_named():
         "owners"])
 def test_an_env_without_p_route_keeps_seed_004s_meaning(env, route):
     assert load_config(env).roles["cortex"].route == route
-
-
-def test_parse_env_file_subset():
-    text = """
-# a comment
-PRIMARY_BASE_URL=http://127.0.0.1:8001
-export GATEWAY_PORT = 8000
-GATEWAY_API_KEY="quoted # not a comment"
-GATEWAY_FLEET_KEY='single'
-EMPTY=
-TRAILING=value # comment
-"""
-    assert parse_env_file(text) == {
-        "PRIMARY_BASE_URL": "http://127.0.0.1:8001", "GATEWAY_PORT": "8000",
-        "GATEWAY_API_KEY": "quoted # not a comment", "GATEWAY_FLEET_KEY": "single",
-        "EMPTY": "", "TRAILING": "value",
-    }
-
-
-def test_parse_env_file_rejects_garbage():
-    with pytest.raises(ValueError, match="line 2"):
-        parse_env_file("A=1\nnot a pair\n")
 
 
 def test_a_misspelt_variable_in_a_rendered_env_stops_the_gateway_at_start():

@@ -98,6 +98,31 @@ def test_a_watched_directory_change_restarts_but_pycache_does_not(tmp_path, stat
     assert supervisor(state_dir, "up", services=services)["up"][0]["action"] == "restarted"
 
 
+def test_an_extra_watch_path_restarts_only_when_its_content_changes(tmp_path, state_dir):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "app.py").write_text("VERSION = 1\n")
+    services = _write_services(tmp_path, [_service("sleeper", SLEEPER)])
+    watch = ("--watch", str(code))
+    supervisor(state_dir, *watch, "up", services=services)
+
+    assert supervisor(state_dir, *watch, "up", services=services)["up"][0]["action"] == "unchanged"
+    (code / "app.py").write_text("VERSION = 2\n")
+    assert supervisor(state_dir, *watch, "up", services=services)["up"][0]["action"] == "restarted"
+
+
+def test_an_env_file_that_does_not_parse_is_refused_naming_its_line(tmp_path, state_dir):
+    (tmp_path / "box.env").write_text("A=1\nnot a pair\n")
+    services = _write_services(tmp_path, [_service("sleeper", SLEEPER, env_file="box.env")])
+
+    answer = supervisor(state_dir, "up", services=services)
+
+    assert answer["failed"] is True
+    assert "service 'sleeper': field 'env_file'" in answer["msg"]
+    assert "box.env, line 2" in answer["msg"]
+    assert _status(state_dir) == {}
+
+
 def test_a_service_no_longer_listed_is_stopped(tmp_path, state_dir):
     services = _write_services(tmp_path, [_service("keep", SLEEPER), _service("drop", SLEEPER)])
     supervisor(state_dir, "up", services=services)

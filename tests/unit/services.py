@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from lobes_gateway.policy.config import parse_env_file
+from lobes_service_files import parse_env_file
 
 from tests.support.wait import WaitTimeout, http_ok, wait_until
 

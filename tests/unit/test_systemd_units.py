@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ansible_collections.lobes.fleet.plugins.module_utils.service_files import ServicesError
 from ansible_collections.lobes.fleet.plugins.module_utils.systemd import (
-    UnitError,
     UnitLayout,
     render_units,
     unit_name,
@@ -85,7 +85,7 @@ def test_unit_names_are_per_box_and_sanitised() -> None:
 
 
 def test_unknown_service_name_fails_naming_the_known_ones() -> None:
-    with pytest.raises(UnitError, match=r"\['nope'\].*\['gateway', 'gear-cortex'\]"):
+    with pytest.raises(ServicesError, match=r"\['nope'\].*\['gateway', 'gear-cortex'\]"):
         render_units(_golden_document(), _layout(GOLDEN_BASE), names=["nope"])
 
 

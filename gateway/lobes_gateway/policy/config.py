@@ -365,7 +365,7 @@ def _refuse_unknown(environ: Mapping[str, str]) -> None:
         return
     name, closest = unknown[0]
     fix = f"did you mean {closest}?" if closest else "remove it (docs/gateway.md lists the names)"
-    others = f" (and {', '.join(n for n, _ in unknown[1:])})" if len(unknown) > 1 else ""
+    others = f" (and {', '.join(pair[0] for pair in unknown[1:])})" if len(unknown) > 1 else ""
     raise ConfigError(name, f"is not a variable of the gateway's contract{others}", fix)
 
 
@@ -394,25 +394,3 @@ def load_config(environ: Mapping[str, str]) -> GatewayConfig:
         pressure=_pressure(env),
         limits=_limits(env),
     )
-
-
-_ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
-
-
-def parse_env_file(text: str) -> dict[str, str]:
-    """Parse the dotenv subset: KEY=VALUE lines, # comments, optional single/double quotes."""
-    result: dict[str, str] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        match = _ENV_LINE.match(line)
-        if not match:
-            raise ValueError(f"line {number}: {stripped!r} is not KEY=VALUE")
-        key, value = match.groups()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        elif " #" in value:
-            value = value.split(" #", 1)[0].rstrip()
-        result[key] = value
-    return result
