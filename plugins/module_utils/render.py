@@ -4,7 +4,6 @@ services.json (process runtime). Pure functions; the render module writes the fi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -17,6 +16,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     role_env,
     role_spec,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.service_files import tree_digest
 
 GEAR_PORT = 8000  # every vLLM gear listens on it inside its container
 GATEWAY_SOURCE_MOUNT = "/opt/lobes/gateway"
@@ -250,17 +250,7 @@ def source_digest(directory: str) -> str | None:
     """A short digest of every file under the gateway source (None when it is not there)."""
     if not os.path.isdir(os.path.join(directory, "lobes_gateway")):
         return None
-    digest = hashlib.sha256()
-    for root, dirs, files in os.walk(directory):
-        dirs[:] = sorted(name for name in dirs if name != "__pycache__")
-        for name in sorted(files):
-            if name.endswith((".pyc", ".pyo")):
-                continue
-            path = os.path.join(root, name)
-            digest.update(os.path.relpath(path, directory).encode())
-            with open(path, "rb") as handle:
-                digest.update(handle.read())
-    return digest.hexdigest()[:16]
+    return tree_digest(directory)
 
 
 def _gateway_service(plan: dict, backends: list) -> dict:

@@ -215,6 +215,16 @@ def select(services: Iterable[Service], names: Iterable[str] = (),
 
 # ---------------------------------------------------------------- what decides a restart
 
+_BYTECODE = (".pyc", ".pyo")
+
+
+def tree_digest(root: str) -> str:
+    """A short digest of every file under root, names and bytes (bytecode left out)."""
+    digest = hashlib.sha256()
+    _hash_tree(digest, root)
+    return digest.hexdigest()[:16]
+
+
 def _hash_tree(digest, root: str) -> None:
     """Feed a file's bytes, or every file under a directory (names too), to digest."""
     if os.path.isfile(root):
@@ -225,7 +235,7 @@ def _hash_tree(digest, root: str) -> None:
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for name in sorted(files):
             path = os.path.join(folder, name)
-            if not os.path.isfile(path):
+            if name.endswith(_BYTECODE) or not os.path.isfile(path):
                 continue
             digest.update(os.path.relpath(path, root).encode())
             with open(path, "rb") as handle:
