@@ -139,3 +139,21 @@ def test_every_peer_is_dialled_with_that_peers_own_inbound_key(env_file):
             dialled += 1
     if env_file.parent.name in ("agx-orin", "agx-thor"):
         assert dialled > 0
+
+
+class _Recording(dict):
+    """An environment that remembers every name the gateway asks it for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: set[str] = set()
+
+    def get(self, name, default=None):
+        self.asked.add(name)
+        return super().get(name, default)
+
+
+def test_the_gateway_reads_every_contract_name_and_no_other():
+    environ = _Recording()
+    load_config(environ)
+    assert environ.asked == set(contract.KNOWN_ENV)

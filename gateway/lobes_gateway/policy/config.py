@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from lobes_contract import (
+    KNOWN_ENV,
     OFF,
     OWNERS,
     POOL,
@@ -129,6 +130,8 @@ class _Env:
         self._env = environ
 
     def str(self, name: str) -> str | None:
+        if name not in KNOWN_ENV:  # a reader's typo: the contract's table is the only source
+            raise KeyError(f"{name} is not a variable of lobes_contract")
         value = self._env.get(name, "").strip()
         return value or None
 
