@@ -38,7 +38,7 @@ SERVED_NAME = "bench-model"
 API_KEY = "bench-key"
 CONCURRENCIES = (1, 64, 256)
 TARGETS = ("direct", "nginx", "gateway")
-OWN_SESSION_ENV = "GATEWAY_BENCH_OWN_SESSION"
+OWN_SESSION_ENV = "LOBES_BENCH_OWN_SESSION"
 
 
 @dataclass(frozen=True)
