@@ -1,7 +1,9 @@
 """Request (lane, model) -> a typed route: local backend(s), peer(s), or a refusal.
 
-Routes depend only on the static configuration, so every route is computed once at start-up
-and a request costs one or two dict look-ups.
+A route is the plan of a request: who may answer it, in what order, and what to answer when
+none can; the role's mode (P_ROUTE) decides which kind. app/dispatch.py turns a route into
+attempts and runs them. Routes depend only on the static configuration, so every route is
+computed once at start-up and a request costs one or two dict look-ups.
 """
 
 from __future__ import annotations
