@@ -40,6 +40,7 @@ def _number_text(text: str):
     except ValueError:
         return text
 
+
 # The inventory field that names a role's peers -> the route mode it declares.
 _PEER_MODES = {"referral": REFER, "proxy": PROXY, "pool": POOL, "owners": OWNERS}
 

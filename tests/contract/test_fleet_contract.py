@@ -94,8 +94,8 @@ def tailnet_plan() -> dict:
 
 @pytest.mark.parametrize("env_file", [p for p in GOLDEN_ENVS if p.parts[-3] == "tailnet"],
                          ids=lambda p: p.parent.name)
-def test_a_gateway_built_from_a_rendered_env_routes_every_role_as_planned(env_file,
-                                                                         tailnet_plan):
+def test_a_gateway_built_from_a_rendered_env_routes_every_role_as_planned(
+        env_file, tailnet_plan):
     """The tailnet defect: a fleet key once turned the Orin's referrals into forwarding."""
     env = parse_env_file(env_file.read_text())
     env.update(GATEWAY_PROBE_TIMEOUT_S="0.2", GATEWAY_CONNECT_TIMEOUT_S="0.2")

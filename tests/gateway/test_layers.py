@@ -55,5 +55,5 @@ def test_a_module_imports_only_its_own_layer_or_below(path):
                          ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_the_gateway_imports_only_the_standard_library_itself_and_the_contract(path):
     allowed = set(sys.stdlib_module_names) | {"__future__", "lobes_gateway", "lobes_contract"}
-    foreign = [module for module, _ in _imported(path) if module.split(".")[0] not in allowed]
+    foreign = [module for module, _line in _imported(path) if module.split(".")[0] not in allowed]
     assert foreign == []

@@ -35,7 +35,7 @@ MOVING_ON = [
 
 @pytest.mark.parametrize(("rule", "status", "moves"), MOVING_ON,
                          ids=[f"{('local', 'last', 'peer', 'replica')[r]}-{s}"
-                              for r, s, _ in MOVING_ON])
+                              for r, s, _moves in MOVING_ON])
 def test_which_statuses_move_on_under_each_rule(rule, status, moves):
     assert moves_on(rule, status) is moves
 

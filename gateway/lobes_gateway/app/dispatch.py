@@ -74,6 +74,8 @@ TO_PEER = header_names("authorization", prefixes=("x-lobes-proxied", "x-lobes-fo
 _DEFAULT_REASON = b"X-Lobes-Tier-Reason: default"
 _MANUAL_OVERRIDE = b"X-Lobes-Tier-Reason: manual_override"
 _NO_ROUTE_REASON = b"X-Lobes-Route-Reason: none"
+
+
 def forward_headers(req: Request) -> str:
     """The caller's end-to-end header lines, as forwarded to a local backend."""
     return _REQUEST_HOP.sub("", req.header_block)

@@ -65,6 +65,8 @@ _JSON_DECODER = json.JSONDecoder()
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # Loop turns a shutdown allows the connections' fibers to see their sockets closed.
 SHUTDOWN_TURNS = 10
+
+
 def _has_body(req: Request) -> bool:
     return "transfer-encoding" in req.headers or req.headers.get("content-length", "0") != "0"
 

@@ -37,7 +37,7 @@ _METRICS = {
 }
 
 
-PeerViews = Callable[[str], "PeerView | None"]
+PeerViews = Callable[[str], PeerView | None]
 
 
 def parse_metrics(text: str) -> dict[str, float]:
