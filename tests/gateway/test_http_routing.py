@@ -168,6 +168,8 @@ def test_infeasible_role_refers_to_hosted_by(gateway_factory, sim_factory):
     assert reply.status == 404
     assert reply.error["type"] == "role_infeasible"
     assert "http://spark.example:8000" in reply.error["message"]
+    # A program follows the referral from a field, not the prose.
+    assert reply.error["hosted_by"] == "http://spark.example:8000"
     # Background probes (GET /health, /v1/models) may visit; no request was forwarded.
     assert [r for r in primary.requests() if r["method"] != "GET"] == []
 

@@ -15,9 +15,11 @@ class ApiError:
     code: str
     message: str
     headers: tuple[tuple[str, str], ...] = ()
+    # Members of the error object a program can act on, e.g. a referral's hosted_by.
+    fields: tuple[tuple[str, str], ...] = ()
 
     def body(self) -> bytes:
-        error = {"type": self.type, "code": self.code, "message": self.message}
+        error = {"type": self.type, "code": self.code, "message": self.message, **dict(self.fields)}
         return json.dumps({"error": error}).encode()
 
 
@@ -49,9 +51,11 @@ def method_not_allowed(method: str, path: str, allowed: str) -> ApiError:
 
 def role_infeasible(role: str, hosted_by: str | None) -> ApiError:
     if hosted_by:
-        message = f"role {role} is not feasible on this box; it is hosted by {hosted_by}"
-    else:
-        message = f"role {role} is not feasible on this box and no peer is declared for it"
+        message = (f"role {role} is not feasible on this box; it is hosted by {hosted_by}: "
+                   "send the request there (error.hosted_by)")
+        return ApiError(404, "role_infeasible", "role_infeasible", message,
+                        fields=(("hosted_by", hosted_by),))
+    message = f"role {role} is not feasible on this box and no peer is declared for it"
     return ApiError(404, "role_infeasible", "role_infeasible", message)
 
 
