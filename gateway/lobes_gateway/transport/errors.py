@@ -65,6 +65,11 @@ def peer_declined(role: str, peer: str) -> ApiError:
                     "fix the peer declaration of this box")
 
 
+def not_implemented(what: str) -> ApiError:
+    return ApiError(501, "invalid_request_error", "not_implemented",
+                    f"this gateway does not implement {what}")
+
+
 def request_timeout() -> ApiError:
     return ApiError(408, "invalid_request_error", "request_timeout",
                     "the request did not arrive in time; send headers and body promptly")

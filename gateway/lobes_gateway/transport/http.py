@@ -67,12 +67,30 @@ def parse_head(head: bytes) -> Request:
     headers: dict[str, str] = {}
     for line in block.split("\r\n")[:-1]:
         name, sep, value = line.partition(":")
-        if not sep or not name or name[-1] in " \t":
+        if not sep or not name or name[-1] in " \t" or name[0] in " \t":
+            # A leading space is obs-fold (RFC 9112 5.2): a continuation a backend may join.
             raise HttpError(errors.bad_request(f"malformed header line {line[:40]!r}"))
         key = name.lower()
         value = value.strip()
         headers[key] = f"{headers[key]}, {value}" if key in headers else value
+    if "transfer-encoding" in headers:
+        _check_chunked_framing(headers)
     return Request(method, target, version, headers, block)
+
+
+def _check_chunked_framing(headers: dict[str, str]) -> None:
+    """One unambiguous framing (RFC 9112 6.1, 6.3): a request that a proxy in front could frame
+    otherwise is refused, never answered, so no bytes after it are read as another request."""
+    if "content-length" in headers:
+        raise HttpError(errors.bad_request("both Transfer-Encoding and Content-Length frame this "
+                                           "request; send one of them"))
+    codings = [c.strip().lower() for c in headers["transfer-encoding"].split(",")]
+    if codings[-1] != "chunked" or codings.count("chunked") != 1:
+        raise HttpError(errors.bad_request("Transfer-Encoding must end in chunked, once; send "
+                                           "chunked or Content-Length"))
+    if codings != ["chunked"]:
+        raise HttpError(errors.not_implemented(f"transfer coding {codings[0]!r}; send the body "
+                                               "chunked or with Content-Length"))
 
 
 def header_block(headers: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> str:
@@ -88,7 +106,8 @@ def header_names(*names: str, prefixes: tuple[str, ...] = ()) -> re.Pattern[str]
 
 
 def is_chunked(headers: dict[str, str]) -> bool:
-    return "chunked" in headers.get("transfer-encoding", "").lower()
+    """Whether the body is chunked (parse_head admits no other transfer coding)."""
+    return "transfer-encoding" in headers
 
 
 def declared_length(headers: dict[str, str]) -> int:
