@@ -67,9 +67,9 @@ def test_peer_headers_without_a_key_send_none():
     assert headers == ""
 
 
-def test_local_forwarding_drops_only_hop_headers():
+def test_local_forwarding_drops_hop_headers_and_the_callers_key():
     assert forward_headers(CALLER) == (
-        "Authorization: Bearer caller\r\nContent-Type: application/json\r\n"
+        "Content-Type: application/json\r\n"
         "X-Lobes-Proxied: cortex\r\nx-lobes-FORWARDED-by: http://x:1\r\nX-Request-Id: r1\r\n")
 
 

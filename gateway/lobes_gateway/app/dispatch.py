@@ -63,13 +63,15 @@ FORWARDED_BY = "X-Lobes-Forwarded-By"
 # A request that already crossed a box is answered where it lands (owner forwarding).
 _MARKERS = ("x-lobes-forwarded-by", "x-lobes-proxied")
 
-# Request header lines that describe the client hop; the gateway sets its own.
-_REQUEST_HOP = header_names("connection", "keep-alive", "proxy-connection", "te", "trailer",
-                            "transfer-encoding", "upgrade", "host", "content-length", "expect")
-# What a peer must not see of the caller's headers: its key and the markers of earlier hops
-# (a proxy keeps X-Lobes-Forwarded-By, so an owner-forwarded request stays marked).
-TO_PROXY_PEER = header_names("authorization", prefixes=("x-lobes-proxied",))
-TO_PEER = header_names("authorization", prefixes=("x-lobes-proxied", "x-lobes-forwarded"))
+# Request header lines that describe the client hop (the gateway sets its own), and the
+# caller's key: it opens this gateway only, and a gear or peer sees only a key declared for it.
+_NOT_FORWARDED = header_names("connection", "keep-alive", "proxy-connection", "te", "trailer",
+                              "transfer-encoding", "upgrade", "host", "content-length",
+                              "expect", "authorization")
+# What a peer must not see of earlier hops' markers (a proxy keeps X-Lobes-Forwarded-By, so an
+# owner-forwarded request stays marked).
+TO_PROXY_PEER = header_names(prefixes=("x-lobes-proxied",))
+TO_PEER = header_names(prefixes=("x-lobes-proxied", "x-lobes-forwarded"))
 
 _DEFAULT_REASON = b"X-Lobes-Tier-Reason: default"
 _MANUAL_OVERRIDE = b"X-Lobes-Tier-Reason: manual_override"
@@ -77,13 +79,14 @@ _NO_ROUTE_REASON = b"X-Lobes-Route-Reason: none"
 
 
 def forward_headers(req: Request) -> str:
-    """The caller's end-to-end header lines, as forwarded to a local backend."""
-    return _REQUEST_HOP.sub("", req.header_block)
+    """The caller's end-to-end header lines, as forwarded to a local backend (its key left out)."""
+    return _NOT_FORWARDED.sub("", req.header_block)
 
 
 def peer_headers(req: Request, api_key: str | None, markers: list[tuple[str, str]],
                  strip: re.Pattern[str] = TO_PEER) -> str:
-    """The caller's header lines for a peer: `strip`ped of its key and markers, ours attached."""
+    """The caller's header lines for a peer: without its key, `strip`ped of earlier markers,
+    with the peer's key and our markers attached."""
     block = strip.sub("", forward_headers(req))
     if api_key:
         block += f"Authorization: Bearer {api_key}\r\n"

@@ -17,7 +17,8 @@ from ..transport.upstream import (
     request_head,
 )
 
-_SKIP = frozenset({"host", "content-length"})
+# The caller's key opens this gateway only: the bridge sees no key.
+_SKIP = frozenset({"host", "content-length", "authorization"})
 
 
 async def tunnel(connections: Connections, origin: Origin, req: Request, client: Channel,

@@ -39,8 +39,6 @@ class BackendWindows:
         self._connections = connections
         self._timeout = config.limits.probe_timeout_s
         self._interval = config.limits.probe_interval_s
-        self._headers = ([("Authorization", f"Bearer {config.api_key}")]
-                         if config.api_key else [])
         self._targets = sorted({(rc.base_url, rc.served_name)
                                 for rc in config.roles.values()
                                 if rc.feasible and rc.base_url is not None
@@ -54,7 +52,8 @@ class BackendWindows:
 
     async def _probe(self, origin: Origin, served_name: str) -> None:
         try:
-            status, body = await fetch(self._connections, origin, "/v1/models", self._headers,
+            # No key: the gateway's inbound key is not its gears' (none is declared for them).
+            status, body = await fetch(self._connections, origin, "/v1/models", [],
                                        self._timeout)
         except UpstreamError:
             return  # down: ready says so; the window it served last is still its window
