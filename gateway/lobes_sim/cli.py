@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="wait this many simulated seconds before the first byte")
     faults.add_argument("--fault-die-after-chunks", type=int, default=0, metavar="N",
                         help="close the socket after N SSE chunks of every stream")
+    faults.add_argument("--fault-die-mid-body", action="store_true",
+                        help="send a POST's JSON answer head and half its body, then close")
     faults.add_argument("--fault-slow", type=float, default=1.0, metavar="FACTOR",
                         help="make every engine step FACTOR times longer")
     faults.add_argument("--fault-reject-strict-tools", action="store_true",
@@ -88,6 +90,7 @@ def faults_from_args(args: argparse.Namespace) -> Faults:
         hang=args.fault_hang,
         hang_s=args.fault_hang_s,
         die_after_chunks=args.fault_die_after_chunks,
+        die_mid_body=args.fault_die_mid_body,
         slow_factor=args.fault_slow,
         reject_strict_tools=args.fault_reject_strict_tools,
     )

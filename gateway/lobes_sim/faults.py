@@ -23,6 +23,7 @@ class Faults:
     hang: bool = False  # accept the request, never send a byte
     hang_s: float = 0.0  # wait this long (simulated seconds) before the first byte
     die_after_chunks: int = 0  # close the socket after this many SSE chunks of a stream
+    die_mid_body: bool = False  # a POST's JSON answer: its head and half its body, then close
     slow_factor: float = 1.0  # every engine step takes this many times longer
     reject_strict_tools: bool = False  # chat requests with a strict tool get vLLM's 400
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+from .state import ClientGone
+
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 64 * 1024 * 1024
 READ_SIZE = 64 * 1024
@@ -52,6 +54,8 @@ class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        # The die_mid_body fault, armed per request: the next JSON answer is cut in half.
+        self.cut_body = False
         self._buffer = bytearray()
         self._eof = False
         sock = writer.get_extra_info("socket")
@@ -175,6 +179,11 @@ class Connection:
             "connection": "keep-alive" if keep_alive else "close",
             **(extra or {}),
         }
+        if self.cut_body:
+            self.writer.write(self._head(status, headers) + body[:len(body) // 2])
+            await self.writer.drain()
+            self.drop()
+            raise ClientGone
         self.writer.write(self._head(status, headers) + body)
         await self.writer.drain()
 

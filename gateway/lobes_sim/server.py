@@ -137,6 +137,7 @@ class ServingPort:
         state = self.state
         state.recorder.record(request.method, request.target, request.headers, request.body)
         try:
+            conn.cut_body = state.faults.die_mid_body and request.method == "POST"
             faulted = await self._answer_fault(conn, request)
             if faulted is not None:
                 return faulted

@@ -72,6 +72,24 @@ def test_die_after_chunks_truncates_the_stream(sim):
     assert stream(sim.url, CHAT, chat_payload(max_tokens=10)).done
 
 
+def test_die_mid_body_sends_a_head_and_half_a_json_body(sim):
+    sim.set_faults({"die_mid_body": True})
+    with socket.create_connection(("127.0.0.1", int(sim.url.rsplit(":", 1)[1])), timeout=5) as s:
+        body = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}'
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+                  b"\r\n%s" % (len(body), body))
+        received = b""
+        while chunk := s.recv(65536):
+            received += chunk
+    head, _sep, partial = received.partition(b"\r\n\r\n")
+    declared = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")))
+    assert head.startswith(b"HTTP/1.1 200 ") and 0 < len(partial) < declared
+    assert request(sim.url, "GET", "/health").status == 200  # GETs are never cut
+    sim.set_faults({})
+    assert post(sim.url, CHAT, chat_payload()).status == 200
+
+
 @pytest.mark.timing  # a ratio of two wall-clock durations, within 20 %
 def test_slow_factor_lowers_the_token_rate(sim_factory):
     sim = sim_factory("spark-cortex", time_scale=4)
