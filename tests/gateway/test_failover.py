@@ -83,6 +83,20 @@ def test_no_retry_once_a_stream_has_started(pair):
     assert gateway.alive()
 
 
+def test_a_backend_dying_mid_body_is_a_502_not_a_silent_close(pair):
+    """Head and half a JSON body, then the backend closes: nothing reached the client yet."""
+    gateway, primary, fallback = pair
+    primary.set_faults({"die_mid_body": True})
+    reply = chat(gateway.url, {"model": "main"})
+    assert reply.status == 502
+    assert reply.error["type"] == "upstream_unavailable"
+    assert reply.error["code"] == "upstream_interrupted"
+    assert reply.headers["connection"] == "close"
+    assert posts(fallback) == []  # the request reached the primary: it is not sent twice
+    primary.set_faults({})
+    assert chat(gateway.url, {"model": "main"}).status == 200
+
+
 def test_single_backend_refused_is_503_with_retry_after(gateway_factory, sim_factory):
     primary = sim_factory("instant")
     gateway = gateway_factory({"PRIMARY_BASE_URL": primary.url})

@@ -9,8 +9,9 @@ from collections import Counter
 from collections.abc import Coroutine
 
 from ..policy.placement import Placement
+from ..transport import errors
 from ..transport.channel import Channel
-from ..transport.http import status_line
+from ..transport.http import error_bytes, status_line
 from ..transport.upstream import Connections, Response, finish, read_body
 from .meter import CountingWriter, completion_tokens
 
@@ -99,6 +100,13 @@ async def read_whole(connections: Connections, response: Response) -> bytes | No
     return body
 
 
+def _broke_off(client: Channel) -> bool:
+    """The upstream closed before its answer was whole and none of it was sent: answer a 502
+    (the client would otherwise see its connection closed with no status at all)."""
+    client.write(error_bytes(errors.upstream_interrupted(), keep_alive=False))
+    return False
+
+
 def _write_read(response: Response, body: bytes, extra: list[bytes], client: Channel,
                 keep_alive: bool) -> bool:
     """An answer whose body was read already, relayed with the gateway's headers."""
@@ -115,7 +123,7 @@ async def _relay_learning(connections: Connections, outcome: Outcome, client: Ch
     if response.length is not None:
         body = await read_whole(connections, response)
         if body is None:
-            return False
+            return _broke_off(client)
         placement.record_completion(completion_tokens(body), time.monotonic() - outcome.started)
         return _write_read(response, body, outcome.extra, client, keep_alive)
     counted = CountingWriter(client)
@@ -149,7 +157,7 @@ async def pass_through(connections: Connections, response: Response, client: Cha
     if response.chunked and not _is_event_stream(response):
         body = await read_whole(connections, response)
         if body is None:
-            return False
+            return _broke_off(client)
         return _write_read(response, body, extra, client, keep_alive)
     return await _relay_stream(connections, response, client, extra, keep_alive)
 
@@ -163,19 +171,26 @@ async def _relay_sized(connections: Connections, response: Response, client: Cha
     length = response.length or 0
     head = head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive)
     upstream = response.conn.channel
+    if length <= _BODY_IN_ONE_READ:
+        try:
+            body = await upstream.readexactly(length) if length else b""
+        except _BROKEN:
+            response.conn.close()
+            return _broke_off(client)
+        client.write(head + body)
+        finish(connections, response)
+        return keep_alive
     try:
-        if length <= _BODY_IN_ONE_READ:
-            client.write(head + (await upstream.readexactly(length) if length else b""))
-        else:
-            client.write(head)
-            left = length
-            while left:
-                data = await upstream.read(min(left, _BODY_IN_ONE_READ))
-                if not data:
-                    raise ConnectionResetError("upstream closed mid-body")
-                left -= len(data)
-                client.write(data)
-                await client.drain()
+        # Too large to hold: the head goes first, so a cut can only end the connection.
+        client.write(head)
+        left = length
+        while left:
+            data = await upstream.read(min(left, _BODY_IN_ONE_READ))
+            if not data:
+                raise ConnectionResetError("upstream closed mid-body")
+            left -= len(data)
+            client.write(data)
+            await client.drain()
     except _BROKEN:
         response.conn.close()
         return False

@@ -70,6 +70,12 @@ def not_implemented(what: str) -> ApiError:
                     f"this gateway does not implement {what}")
 
 
+def upstream_interrupted() -> ApiError:
+    return ApiError(502, "upstream_unavailable", "upstream_interrupted",
+                    "the backend closed the connection before its answer was complete; "
+                    "retry the request")
+
+
 def request_timeout() -> ApiError:
     return ApiError(408, "invalid_request_error", "request_timeout",
                     "the request did not arrive in time; send headers and body promptly")
