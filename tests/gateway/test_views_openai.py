@@ -8,6 +8,7 @@ from lobes_gateway import __version__
 
 from tests.support.client import call, wired
 from tests.support.gateway_proc import start_gateway
+from tests.support.ports import dead_origin
 from tests.support.sim_proc import start_sim
 from tests.support.wait import wait_until
 
@@ -34,6 +35,25 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 def test_health_reports_version(box):
     assert box[0].get_json("/health") == {"status": "ok", "version": __version__}
+
+
+def test_models_lists_only_backends_that_answered_their_last_probe():
+    """Seed 004: advertised implies reachable. A wired gear that refuses is not listed, and one
+    that stops answering leaves the list within a probe interval, and comes back with it."""
+    with start_sim("instant") as primary, start_sim("instant", served_name="e5") as embed:
+        env = {**wired(primary), "EMBED_BASE_URL": dead_origin(), "EMBED_SERVED_NAME": "e5",
+               "RERANK_BASE_URL": embed.url, "RERANK_SERVED_NAME": "e5",
+               "GATEWAY_PROBE_INTERVAL_S": "0.1"}
+        with start_gateway(env) as gateway:
+            def listed() -> set[str]:
+                return {m["lobes_role"] for m in gateway.get_json("/v1/models")["data"]}
+
+            assert listed() == {"cortex", "reranker"}
+            embed.set_faults({"refuse": True})
+            wait_until(lambda: listed() == {"cortex"}, message="the refusing reranker unlisted")
+            embed.set_faults({})
+            wait_until(lambda: listed() == {"cortex", "reranker"},
+                       message="the reranker listed again once it answers")
 
 
 def test_models_lists_loaded_backends(box):

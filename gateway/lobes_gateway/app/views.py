@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from lobes_contract import CANDIDATES, GENERATE, ROLES
+from lobes_contract import AUDIO_TASKS, CANDIDATES, GENERATE, ROLES
 
 from .. import __version__
 from ..mesh.peers import PeerView
@@ -110,11 +110,13 @@ class Views:
         return entry
 
     def models(self) -> bytes:
-        """/v1/models: the loaded local backends, plus peer-served roles a peer now lists."""
+        """/v1/models: the local backends that answered their last probe (advertised implies
+        reachable), plus peer-served roles a peer now lists."""
         data = [self._model_entry(rc.served_name, rc.name,
                                   self.windows.get(rc.base_url, rc.served_name))
                 for rc in self._config.roles.values()
-                if rc.feasible and rc.base_url and rc.role.task != "stt" and rc.role.task != "tts"]
+                if rc.feasible and rc.base_url and rc.role.task not in AUDIO_TASKS
+                and self.windows.answering(rc.base_url, rc.served_name)]
         for rc in self._config.roles.values():
             route = self._role_route(rc.name)
             if (isinstance(route, ProxyRoute | PoolRoute | OwnerRoute)

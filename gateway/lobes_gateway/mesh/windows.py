@@ -45,10 +45,16 @@ class BackendWindows:
                                 and rc.role.task not in AUDIO_TASKS},
                                key=lambda t: (t[0].url, t[1]))
         self._windows: dict[tuple[Origin, str], int] = {}
+        # Backends whose last probe got an answer: only these are advertised (seed 004).
+        self._answering: set[tuple[Origin, str]] = set()
 
     def get(self, origin: Origin, served_name: str) -> int | None:
         """The window the backend last reported serving; None until it has answered."""
         return self._windows.get((origin, served_name))
+
+    def answering(self, origin: Origin, served_name: str) -> bool:
+        """Whether the backend answered its last probe."""
+        return (origin, served_name) in self._answering
 
     async def _probe(self, origin: Origin, served_name: str) -> None:
         try:
@@ -56,7 +62,10 @@ class BackendWindows:
             status, body = await fetch(self._connections, origin, "/v1/models", [],
                                        self._timeout)
         except UpstreamError:
-            return  # down: ready says so; the window it served last is still its window
+            # Down: not advertised; the window it served last is still its window.
+            self._answering.discard((origin, served_name))
+            return
+        self._answering.add((origin, served_name))
         window = served_window(body, served_name) if status == 200 else None
         if window is not None:
             self._windows[(origin, served_name)] = window
