@@ -56,3 +56,30 @@ def test_no_gear_ever_sees_a_key(gated):
     assert any(r["path"].startswith("/v1/realtime") for r in audio.requests())
     recorded = [r for sim in sims for r in sim.requests()]
     assert [r for r in recorded if "authorization" in r["headers"]] == []
+
+
+def test_no_key_appears_in_an_answer_or_the_log():
+    """Every key the gateway holds (inbound, fleet, pairwise peer keys) stays out of its
+    endpoints, its error bodies and its log, whatever a caller sends."""
+    keys = {"GATEWAY_API_KEY": "k-inbound-5d1e", "GATEWAY_FLEET_KEY": "k-fleet-9a7c",
+            "MULTIMODAL_PEER_API_KEY": "k-peer-3b8f", "PRIMARY_PEER_API_KEYS": "k-pool-2c4a,"}
+    with start_sim("instant") as primary:
+        env = {**wired(primary), **keys, "GATEWAY_SELF_ORIGIN": "http://self:1",
+               "MULTIMODAL_FEASIBLE": "false", "MULTIMODAL_ROUTE": "proxy",
+               "MULTIMODAL_PEER_ORIGIN": "http://127.0.0.1:9",
+               "PRIMARY_PEER_ORIGINS": "http://127.0.0.1:9,http://self:1"}
+        with start_gateway(env) as gateway:
+            answers = [
+                call(gateway.url, "GET", "/status"), call(gateway.url, "GET", "/capabilities"),
+                call(gateway.url, "GET", "/health"),
+                chat(gateway.url, {"model": "main"}, {"Authorization": "Bearer k-inbound-5d1"}),
+                chat(gateway.url, {"model": "senses"},
+                     {"Authorization": f"Bearer {keys['GATEWAY_API_KEY']}"}),
+                call(gateway.url, "GET", "/v1/models",
+                     headers={"Authorization": f"Bearer {keys['GATEWAY_FLEET_KEY']}"}),
+            ]
+            log = gateway.output()
+    assert [a.status for a in answers[:4]] == [200, 200, 200, 401]
+    seen = [f"{a.headers}{a.body.decode()}" for a in answers] + [log]
+    secrets = [value.strip(",") for value in keys.values()]
+    assert [s for s in secrets if any(s in text for text in seen)] == []
