@@ -1,8 +1,6 @@
 """policy/config.py: the environment contract parses into typed, validated, frozen config."""
 
 import dataclasses
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,8 +9,7 @@ from lobes_gateway.policy.config import ConfigError, load_config
 from lobes_gateway.transport.upstream import Origin
 from lobes_service_files import parse_env_file
 
-from tests.support.gateway_proc import GATEWAY_DIR, GATEWAY_PYTHON
-from tests.support.ports import free_port
+from tests.support.gateway_proc import run_config_check
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 
@@ -194,10 +191,8 @@ def test_a_misspelt_variable_in_a_rendered_env_stops_the_gateway_at_start():
     """The golden tailnet .env with one name misspelt, as an operator's hand edit would."""
     rendered = (GOLDEN / "tailnet" / "agx-orin" / ".env").read_text()
     env = parse_env_file(rendered.replace("EMBED_PEER_ORIGIN=", "EMBED_PEER_ORIGN="))
-    env.update(PATH=os.environ["PATH"], PYTHONPATH=str(GATEWAY_DIR), GATEWAY_HOST="127.0.0.1",
-               GATEWAY_PORT=str(free_port()))
-    started = subprocess.run([GATEWAY_PYTHON, "-m", "lobes_gateway"], env=env,
-                             capture_output=True, text=True, timeout=30, check=False)
+    del env["GATEWAY_PORT"]  # a free one: the check must fail on the name, not the port
+    started = run_config_check(env)
     assert started.returncode == 2
     assert ("EMBED_PEER_ORIGN: is not a variable of the gateway's contract; "
             "did you mean EMBED_PEER_ORIGIN?") in started.stderr

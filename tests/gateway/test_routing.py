@@ -145,6 +145,17 @@ def test_pool_route_falls_through_to_the_single_proxy():
     assert [p.origin for p in route.config.peers] == ["http://spark:1", "http://thor:2"]
 
 
+def test_a_pool_without_a_singular_peer_falls_through_to_its_first_replica():
+    """What placement cannot place (every replica full under the queue policy) goes to the
+    first replica, with its own key: never a refusal."""
+    route = router(PRIMARY_FEASIBLE="false", PRIMARY_ROUTE="pool",
+                   PRIMARY_PEER_ORIGINS="http://spark:1,http://thor:2",
+                   PRIMARY_PEER_API_KEYS="spark-key,").resolve(CHAT, "main").route
+    assert isinstance(route, PoolRoute) and isinstance(route.fall_through, ProxyRoute)
+    assert (route.fall_through.origin, route.fall_through.api_key) == ("http://spark:1",
+                                                                      "spark-key")
+
+
 def test_task_lanes_route_by_path():
     r = router(EMBED_SERVED_NAME="emb", RERANK_SERVED_NAME="rr")
     assert local(r.lane_routes[EMBEDDINGS]).targets[0].served_name == "emb"

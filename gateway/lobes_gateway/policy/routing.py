@@ -211,6 +211,12 @@ class Router:
         if rc.route in (PROXY, POOL) and rc.peer_origin:
             single = ProxyRoute(rc.name, rc.role.tier, rc.peer_origin, rc.peer_api_key,
                                 _peer_model(rc))
+        elif rc.route == POOL:
+            # No singular peer declared: the first replica takes what placement cannot place
+            # (every replica full under the queue policy), never a refusal.
+            first = rc.peers[0]
+            single = ProxyRoute(rc.name, rc.role.tier, first.origin, first.api_key,
+                                _peer_model(rc))
         if rc.route == POOL:
             return PoolRoute(rc.name, rc.role.tier, rc, single)
         if rc.route == OWNERS:
