@@ -56,8 +56,8 @@ AMBIGUOUS = [
 
 
 @pytest.mark.parametrize(("framing", "body", "status"), AMBIGUOUS)
-def test_ambiguous_framing_is_refused_and_nothing_after_it_is_served(box, framing, body,
-                                                                      status):
+def test_ambiguous_framing_is_refused_and_nothing_after_it_is_served(
+        box, framing, body, status):
     gateway, sim = box
     before = len([r for r in sim.requests() if r["method"] == "POST"])
     reply = raw_exchange(gateway.url, post(framing, body), timeout=5)

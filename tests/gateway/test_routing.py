@@ -152,8 +152,8 @@ def test_a_pool_without_a_singular_peer_falls_through_to_its_first_replica():
                    PRIMARY_PEER_ORIGINS="http://spark:1,http://thor:2",
                    PRIMARY_PEER_API_KEYS="spark-key,").resolve(CHAT, "main").route
     assert isinstance(route, PoolRoute) and isinstance(route.fall_through, ProxyRoute)
-    assert (route.fall_through.origin, route.fall_through.api_key) == ("http://spark:1",
-                                                                      "spark-key")
+    fall_through = route.fall_through
+    assert (fall_through.origin, fall_through.api_key) == ("http://spark:1", "spark-key")
 
 
 def test_task_lanes_route_by_path():

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,22 @@ def test_local_default_lifecycle(mesh: LocalMesh) -> None:
     with pytest.raises(OSError):
         mesh.get("/health")
     assert _ok(mesh.playbook("down.yml"))["changed"] == 0
+
+
+def test_no_key_in_any_ansible_output_or_log_even_at_vvv(mesh: LocalMesh) -> None:
+    """Keys reach the box's .env (mode 0600) and nothing else: not the output of site.yml,
+    verify.yml, status.yml or down.yml at -vvv, not a log, pidfile or other file of the box."""
+    keys = {"fleet_gateway_api_key": f"inbound-{uuid.uuid4().hex}",
+            "fleet_mesh_key": f"mesh-{uuid.uuid4().hex}"}
+    mesh.edit(**keys)
+    outputs = [mesh.playbook(name, "-vvv") for name in ("site.yml", "verify.yml", "status.yml")]
+    for result in outputs:
+        _ok(result)
+    files = {path: path.read_bytes() for path in mesh.deploy_dir.rglob("*")
+             if path.is_file() and path.name != ".env"}
+    outputs.append(mesh.playbook("down.yml", "-vvv"))
+    text = "".join(result.stdout + result.stderr for result in outputs)
+    for key in keys.values():
+        assert key not in text
+        assert [str(path) for path, data in files.items() if key.encode() in data] == []
+        assert key in (mesh.deploy_dir / ".env").read_text()
