@@ -94,3 +94,28 @@ def test_a_replica_stopped_mid_burst_loses_nothing_and_rejoins_when_back():
                     back = list(pool.map(lambda _i: send(orin.url), range(8)))
                 assert {outcome(reply) for reply in back} == {"2xx"}
                 assert thor.url in {r.headers["x-lobes-proxied-by"] for r in back}
+
+
+def test_a_hanging_replica_loses_nothing_and_leaves_then_rejoins_the_pool():
+    """thor's gear accepts and never answers: requests placed there time out before a head
+    and move on to spark; the prober then judges thor not ready, and ready again once the
+    fault clears."""
+    with start_sim("spark-cortex", time_scale=20) as spark_sim, \
+            start_sim("spark-cortex", time_scale=20) as thor_sim, \
+            start_gateway(peer_env(spark_sim)) as spark, \
+            start_gateway({**peer_env(thor_sim), "GATEWAY_PROBE_TIMEOUT_S": "0.3"}) as thor, \
+            start_gateway({**pool_env([spark.url, thor.url]),
+                           "GATEWAY_UPSTREAM_TIMEOUT_S": "1"}) as orin:
+        wait_until(lambda: ready_origins(orin) == {spark.url, thor.url},
+                   message="both replicas ready")
+        thor_sim.set_faults({"hang": True})
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda _i: send(orin.url), range(16)))
+        counts = Counter(outcome(reply) for reply in results)
+        assert counts == {"2xx": 16}, [r.body for r in results if r and r.status != 200]
+        assert {r.headers["x-lobes-proxied-by"] for r in results} == {spark.url}
+        wait_until(lambda: ready_origins(orin) == {spark.url},
+                   message="thor judged not ready while its gear hangs")
+        thor_sim.set_faults({})
+        wait_until(lambda: ready_origins(orin) == {spark.url, thor.url},
+                   message="thor ready again once its gear answers")

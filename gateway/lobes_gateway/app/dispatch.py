@@ -379,7 +379,8 @@ class Dispatcher:
         tried: set[str] = set()
         failures: list[Failure] = []
         want = expected_tokens(payload)
-        while (placement := role.placer.place(role.candidates(tried), want)) is not None:
+        while (placement := role.placer.place(role.candidates(tried), want)
+               or (role.failover(tried) if failures else None)) is not None:
             tried.add(placement.origin)
             reason = b"X-Lobes-Route-Reason: " + placement.reason.value.encode()
             if placement.origin == role.local_origin:  # the local path: pressure, tiers

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from lobes_contract import AUDIO_TASKS
 
 from ..policy.config import GatewayConfig, RoleConfig, parse_origin
-from ..policy.placement import Candidate, Placer, Policy, policy_named
+from ..policy.placement import Candidate, Placement, Placer, Policy, RouteReason, policy_named
 from ..policy.routing import OwnerRoute, PoolRoute, ProxyRoute, Route, Router
 from ..transport.upstream import Connections, Origin, UpstreamError, fetch
 from .replicas import Prober, ProbeTarget, ReplicaSet, ReplicaSpec, ReplicaState, with_local_replica
@@ -42,6 +42,14 @@ class PooledRole:
     def candidates(self, exclude: set[str]) -> list[Candidate]:
         return [Candidate(s.origin, s.slots or self.default_slots)
                 for s in self.replicas.selectable() if s.origin not in exclude]
+
+    def failover(self, tried: set[str]) -> Placement | None:
+        """After a replica failed: the first selectable replica not tried yet, counted even
+        when the policy finds it full (None when there is none)."""
+        left = self.candidates(tried)
+        if not left:
+            return None
+        return self.placer.occupy(left[0].origin, left[0].slots, RouteReason.FAILOVER)
 
     @property
     def local_origin(self) -> str | None:

@@ -51,6 +51,9 @@ class RouteReason(str, Enum):
     PEER_LESS_LOADED = "peer-less-loaded"
     EARLIEST_COMPLETION = "earliest-completion"
     PINNED = "pinned"
+    # An earlier replica failed; the next one takes the request even where the policy would
+    # have found it full: the request is already admitted, never sent back to wait.
+    FAILOVER = "failover"
     NONE = "none"
 
 
@@ -291,11 +294,13 @@ class Placer:
         # Waves ahead at dispatch (own and other boxes' work): the rate sample's divisor.
         return Placement(self, view.origin, reason, view.in_flight // view.slots + 1)
 
-    def occupy(self, origin: str, slots: int) -> Placement:
-        """Count a request the policy did not place (a marked arrival served locally)."""
+    def occupy(self, origin: str, slots: int,
+               reason: RouteReason = RouteReason.NONE) -> Placement:
+        """Count a request the policy did not place (a marked arrival served locally, or a
+        failover past the policy's fullness)."""
         waves = self._in_flight[origin] // max(1, slots) + 1
         self._in_flight[origin] += 1
-        return Placement(self, origin, RouteReason.NONE, waves)
+        return Placement(self, origin, reason, waves)
 
     def release(self, origin: str) -> None:
         self._in_flight[origin] -= 1
