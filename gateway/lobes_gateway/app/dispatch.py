@@ -230,37 +230,45 @@ class Dispatcher:
         if counted is not None:
             self.peer_in_flight[counted] += 1
         plan = self.plan(req, route, requested_tier, payload, [], None)
-        step = next(plan)
         held: Placement | None = None  # released when the plan moves past it
-        while isinstance(step, Attempt):
-            placement = step.placement
-            if held is not placement and held is not None:
-                held.release()
-            held = placement
-            started = time.monotonic() if placement is not None else 0.0
-            head = request_head("POST", req.target, step.origin, step.headers, len(step.body))
-            try:
-                response = await exchange(self._connections, step.origin, head, step.body,
-                                          self._timeout)
-            except UpstreamError:
-                step = plan.send(Failure(step.name, None))
-                continue
-            judged = (Outcome(response, step.extra, placement, started)
-                      if response.status < 400 else await self._judge(step, response, started))
-            if isinstance(judged, Failure):
-                step = plan.send(judged)
-                continue
+        handed: Outcome | None = None  # an outcome takes over the placement and the count
+        try:
+            step = next(plan)
+            while isinstance(step, Attempt):
+                placement = step.placement
+                if held is not placement and held is not None:
+                    held.release()
+                held = placement
+                started = time.monotonic() if placement is not None else 0.0
+                head = request_head("POST", req.target, step.origin, step.headers,
+                                    len(step.body))
+                try:
+                    response = await exchange(self._connections, step.origin, head, step.body,
+                                              self._timeout)
+                except UpstreamError:
+                    step = plan.send(Failure(step.name, None))
+                    continue
+                judged = (Outcome(response, step.extra, placement, started)
+                          if response.status < 400
+                          else await self._judge(step, response, started))
+                if isinstance(judged, Failure):
+                    step = plan.send(judged)
+                    continue
+                if counted is not None:
+                    judged.count(self.peer_in_flight, counted)
+                handed = judged
+                return judged
+            client.write(error_bytes(step.error, step.headers, keep_alive=req.keep_alive))
+            return req.keep_alive
+        finally:
+            # An error answered here, or a request cancelled or broken on the way: give back
+            # what it held.
             plan.close()
-            if counted is not None:
-                judged.count(self.peer_in_flight, counted)
-            return judged
-        plan.close()
-        if held is not None:
-            held.release()
-        if counted is not None:
-            self.peer_in_flight[counted] -= 1
-        client.write(error_bytes(step.error, step.headers, keep_alive=req.keep_alive))
-        return req.keep_alive
+            if handed is None:
+                if held is not None:
+                    held.release()
+                if counted is not None:
+                    self.peer_in_flight[counted] -= 1
 
     async def _judge(self, attempt: Attempt, response: Response,
                      started: float) -> Outcome | Failure:
