@@ -145,44 +145,36 @@ async def pass_through(connections: Connections, response: Response, client: Cha
     """Relay `response` to `client` as it comes; returns whether the client connection stays
     usable."""
     length = response.length
-    if length is not None:
+    if length is not None and length <= _BODY_IN_ONE_READ:
         # The usual answer: a small JSON body that came in with its head, relayed at once.
-        body = response.conn.channel.take(length) if length <= _BODY_IN_ONE_READ else None
-        if body is None:
-            return await _relay_sized(connections, response, client, extra, keep_alive)
-        client.write(head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive)
-                     + body)
-        finish(connections, response)
-        return keep_alive
-    if response.chunked and not _is_event_stream(response):
-        body = await read_whole(connections, response)
-        if body is None:
-            return _broke_off(client)
-        return _write_read(response, body, extra, client, keep_alive)
-    return await _relay_stream(connections, response, client, extra, keep_alive)
+        body = response.conn.channel.take(length)
+        if body is not None:
+            client.write(head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive)
+                         + body)
+            finish(connections, response)
+            return keep_alive
+    elif length is not None:
+        return await _relay_large(connections, response, client, extra, keep_alive)
+    elif not response.chunked or _is_event_stream(response):
+        return await _relay_stream(connections, response, client, extra, keep_alive)
+    # A small body still arriving, or a chunked JSON one: read whole, then relay it sized.
+    body = await read_whole(connections, response)
+    if body is None:
+        return _broke_off(client)
+    return _write_read(response, body, extra, client, keep_alive)
 
 
 def _is_event_stream(response: Response) -> bool:
     return response.headers.get(b"content-type", b"").startswith(b"text/event-stream")
 
 
-async def _relay_sized(connections: Connections, response: Response, client: Channel,
+async def _relay_large(connections: Connections, response: Response, client: Channel,
                        extra: list[bytes], keep_alive: bool) -> bool:
+    """A body too large to hold: the head goes first, so a cut can only end the connection."""
     length = response.length or 0
-    head = head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive)
     upstream = response.conn.channel
-    if length <= _BODY_IN_ONE_READ:
-        try:
-            body = await upstream.readexactly(length) if length else b""
-        except _BROKEN:
-            response.conn.close()
-            return _broke_off(client)
-        client.write(head + body)
-        finish(connections, response)
-        return keep_alive
     try:
-        # Too large to hold: the head goes first, so a cut can only end the connection.
-        client.write(head)
+        client.write(head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive))
         left = length
         while left:
             data = await upstream.read(min(left, _BODY_IN_ONE_READ))
