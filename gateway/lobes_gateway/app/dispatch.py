@@ -317,8 +317,10 @@ class Dispatcher:
                 error = errors.server_busy(self._retry_after, route.tier)
                 yield Answer(error, (("X-Lobes-Tier", route.tier),))
                 return
-        extra = (self._header_lines.get((route.tier, override))
-                 or self._local_headers(route.tier, override))
+        extra = self._header_lines.get((route.tier, override))
+        if extra is None:
+            extra = self._header_lines[route.tier, override] = self._local_headers(route.tier,
+                                                                                   override)
         if tail:
             extra = [*extra, *tail]
         headers = forward_headers(req)
@@ -343,17 +345,13 @@ class Dispatcher:
 
     def _local_headers(self, tier: str | None, override: bool) -> list[bytes]:
         """The headers of a local answer: its tier and why, and X-Lobes-Served-By (built once
-        per tier and override; never changed by a caller)."""
-        key = (tier, override)
-        lines = self._header_lines.get(key)
-        if lines is None:
-            lines = []
-            if tier is not None:
-                lines += [b"X-Lobes-Tier: " + tier.encode(),
-                          _MANUAL_OVERRIDE if override else _DEFAULT_REASON]
-            if self._served_by is not None:
-                lines.append(self._served_by)
-            lines = self._header_lines[key] = lines
+        per tier and override, kept in _header_lines; never changed by a caller)."""
+        lines = []
+        if tier is not None:
+            lines += [b"X-Lobes-Tier: " + tier.encode(),
+                      _MANUAL_OVERRIDE if override else _DEFAULT_REASON]
+        if self._served_by is not None:
+            lines.append(self._served_by)
         return lines
 
     def _proxy(self, req: Request, route: ProxyRoute, payload: dict | None,
