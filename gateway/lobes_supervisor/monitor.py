@@ -36,7 +36,8 @@ def _note(log: TextIO, message: str) -> None:
     log.flush()
 
 
-def _rotate(path: Path) -> None:
+def rotate_log(path: Path) -> None:
+    """Keep one older log beside path once it grows past LOG_ROTATE_BYTES."""
     if path.exists() and path.stat().st_size > LOG_ROTATE_BYTES:
         path.replace(path.with_name(path.name + ".1"))
 
@@ -117,7 +118,7 @@ def run(spec: Service, layout: Layout, extra_watch: Iterable[str] = ()) -> int:
     signal.signal(signal.SIGTERM, stop.request)
     signal.signal(signal.SIGINT, stop.request)
     log_path = layout.log(spec)
-    _rotate(log_path)
+    rotate_log(log_path)
     with log_path.open("a", buffering=1) as log:
         pidfile.write(
             layout.monitor_pidfile(spec),

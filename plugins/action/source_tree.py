@@ -1,4 +1,5 @@
-"""Controller side of lobes.fleet.source_tree: bundle a local directory into one argument.
+"""Controller side of lobes.fleet.source_tree: bundle a local directory into one argument
+(unless remote_src: then the module reads the directory on the box itself).
 
 Copying a source tree file by file costs one or two module runs per file; this sends the
 whole tree (without bytecode) in one compressed argument, and the module writes only the
@@ -41,9 +42,10 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
         src = args.get("src")
-        if not src or not os.path.isdir(src):
-            raise AnsibleActionFail(f"src {src!r} is not a directory on the controller")
-        args["bundle"] = bundle_tree(src)
+        if not args.get("remote_src"):
+            if not src or not os.path.isdir(src):
+                raise AnsibleActionFail(f"src {src!r} is not a directory on the controller")
+            args["bundle"] = bundle_tree(src)
         result.update(
             self._execute_module(
                 module_name="lobes.fleet.source_tree", module_args=args, task_vars=task_vars

@@ -20,13 +20,15 @@ from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetErr
 from ansible_collections.lobes.fleet.plugins.module_utils.hardware import PROFILES
 
 RUNTIMES = ("compose", "process")
+# What runs a gear: the real vLLM image, or lobes_sim standing in for it (no GPU, tests).
+ENGINES = ("vllm", "sim")
 DEFAULT_GATEWAY_PORT = 8000
 DEFAULT_GEAR_PORT_BASE = 18100
 
 ROLE_FIELDS = (
     "feasible", "checkpoint", "served_name", "context", "native_context", "yarn_factor",
     "gpu_memory_utilization", "max_active", "mtp", "num_speculative_tokens", "tool_parser",
-    "quantization", "sim_profile", "referral", "proxy", "pool", "owners", "rates",
+    "quantization", "sim_profile", "engine", "referral", "proxy", "pool", "owners", "rates",
 )
 
 
@@ -63,6 +65,7 @@ class RoleDecl:
     tool_parser: str | None = None
     quantization: str | None = None
     sim_profile: str | None = None
+    engine: str | None = None
     referral: str | None = None
     proxy: str | None = None
     pool: tuple = ()
@@ -107,6 +110,8 @@ class BoxDecl:
     hf_cache: str = "/var/lib/lobes/hf-cache"
     audio_image: str | None = None
     gateway_image: str = "python:3.12-slim"
+    gear_engine: str | None = None
+    sim_image: str | None = None
 
     def role(self, name: str) -> RoleDecl | None:
         for decl in self.roles:
@@ -205,7 +210,16 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
         hf_cache=read.get("fleet_hf_cache", str, "/var/lib/lobes/hf-cache"),
         audio_image=read.get("fleet_audio_image", str),
         gateway_image=read.get("fleet_gateway_image", str, "python:3.12-slim"),
+        gear_engine=_engine(read, "fleet_gear_engine"),
+        sim_image=read.get("fleet_sim_image", str),
     )
+
+
+def _engine(read: _Reader, field: str) -> str | None:
+    engine = read.get(field, str)
+    if engine is not None and engine not in ENGINES:
+        raise read.fail(field, f"must be one of {', '.join(ENGINES)}, got {engine!r}")
+    return engine
 
 
 def _parse_aliases(read: _Reader) -> tuple:
@@ -265,6 +279,7 @@ def parse_role(host: str, role: str, values: dict) -> RoleDecl:
         tool_parser=read.get("tool_parser", str),
         quantization=read.get("quantization", str),
         sim_profile=read.get("sim_profile", str),
+        engine=_engine(read, "engine"),
         referral=referral,
         proxy=proxy,
         pool=pool,

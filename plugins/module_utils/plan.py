@@ -80,10 +80,6 @@ def _resolve_local_roles(box: BoxDecl, errors: list) -> dict:
     """role -> served-here parameters for every role the box declares feasible."""
     resolved = {}
     hardware = box_hardware(box)
-    if box.runtime == "compose" and not hardware.has_gpu:
-        errors.append(FleetError(box.host, None, "fleet_runtime",
-                                 f"compose runs real vLLM gears; hardware {box.hardware} has "
-                                 "no GPU, use fleet_runtime: process"))
     for decl in box.roles:
         if not decl.feasible:
             continue
@@ -100,8 +96,9 @@ def _resolve_gear(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> di
         raise FleetError(box.host, decl.role, decl.peer_field,
                          "a role served here takes no referral, proxy or owners; set "
                          "feasible: false to hand it to the peer")
+    engine = gear_engine(box, hardware, decl)
     if spec.is_audio:
-        return _resolve_audio(box, decl)
+        return _resolve_audio(box, decl, engine)
     checkpoint = decl.checkpoint or spec.checkpoint
     custom = checkpoint != spec.checkpoint
     context = decl.context or spec.context
@@ -126,19 +123,38 @@ def _resolve_gear(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> di
         "tool_parser": decl.tool_parser or spec.tool_parser,
         "quantization": decl.quantization or (None if custom else spec.quantization),
         "sim_profile": decl.sim_profile or _default_sim_profile(box, decl.role),
+        "engine": engine,
     }
 
 
-def _resolve_audio(box: BoxDecl, decl: RoleDecl) -> dict:
+def gear_engine(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> str:
+    """vllm or sim: the role's engine, else the box's, else vllm only where compose has a GPU.
+
+    The process runtime runs lobes_sim only; compose runs either image."""
+    field = "engine" if decl.engine else "fleet_gear_engine"
+    engine = decl.engine or box.gear_engine
+    if engine is None:
+        return "vllm" if box.runtime == "compose" and hardware.has_gpu else "sim"
+    if engine == "vllm" and box.runtime != "compose":
+        raise FleetError(box.host, decl.role if decl.engine else None, field,
+                         "the process runtime runs simulated gears only; use engine sim or "
+                         "fleet_runtime: compose")
+    if engine == "vllm" and not hardware.has_gpu:
+        raise FleetError(box.host, decl.role if decl.engine else None, field,
+                         f"hardware {box.hardware} has no GPU to run vLLM; use engine sim")
+    return engine
+
+
+def _resolve_audio(box: BoxDecl, decl: RoleDecl, engine: str) -> dict:
     if decl.pool:
         raise FleetError(box.host, decl.role, "pool",
                          "audio lanes are served here or proxied to one peer, never pooled")
-    if box.runtime == "compose" and not box.audio_image:
+    if engine == "vllm" and not box.audio_image:
         raise FleetError(box.host, decl.role, "fleet_audio_image",
                          "is required to serve an audio lane under compose (the realtime "
-                         "bridge image)")
+                         "bridge image), or run it simulated with engine: sim")
     return {"checkpoint": decl.checkpoint or role_spec(decl.role).checkpoint,
-            "sim_profile": decl.sim_profile or "audio"}
+            "sim_profile": decl.sim_profile or "audio", "engine": engine}
 
 
 def _check_window(box: BoxDecl, decl: RoleDecl, context: int, native: int) -> None:
@@ -397,6 +413,7 @@ def _box_plan(box: BoxDecl, boxes: dict, local: dict) -> dict:
             "hf_cache": box.hf_cache,
             "audio_image": box.audio_image,
             "gateway_image": box.gateway_image,
+            "sim_image": box.sim_image or box.gateway_image,
         },
         "budget": budget(box, local[box.host]),
         "roles": roles,

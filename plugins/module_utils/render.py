@@ -20,6 +20,11 @@ from ansible_collections.lobes.fleet.plugins.module_utils.service_files import t
 
 GEAR_PORT = 8000  # every vLLM gear listens on it inside its container
 GATEWAY_SOURCE_MOUNT = "/opt/lobes/gateway"
+# The box's state/log, where every container appends its output through logwrap: the same
+# files the process runtime's supervisor writes, and they outlive the containers.
+LOG_MOUNT = "/var/log/lobes"
+# Containers that run the collection's own Python (gateway, simulated gears) run as nobody.
+NOBODY = "65534:65534"
 ENV_HEADER = "# Rendered by lobes.fleet.render from the mesh plan: edit the inventory, not this."
 
 
@@ -178,17 +183,18 @@ def secret_values(env: list) -> list:
 def render_compose(plan: dict, gateway_source: str | None = None) -> dict:
     """The compose project: one service per local gear, the gateway, only it published.
 
-    gateway_source is a digest of the deployed gateway source: as a label it makes compose
-    recreate the gateway container whenever the mounted source changes."""
+    gateway_source is a digest of the deployed gateway source: as a label on the containers
+    that run it (the gateway, simulated gears) it makes compose recreate them whenever the
+    mounted source changes. vLLM gears only start logwrap from it: they are left running."""
+    labels = {"lobes.fleet.gateway-source": gateway_source} if gateway_source else {}
     services = {}
     for role in plan["roles"].values():
         if role["gear"] and not role_spec(role["role"]).is_audio:
-            services[role["gear"]["service"]] = _vllm_service(plan, role)
-    if _local_audio(plan):
-        services["audio"] = _audio_service(plan)
-    services["gateway"] = _gateway_service(plan, sorted(services))
-    if gateway_source:
-        services["gateway"]["labels"] = {"lobes.fleet.gateway-source": gateway_source}
+            services[role["gear"]["service"]] = _gear_service(plan, role, labels)
+    audio = _local_audio(plan)
+    if audio:
+        services["audio"] = _audio_service(plan, audio[0], labels)
+    services["gateway"] = _gateway_service(plan, sorted(services), labels)
     return {"services": services}
 
 
@@ -217,16 +223,48 @@ def vllm_args(plan: dict, role: dict) -> list:
     return args + list(spec.vllm_args)
 
 
+def _logwrap(service: str, command: list) -> list:
+    """The container's entrypoint: command with its output also appended to the box's log."""
+    return ["python3", "-m", "lobes_supervisor.logwrap", f"{LOG_MOUNT}/{service}.log", "--",
+            *command]
+
+
+def _python_env(extra: dict | None = None) -> dict:
+    return {"PYTHONPATH": GATEWAY_SOURCE_MOUNT, "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1", **(extra or {})}
+
+
+def _mounts(*extra: str) -> list:
+    """The gateway source (logwrap, the simulator, the gateway) and the log directory."""
+    return [f"./gateway:{GATEWAY_SOURCE_MOUNT}:ro", f"./state/log:{LOG_MOUNT}", *extra]
+
+
+def _http_probe(port: int) -> dict:
+    """A healthcheck on /health by the image's python3 (the python images have no curl)."""
+    probe = ("import http.client as h; c = h.HTTPConnection('127.0.0.1', "
+             f"{port}, timeout=3); c.request('GET', '/health'); "
+             "exit(c.getresponse().status != 200)")
+    return {"test": ["CMD", "python3", "-c", probe], "interval": "10s", "timeout": "5s",
+            "retries": 3}
+
+
+def _gear_service(plan: dict, role: dict, labels: dict) -> dict:
+    if role["gear"]["engine"] == "sim":
+        return _sim_container(plan, role["gear"]["service"], sim_gear_args(plan, role), labels)
+    return _vllm_service(plan, role)
+
+
 def _vllm_service(plan: dict, role: dict) -> dict:
+    service = role["gear"]["service"]
     return {
         "image": plan["gears"]["image"],
         "restart": "unless-stopped",
         "runtime": "nvidia",
         "ipc": "host",
-        "entrypoint": ["vllm", "serve"],
+        "entrypoint": _logwrap(service, ["vllm", "serve"]),
         "command": [role["gear"]["checkpoint"], *vllm_args(plan, role)],
-        "environment": {"HF_HOME": "/root/.cache/huggingface"},
-        "volumes": [f"{plan['gears']['hf_cache']}:/root/.cache/huggingface"],
+        "environment": _python_env({"HF_HOME": "/root/.cache/huggingface"}),
+        "volumes": _mounts(f"{plan['gears']['hf_cache']}:/root/.cache/huggingface"),
         "healthcheck": {
             "test": ["CMD", "curl", "-fsS", f"http://127.0.0.1:{GEAR_PORT}/health"],
             "interval": "30s", "timeout": "5s", "retries": 3,
@@ -236,7 +274,28 @@ def _vllm_service(plan: dict, role: dict) -> dict:
     }
 
 
-def _audio_service(plan: dict) -> dict:
+def _sim_container(plan: dict, service: str, args: list, labels: dict) -> dict:
+    """lobes_sim in place of the vLLM image, on the same port and service name."""
+    return _labelled(labels, {
+        "image": plan["gears"]["sim_image"],
+        "restart": "unless-stopped",
+        "user": NOBODY,
+        "working_dir": GATEWAY_SOURCE_MOUNT,
+        "entrypoint": _logwrap(service, ["python3", "-m", "lobes_sim"]),
+        "command": ["--host", "0.0.0.0", "--port", str(GEAR_PORT), *args],
+        "environment": _python_env(),
+        "volumes": _mounts(),
+        "healthcheck": _http_probe(GEAR_PORT),
+    })
+
+
+def _labelled(labels: dict, service: dict) -> dict:
+    return {**service, "labels": dict(labels)} if labels else service
+
+
+def _audio_service(plan: dict, role: dict, labels: dict) -> dict:
+    if role["gear"]["engine"] == "sim":
+        return _sim_container(plan, "audio", sim_audio_args(plan, role), labels)
     return {
         "image": plan["gears"]["audio_image"],
         "restart": "unless-stopped",
@@ -253,29 +312,25 @@ def source_digest(directory: str) -> str | None:
     return tree_digest(directory)
 
 
-def _gateway_service(plan: dict, backends: list) -> dict:
+def _gateway_service(plan: dict, backends: list, labels: dict) -> dict:
     gateway = plan["gateway"]
     port = gateway["port"]
-    probe = ("import http.client as h; c = h.HTTPConnection('127.0.0.1', "
-             f"{port}, timeout=3); c.request('GET', '/health'); "
-             "exit(c.getresponse().status != 200)")
     service = {
         # The collection's own gateway source, mounted read-only: no separate pin to drift.
         "image": plan["gears"]["gateway_image"],
         "restart": "unless-stopped",
-        "user": "65534:65534",
+        "user": NOBODY,
         "working_dir": GATEWAY_SOURCE_MOUNT,
-        "command": ["python3", "-m", "lobes_gateway"],
+        "entrypoint": _logwrap("gateway", ["python3", "-m", "lobes_gateway"]),
         "env_file": [".env"],
-        "environment": {"PYTHONPATH": GATEWAY_SOURCE_MOUNT, "PYTHONDONTWRITEBYTECODE": "1"},
-        "volumes": [f"./gateway:{GATEWAY_SOURCE_MOUNT}:ro"],
+        "environment": _python_env(),
+        "volumes": _mounts(),
         "ports": [f"{gateway['host']}:{port}:{port}"],
-        "healthcheck": {"test": ["CMD", "python3", "-c", probe],
-                        "interval": "10s", "timeout": "5s", "retries": 3},
+        "healthcheck": _http_probe(port),
     }
     if backends:
         service["depends_on"] = backends
-    return service
+    return _labelled(labels, service)
 
 
 _KEY = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -360,26 +415,35 @@ def render_services(plan: dict, gateway_dir: str = "gateway") -> dict:
     return {"version": 1, "host": plan["host"], "services": services}
 
 
-def _sim_argv(python: str, port: int, profile: str) -> list:
-    return [python, "-m", "lobes_sim", "--host", "127.0.0.1", "--port", str(port),
-            "--profile", profile]
+def _sim_argv(python: str, port: int) -> list:
+    return [python, "-m", "lobes_sim", "--host", "127.0.0.1", "--port", str(port)]
+
+
+def sim_gear_args(plan: dict, role: dict) -> list:
+    """lobes_sim's flags for a gear (after --host and --port), in either runtime."""
+    gear = role["gear"]
+    args = ["--profile", gear["sim_profile"], "--served-name", gear["served_name"],
+            "--max-model-len", str(gear["context"]), "--max-num-seqs", str(gear["max_active"]),
+            "--time-scale", _number(plan["gears"]["sim_time_scale"])]
+    if gear["quantization"]:
+        args += ["--quantization", gear["quantization"]]
+    return args
+
+
+def sim_audio_args(plan: dict, role: dict) -> list:
+    """lobes_sim's flags for the audio bridge (after --host and --port)."""
+    return ["--profile", role["gear"]["sim_profile"],
+            "--time-scale", _number(plan["gears"]["sim_time_scale"])]
 
 
 def _sim_service(plan: dict, role: dict, python: str, env: dict, gateway_dir: str) -> dict:
-    gear = role["gear"]
-    argv = _sim_argv(python, gear["port"], gear["sim_profile"])
-    argv += ["--served-name", gear["served_name"], "--max-model-len", str(gear["context"]),
-             "--max-num-seqs", str(gear["max_active"]),
-             "--time-scale", _number(plan["gears"]["sim_time_scale"])]
-    if gear["quantization"]:
-        argv += ["--quantization", gear["quantization"]]
+    argv = _sim_argv(python, role["gear"]["port"]) + sim_gear_args(plan, role)
     return _sim_entry(f"gear-{role['role']}", role["role"], argv, env, gateway_dir)
 
 
 def _sim_audio_service(plan: dict, role: dict, python: str, env: dict,
                        gateway_dir: str) -> dict:
-    argv = _sim_argv(python, role["gear"]["port"], role["gear"]["sim_profile"])
-    argv += ["--time-scale", _number(plan["gears"]["sim_time_scale"])]
+    argv = _sim_argv(python, role["gear"]["port"]) + sim_audio_args(plan, role)
     return _sim_entry("gear-audio", "audio", argv, env, gateway_dir)
 
 

@@ -166,11 +166,26 @@ def test_local_default_lifecycle(mesh: LocalMesh) -> None:
     failed = mesh.playbook("site.yml", "-e", "verify_timeout=10")
     assert failed.returncode != 0
     assert _recap(failed)["rescued"] == 1
-    assert "previous .env and services/compose files were restored" in failed.stdout
+    assert "gateway source were restored and restarted" in failed.stdout
     assert mesh.rendered() == before
     mesh.edit_role("senses", sim_profile="spark-senses")
     assert _ok(mesh.playbook("verify.yml", "-e", "verify_timeout=60"))["changed"] == 0
     assert mesh.chat("multimodal")["model"] == "coolthor/gemma-4-12B-it-NVFP4A16"
+
+    # 4b. A gateway source that fails the verify gate is rolled back too: the source that ran
+    # before is put back and its gateway runs again.
+    deployed = mesh.deploy_dir / "gateway" / "lobes_gateway" / "__main__.py"
+    good = deployed.read_text()
+    broken = mesh.deploy_dir.parent / "broken-gateway"
+    shutil.copytree(GATEWAY_SRC, broken, ignore=shutil.ignore_patterns("__pycache__"))
+    (broken / "lobes_gateway" / "__main__.py").write_text("raise SystemExit('broken build')\n")
+    failed = mesh.playbook("site.yml", "-e", f"gateway_source_dir={broken}",
+                           "-e", "verify_timeout=10")
+    assert failed.returncode != 0 and _recap(failed)["rescued"] == 1
+    assert "gateway source were restored and restarted" in failed.stdout
+    assert deployed.read_text() == good
+    assert _ok(mesh.playbook("verify.yml", "-e", "verify_timeout=60"))["changed"] == 0
+    assert _ok(mesh.playbook("site.yml"))["changed"] == 0
 
     # 5. status.yml: one row per role, served here and ready.
     status = mesh.playbook("status.yml")

@@ -53,3 +53,27 @@ def test_a_missing_src_fails_naming_it(tmp_path):
 
     assert result["failed"] is True
     assert "nowhere" in result["msg"]
+
+
+def test_the_tree_it_replaces_is_kept_and_can_be_put_back(tmp_path):
+    src, dest, kept = tmp_path / "src", tmp_path / "dest", tmp_path / "previous"
+    src.mkdir()
+    (src / "gateway.py").write_text("VERSION = 1\n")
+    (src / "old.py").write_text("OLD = True\n")
+    keep = f"backup_dir={kept}"
+    ansible_module("lobes.fleet.source_tree", f"src={src} dest={dest} {keep}")
+    (src / "gateway.py").write_text("VERSION = 2\n")
+    (src / "old.py").unlink()
+    (src / "new.py").write_text("NEW = True\n")
+
+    upgrade = ansible_module("lobes.fleet.source_tree", f"src={src} dest={dest} {keep}")
+    assert upgrade["changed"] is True
+    assert (kept / "gateway.py").read_text() == "VERSION = 1\n"
+    assert sorted(path.name for path in kept.iterdir()) == ["gateway.py", "old.py"]
+    unchanged = ansible_module("lobes.fleet.source_tree", f"src={src} dest={dest} {keep}")
+    assert unchanged["changed"] is False and (kept / "gateway.py").read_text() == "VERSION = 1\n"
+
+    restore = ansible_module("lobes.fleet.source_tree", f"src={kept} dest={dest} remote_src=true")
+    assert restore["written"] == ["gateway.py", "old.py"] and restore["removed"] == ["new.py"]
+    assert sorted(path.name for path in dest.iterdir()) == ["gateway.py", "old.py"]
+    assert (dest / "gateway.py").read_text() == "VERSION = 1\n"

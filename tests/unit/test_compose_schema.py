@@ -5,8 +5,11 @@ from __future__ import annotations
 import jsonschema
 import pytest
 import yaml
+from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
+from ansible_collections.lobes.fleet.plugins.module_utils.render import render_compose
 
 from tests.unit.compose_spec import compose_spec
+from tests.unit.mesh import seed_mesh
 from tests.unit.rendering import GOLDEN
 
 BOXES = ("agx-orin", "agx-thor", "spark")
@@ -43,7 +46,7 @@ def test_only_the_gateway_is_published(box):
 
 def test_the_gateway_runs_the_collections_own_source():
     gateway = load("spark")["services"]["gateway"]
-    assert gateway["command"] == ["python3", "-m", "lobes_gateway"]
+    assert gateway["entrypoint"][-3:] == ["python3", "-m", "lobes_gateway"]
     assert "./gateway:/opt/lobes/gateway:ro" in gateway["volumes"]
     assert gateway["env_file"] == [".env"] and gateway["ports"] == ["0.0.0.0:8001:8001"]
     assert gateway["depends_on"] == ["vllm-cortex", "vllm-embedder", "vllm-reranker",
@@ -84,3 +87,44 @@ def test_orin_serves_its_associate_as_worker_and_no_cortex_gear():
     command = services["vllm-worker"]["command"]
     assert command[0] == "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
     assert "--quantization" not in command  # a custom checkpoint: vLLM detects it
+
+
+@pytest.mark.parametrize("box", BOXES)
+def test_every_container_appends_its_output_to_the_boxs_log_directory(box):
+    for name, service in load(box)["services"].items():
+        assert service["entrypoint"][:5] == ["python3", "-m", "lobes_supervisor.logwrap",
+                                             f"/var/log/lobes/{name}.log", "--"], name
+        assert "./state/log:/var/log/lobes" in service["volumes"], name
+
+
+def simulated_spark(engine_field: tuple) -> dict:
+    mesh = seed_mesh()
+    target = mesh["spark"]
+    for key in engine_field[:-1]:
+        target = target[key]
+    target[engine_field[-1]] = "sim"
+    plan = plan_mesh(mesh)["boxes"]["spark"]
+    return render_compose(plan, gateway_source="abc123")["services"]
+
+
+def test_a_box_switched_to_the_simulator_runs_lobes_sim_in_each_gears_place(validator):
+    services = simulated_spark(("fleet_gear_engine",))
+    assert not list(validator.iter_errors({"services": services}))
+    cortex = services["vllm-cortex"]
+    assert cortex["entrypoint"][-3:] == ["python3", "-m", "lobes_sim"]
+    assert flags(["sim", *cortex["command"]])["--profile"] == "spark-cortex"
+    assert flags(["sim", *cortex["command"]])["--port"] == "8000"
+    assert "runtime" not in cortex and cortex["image"] == "python:3.12-slim"
+    assert cortex["healthcheck"]["test"][:2] == ["CMD", "python3"]
+    # Simulated gears run the mounted source: a change of it recreates them, like the gateway.
+    assert cortex["labels"] == services["gateway"]["labels"] == {
+        "lobes.fleet.gateway-source": "abc123"}
+    assert [name for name, service in services.items() if "ports" in service] == ["gateway"]
+
+
+def test_one_role_switched_to_the_simulator_leaves_the_others_on_vllm():
+    services = simulated_spark(("fleet_roles", "senses", "engine"))
+    assert services["vllm-senses"]["entrypoint"][-1] == "lobes_sim"
+    assert services["vllm-cortex"]["entrypoint"][-2:] == ["vllm", "serve"]
+    assert services["vllm-cortex"]["runtime"] == "nvidia" and "labels" not in services[
+        "vllm-cortex"]

@@ -154,8 +154,16 @@ REJECTIONS = [
                  ["field fleet_origin: must be a plain-HTTP origin"], id="origin-without-scheme"),
     pytest.param({("thor", "fleet_origin"): SPARK},
                  ["host thor, field fleet_origin: " + SPARK + " is also"], id="origin-taken"),
-    pytest.param({("spark", "fleet_hardware"): "sim"},
-                 ["field fleet_runtime: compose runs real vLLM gears"], id="sim-under-compose"),
+    pytest.param({("spark", "fleet_hardware"): "sim", ("spark", "fleet_gear_engine"): "vllm"},
+                 ["host spark, field fleet_gear_engine: hardware sim has no GPU to run vLLM"],
+                 id="vllm-without-a-gpu"),
+    pytest.param({("spark", "fleet_runtime"): "process",
+                  ("spark", "fleet_roles", "cortex", "engine"): "vllm"},
+                 ["host spark, role cortex, field engine: the process runtime runs simulated"],
+                 id="vllm-under-the-process-runtime"),
+    pytest.param({("spark", "fleet_gear_engine"): "tgi"},
+                 ["host spark, field fleet_gear_engine: must be one of vllm, sim"],
+                 id="unknown-engine"),
     pytest.param({("thor", "fleet_roles", "cortex", "mtp"): True,
                   ("spark", "fleet_roles", "muse"): {}},
                  ["field mtp", "budget over usable memory"], id="several-errors-together"),
@@ -175,6 +183,18 @@ def test_proxy_cycle_is_named():
     message = plan_error(mesh)
     assert "role senses, field proxy: proxy cycle" in message
     assert re.search(r"proxy cycle (orin -> spark -> orin|spark -> orin -> spark)", message)
+
+
+def test_gear_engine_is_vllm_under_compose_with_a_gpu_and_sim_otherwise():
+    mesh = seed_mesh()
+    mesh["spark"]["fleet_roles"]["senses"]["engine"] = "sim"
+    mesh["orin"]["fleet_gear_engine"] = "sim"
+    boxes = plan_mesh(mesh)["boxes"]
+    assert boxes["spark"]["roles"]["cortex"]["gear"]["engine"] == "vllm"
+    assert boxes["spark"]["roles"]["senses"]["gear"]["engine"] == "sim"
+    assert boxes["orin"]["roles"]["worker"]["gear"]["engine"] == "sim"
+    mesh["spark"]["fleet_hardware"] = "sim"
+    assert plan_mesh(mesh)["boxes"]["spark"]["roles"]["cortex"]["gear"]["engine"] == "sim"
 
 
 def test_mtp_defaults_on_where_the_kernel_exists_and_off_where_not():
