@@ -1,6 +1,7 @@
 """/health, /v1/models(/supported), /status, /capabilities, and the official openai client."""
 
 import threading
+import uuid
 
 import openai
 import pytest
@@ -142,14 +143,17 @@ def test_openai_client_chat_stream_and_errors(box):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="senses", max_tokens=1,
                                        messages=[{"role": "user", "content": "x"}])
-    primary.set_faults({"hang_s": 1.0})
+    # Held long enough that a loaded machine still sends the second request inside it.
+    primary.set_faults({"hang_s": 3.0})
+    # A marker no other request of the module carries: the wait below must see this one.
+    marker = f"held-{uuid.uuid4().hex}"
     holder = threading.Thread(target=client.chat.completions.create,
                               kwargs={"model": "main", "max_tokens": 2,
-                                      "messages": [{"role": "user", "content": "x"}]})
+                                      "messages": [{"role": "user", "content": marker}]})
     holder.start()
     try:
         wait_until(lambda: [r for r in primary.requests() if r["method"] == "POST" and
-                            r["body"].endswith('"max_tokens":2}')],
+                            marker in r["body"]],
                    timeout=5, interval=0.02, message="the held request to reach the backend")
         with pytest.raises(openai.RateLimitError) as limited:
             client.chat.completions.create(model="main", max_tokens=1,

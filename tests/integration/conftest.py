@@ -51,7 +51,8 @@ def ansible_env() -> dict[str, str]:
     return env
 
 
-def ansible_module(module: str, args: str, *, check: bool = False) -> dict:
+def ansible_module(module: str, args: str, *, check: bool = False,
+                   env: dict[str, str] | None = None) -> dict:
     """Run one module on localhost through ansible and return its result."""
     argv = [
         str(VENV_BIN / "ansible"),
@@ -70,6 +71,7 @@ def ansible_module(module: str, args: str, *, check: bool = False) -> dict:
         **ansible_env(),
         "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
         "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+        **(env or {}),
     }
     done = subprocess.run(
         argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False

@@ -18,7 +18,7 @@ _NOT_COPIED = shutil.ignore_patterns(".git", ".venv", ".collections", "tests/out
 def _run_leftovers(tree: Path) -> None:
     """What scripts/site-local.sh and the tests leave in a working tree."""
     state = tree / ".state" / "local"
-    (state / "state").mkdir(parents=True)
+    (state / "state").mkdir(parents=True, exist_ok=True)
     (state / ".env").write_text(f"GATEWAY_API_KEY={SECRET}\n")
     (state / "state" / "gateway.log").write_text(f"started with {SECRET}\n")
     (state / "state" / "gateway.pid").write_text("4242 17\n")
