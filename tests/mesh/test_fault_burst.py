@@ -119,3 +119,64 @@ def test_a_hanging_replica_loses_nothing_and_leaves_then_rejoins_the_pool():
         thor_sim.set_faults({})
         wait_until(lambda: ready_origins(orin) == {spark.url, thor.url},
                    message="thor ready again once its gear answers")
+
+
+def test_a_refusing_replica_under_a_burst_loses_nothing_and_rejoins_once_it_answers():
+    """thor's gear stops listening (connection refused) while a burst arrives: thor's gateway
+    answers a documented error at once, the pool moves each request on to spark, and thor is
+    judged not ready; it rejoins once its gear listens again."""
+    with start_sim("spark-cortex", time_scale=20) as spark_sim, \
+            start_sim("spark-cortex", time_scale=20) as thor_sim, \
+            start_gateway(peer_env(spark_sim)) as spark, \
+            start_gateway({**peer_env(thor_sim), "GATEWAY_PROBE_INTERVAL_S": "0.1"}) as thor, \
+            start_gateway(pool_env([spark.url, thor.url])) as orin:
+        wait_until(lambda: ready_origins(orin) == {spark.url, thor.url},
+                   message="both replicas ready")
+        thor_sim.set_faults({"refuse": True})
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda _i: send(orin.url), range(BURST)))
+        counts = Counter(outcome(reply) for reply in results)
+        assert counts == {"2xx": BURST}, [r and (r.status, r.body[:120]) for r in results]
+        assert {r.headers["x-lobes-proxied-by"] for r in results} == {spark.url}
+        wait_until(lambda: ready_origins(orin) == {spark.url},
+                   message="thor judged not ready while its gear refuses")
+        thor_sim.set_faults({})
+        wait_until(lambda: ready_origins(orin) == {spark.url, thor.url},
+                   message="thor ready again once its gear listens")
+        with ThreadPoolExecutor(8) as pool:
+            back = list(pool.map(lambda _i: send(orin.url), range(8)))
+        assert Counter(outcome(reply) for reply in back) == {"2xx": 8}
+        assert thor.url in {r.headers["x-lobes-proxied-by"] for r in back}
+
+
+def served_by(replies: list[Reply | None]) -> Counter:
+    return Counter(reply.headers.get("x-lobes-proxied-by") for reply in replies if reply)
+
+
+def learned_rates(gateway) -> dict[str, float]:
+    rows = gateway.get_json("/capabilities")["roles"]["cortex"]["replicas"]
+    return {row["origin"]: row["rate"] for row in rows if "rate" in row}
+
+
+def test_a_replica_going_4x_slower_keeps_every_request_and_gets_less_of_the_load():
+    """Two equal replicas under rate placement; thor's gear becomes 4x slower. Every request
+    is still answered, placement learns thor's lower rate from what it sent there, and thor's
+    share of the following waves drops below spark's."""
+    with start_sim("spark-cortex", time_scale=20) as spark_sim, \
+            start_sim("spark-cortex", time_scale=20) as thor_sim, \
+            start_gateway(peer_env(spark_sim)) as spark, \
+            start_gateway(peer_env(thor_sim)) as thor, \
+            start_gateway({**pool_env([spark.url, thor.url]), "GATEWAY_POOL_POLICY": "rate",
+                           "PRIMARY_PEER_RATES": "48.9,48.9"}) as orin:
+        wait_until(lambda: ready_origins(orin) == {spark.url, thor.url},
+                   message="both replicas ready")
+        thor_sim.set_faults({"slow_factor": 4.0})
+        replies = []
+        for _wave in range(4):
+            with ThreadPoolExecutor(6) as pool:
+                replies.extend(pool.map(lambda _i: send(orin.url), range(6)))
+        assert Counter(outcome(reply) for reply in replies) == {"2xx": len(replies)}
+        rates = learned_rates(orin)
+        assert rates[thor.url] < rates[spark.url] / 2, rates
+        later = served_by(replies[12:])
+        assert later[thor.url] < later[spark.url], later
