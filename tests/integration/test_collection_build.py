@@ -45,3 +45,11 @@ def test_the_package_leaves_out_everything_a_run_writes(tmp_path):
     # What the package is for is in it: the module_utils contract and the box-side programs.
     assert {"plugins/module_utils/contract.py", "gateway/lobes_contract.py",
             "gateway/lobes_gateway/app/dispatch.py", "roles/services/tasks/up.yml"} <= set(names)
+
+
+def test_the_metadata_names_no_placeholder_address():
+    """A package must not point its users at an address that does not exist: the repository
+    and other links are given only when real (Galaxy makes them optional)."""
+    text = (ROOT / "galaxy.yml").read_text()
+    for placeholder in ("example.invalid", "example.com", "example.org", "TODO", "CHANGEME"):
+        assert placeholder not in text
