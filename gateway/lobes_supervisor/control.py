@@ -21,6 +21,7 @@ from lobes_service_files import (
 )
 
 from . import pidfile
+from .health import wait_until_healthy
 from .layout import Layout
 from .monitor import STOP_GRACE_S, terminate_group
 
@@ -138,6 +139,17 @@ def _start(spec: Service, layout: Layout, services_file: Path, watch: tuple[str,
     raise SupervisorError(f"service {spec.name!r}: monitor did not start; see {layout.log(spec)}")
 
 
+def wait_healthy(spec: Service, layout: Layout, later: list[str]) -> None:
+    """Block until spec's health URL answers 200 (its start-up peak is over); the services
+    listed after it are not started when it does not within its timeout."""
+    if not wait_until_healthy(spec.health, spec.health_timeout_s):
+        waiting = ", ".join(later) or "none"
+        raise SupervisorError(
+            f"service {spec.name!r} did not become healthy ({spec.health}) within "
+            f"{spec.health_timeout_s:g} s; the services already up keep running, those after "
+            f"it were not started ({waiting}); see {layout.log(spec)}")
+
+
 def _stop(layout: Layout, path: Path, record: pidfile.PidRecord) -> None:
     child_path = layout.run_dir / f"{record.name}.child.pid"
     if pidfile.alive(record):
@@ -178,7 +190,9 @@ def up(
             if not dry_run:
                 _stop(layout, path, record)
             actions.append(Action(name, "stopped"))
-    for spec in selected:
+    # In the file's order, one at a time: a service with a health URL is healthy before the
+    # next starts, so the start-up peaks of gears sharing one memory never overlap.
+    for position, spec in enumerate(selected):
         path, record = monitors.get(spec.name, (layout.monitor_pidfile(spec), None))
         if pidfile.alive(record) and record.fingerprint == fingerprint(spec, watch):
             actions.append(Action(spec.name, "unchanged"))
@@ -188,6 +202,8 @@ def up(
             if record is not None:
                 _stop(layout, path, record)
             _start(spec, layout, services_file, watch)
+            if spec.health:
+                wait_healthy(spec, layout, [later.name for later in selected[position + 1:]])
         actions.append(Action(spec.name, verb))
     return actions
 

@@ -25,6 +25,8 @@ GATEWAY_SOURCE_MOUNT = "/opt/lobes/gateway"
 LOG_MOUNT = "/var/log/lobes"
 # Containers that run the collection's own Python (gateway, simulated gears) run as nobody.
 NOBODY = "65534:65534"
+# A simulated gear answers /health within a second of starting; a minute is a failure.
+SIM_HEALTH_TIMEOUT_S = 60
 ENV_HEADER = "# Rendered by lobes.fleet.render from the mesh plan: edit the inventory, not this."
 
 
@@ -141,6 +143,14 @@ def gear_base_url(plan: dict, role: dict) -> str:
     return f"http://127.0.0.1:{gear['port']}"
 
 
+def start_order(plan: dict) -> list:
+    """The local (non-audio) gears, largest memory share first: on a unified-memory box each
+    starts only once the one before is healthy, so their start-up peaks never overlap."""
+    gears = [role for role in plan["roles"].values()
+             if role["gear"] and not role_spec(role["role"]).is_audio]
+    return sorted(gears, key=lambda role: -role["gear"]["gpu_memory_utilization"])
+
+
 def _local_audio(plan: dict) -> list:
     return [role for role in plan["roles"].values()
             if role["gear"] and role_spec(role["role"]).is_audio]
@@ -188,9 +198,13 @@ def render_compose(plan: dict, gateway_source: str | None = None) -> dict:
     mounted source changes. vLLM gears only start logwrap from it: they are left running."""
     labels = {"lobes.fleet.gateway-source": gateway_source} if gateway_source else {}
     services = {}
-    for role in plan["roles"].values():
-        if role["gear"] and not role_spec(role["role"]).is_audio:
-            services[role["gear"]["service"]] = _gear_service(plan, role, labels)
+    previous = None
+    for role in start_order(plan):
+        service = _gear_service(plan, role, labels)
+        if previous:
+            service["depends_on"] = {previous: {"condition": "service_healthy"}}
+        previous = role["gear"]["service"]
+        services[previous] = service
     audio = _local_audio(plan)
     if audio:
         services["audio"] = _audio_service(plan, audio[0], labels)
@@ -389,15 +403,21 @@ def _yaml_empty(value) -> str:
 # ---------------------------------------------------------------- services.json
 
 def render_services(plan: dict, gateway_dir: str = "gateway") -> dict:
-    """The process runtime's services: one lobes_sim gear per local role, then the gateway.
+    """The process runtime's services: one lobes_sim gear per local role (largest first, each
+    after the one before is healthy), then the gateway.
 
     Paths are relative to the directory that holds services.json (the supervisor runs each
     service there), so PYTHONPATH=gateway finds the deployed gateway/ source."""
     python = plan["gears"]["python"]
     env = {"PYTHONPATH": gateway_dir}
-    services = [_sim_service(plan, role, python, env, gateway_dir)
-                for role in plan["roles"].values()
-                if role["gear"] and not role_spec(role["role"]).is_audio]
+    services = []
+    for role in start_order(plan):
+        service = _sim_service(plan, role, python, env, gateway_dir)
+        service["health"] = f"http://127.0.0.1:{role['gear']['port']}/health"
+        service["health_timeout_s"] = SIM_HEALTH_TIMEOUT_S
+        if services:
+            service["after"] = [services[-1]["name"]]
+        services.append(service)
     audio = _local_audio(plan)
     if audio:
         services.append(_sim_audio_service(plan, audio[0], python, env, gateway_dir))

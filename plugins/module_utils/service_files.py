@@ -70,6 +70,9 @@ def read_env_file(path: str) -> dict[str, str]:
 _SERVICE_NAME = re.compile(r"[a-z0-9_.-]+")
 
 
+DEFAULT_HEALTH_TIMEOUT_S = 1200.0
+
+
 class ServicesError(ValueError):
     """A services.json that cannot be run; the message names the service and the field."""
 
@@ -87,6 +90,11 @@ class Service:
     pidfile: str = ""
     log: str = ""
     watch: tuple[str, ...] = ()
+    # Start order on unified-memory boxes (issue 15): the services that must be healthy before
+    # this one starts, and the URL that says this one is (its start-up peak is over).
+    after: tuple[str, ...] = ()
+    health: str = ""
+    health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S
 
     def path(self, relative: str) -> str:
         """A path of services.json made absolute against its directory."""
@@ -158,6 +166,13 @@ def _service(entry: object, base_dir: str, index: int) -> Service:
         if not _ENV_NAME.fullmatch(key) or not isinstance(value, str):
             raise ServicesError(f"{where}: field 'env' must map names to strings, "
                                 f"got {key!r}: {value!r}")
+    health = _field(entry, "health", str, where, "")
+    if health and not health.startswith("http://"):
+        raise ServicesError(f"{where}: field 'health' must be an http:// URL, got {health!r}")
+    timeout = entry.get("health_timeout_s", DEFAULT_HEALTH_TIMEOUT_S)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ServicesError(f"{where}: field 'health_timeout_s' must be a positive number of "
+                            f"seconds, got {timeout!r}")
     return Service(
         name=name,
         argv=argv,
@@ -168,6 +183,9 @@ def _service(entry: object, base_dir: str, index: int) -> Service:
         pidfile=_bare_name(entry, "pidfile", where),
         log=_bare_name(entry, "log", where),
         watch=_strings(entry, "watch", where),
+        after=_strings(entry, "after", where),
+        health=health,
+        health_timeout_s=float(timeout),
     )
 
 
@@ -184,7 +202,20 @@ def parse_services(document: object, base_dir: str) -> ServicesFile:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ServicesError(f"duplicate service names {duplicates}")
+    _check_order(services)
     return ServicesFile(base_dir=base_dir, host=host, services=services)
+
+
+def _check_order(services: tuple[Service, ...]) -> None:
+    """Each service's `after` names services listed before it that have a health URL: the
+    file's order is the start order, and a start waits only on a health it can check."""
+    seen: dict[str, Service] = {}
+    for service in services:
+        for name in service.after:
+            if name not in seen or not seen[name].health:
+                raise ServicesError(f"service {service.name!r}: field 'after' names {name!r}, "
+                                    "which is not a service with a 'health' URL listed before it")
+        seen[service.name] = service
 
 
 def load_services(path: str) -> ServicesFile:

@@ -72,6 +72,26 @@ def _quote(word: str, *, exec_line: bool) -> str:
     return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _ordering(service: Service, layout: UnitLayout) -> list:
+    """After= and Requires= on the services that must be healthy first (the start order)."""
+    before = " ".join(unit_name(layout.prefix, name) for name in service.after)
+    lines = [f"After=network-online.target{' ' + before if before else ''}",
+             "Wants=network-online.target"]
+    if before:
+        lines.append(f"Requires={before}")
+    return lines
+
+
+def _health_wait(service: Service) -> list:
+    """The unit is active only once the service is healthy: units ordered after it wait."""
+    if not service.health:
+        return []
+    wait = [service.argv[0], "-m", "lobes_supervisor.health", service.health,
+            f"{service.health_timeout_s:g}"]
+    return ["ExecStartPost=" + " ".join(_quote(word, exec_line=True) for word in wait),
+            f"TimeoutStartSec={service.health_timeout_s + 30:g}"]
+
+
 def render_unit(service: Service, layout: UnitLayout, fingerprint: str) -> str:
     """The unit text of one service of services.json."""
     name = service.name
@@ -83,8 +103,7 @@ def render_unit(service: Service, layout: UnitLayout, fingerprint: str) -> str:
         f"# inputs: {fingerprint}",
         "[Unit]",
         f"Description=lobes.fleet {_escape(name)}{_escape(box)}",
-        "After=network-online.target",
-        "Wants=network-online.target",
+        *_ordering(service, layout),
         "",
         "[Service]",
         "Type=simple",
@@ -96,6 +115,7 @@ def render_unit(service: Service, layout: UnitLayout, fingerprint: str) -> str:
     lines += [f"Environment={_quote(f'{k}={v}', exec_line=False)}" for k, v in sorted(env.items())]
     lines += [
         "ExecStart=" + " ".join(_quote(word, exec_line=True) for word in service.argv),
+        *_health_wait(service),
         "Restart=on-failure",
         f"RestartSec={RESTART_SEC}",
         f"StandardOutput=append:{_escape(log)}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.ports import free_port
 from tests.support.wait import wait_until
 
 from .conftest import supervisor
@@ -260,3 +262,62 @@ def test_a_bad_services_file_is_refused_naming_the_field(tmp_path, state_dir, se
 
     assert answer["failed"] is True
     assert message in answer["msg"]
+
+
+# A gear stand-in: notes when it started, takes a moment (its start-up peak), then answers
+# /health on its port and notes when it became healthy.
+GEAR = (
+    "import http.server, sys, time\n"
+    "port, name = int(sys.argv[1]), sys.argv[2]\n"
+    "open(name + '.started', 'w').write(repr(time.time()))\n"
+    "time.sleep(0.5)\n"
+    "class Health(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        self.send_response(200); self.end_headers()\n"
+    "    def log_message(self, *args): pass\n"
+    "server = http.server.HTTPServer(('127.0.0.1', port), Health)\n"
+    "open(name + '.healthy', 'w').write(repr(time.time()))\n"
+    "server.serve_forever()\n"
+)
+
+
+def _gear(name: str, port: int, after: list[str], **extra: object) -> dict:
+    return {"name": name, "argv": [sys.executable, "-c", GEAR, str(port), name],
+            "health": f"http://127.0.0.1:{port}/health", "health_timeout_s": 20,
+            "after": after, **extra}
+
+
+def test_gears_start_one_at_a_time_each_after_the_one_before_is_healthy(tmp_path, state_dir):
+    ports = [free_port() for _gear_index in range(3)]
+    names = ["gear-cortex", "gear-senses", "gear-embedder"]
+    services = _write_services(tmp_path, [
+        _gear(name, port, names[:index][-1:]) for index, (name, port) in
+        enumerate(zip(names, ports, strict=True))])
+
+    answer = supervisor(state_dir, "up", services=services)
+
+    assert [row["action"] for row in answer["up"]] == ["started"] * 3
+    moments = {name: (float((tmp_path / f"{name}.started").read_text()),
+                      float((tmp_path / f"{name}.healthy").read_text())) for name in names}
+    for earlier, later in itertools.pairwise(names):
+        assert moments[later][0] >= moments[earlier][1], (earlier, later, moments)
+
+
+def test_a_gear_that_never_becomes_healthy_stops_the_sequence_naming_it(tmp_path, state_dir):
+    ports = [free_port() for _gear_index in range(2)]
+    never = {"name": "gear-senses", "argv": [sys.executable, "-c", SLEEPER],
+             "health": f"http://127.0.0.1:{free_port()}/health", "health_timeout_s": 2,
+             "after": ["gear-cortex"]}
+    services = _write_services(tmp_path, [
+        _gear("gear-cortex", ports[0], []), never,
+        _gear("gear-embedder", ports[1], ["gear-senses"])])
+
+    answer = supervisor(state_dir, "up", services=services)
+
+    assert answer["failed"] is True
+    assert "service 'gear-senses' did not become healthy" in answer["msg"]
+    assert "those after it were not started (gear-embedder)" in answer["msg"]
+    status = _status(state_dir)
+    assert status["gear-cortex"]["running"] and status["gear-senses"]["running"]
+    assert "gear-embedder" not in status or not status["gear-embedder"]["running"]
+    assert not (tmp_path / "gear-embedder.started").exists()

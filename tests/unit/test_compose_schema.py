@@ -128,3 +128,15 @@ def test_one_role_switched_to_the_simulator_leaves_the_others_on_vllm():
     assert services["vllm-cortex"]["entrypoint"][-2:] == ["vllm", "serve"]
     assert services["vllm-cortex"]["runtime"] == "nvidia" and "labels" not in services[
         "vllm-cortex"]
+
+
+def test_gears_start_largest_first_each_after_the_one_before_is_healthy():
+    services = load("spark")["services"]
+    chain = [(name, service.get("depends_on")) for name, service in services.items()
+             if name.startswith("vllm-")]
+    assert chain == [
+        ("vllm-cortex", None),  # 0.30 of the box's memory
+        ("vllm-senses", {"vllm-cortex": {"condition": "service_healthy"}}),  # 0.14
+        ("vllm-embedder", {"vllm-senses": {"condition": "service_healthy"}}),  # 0.06
+        ("vllm-reranker", {"vllm-embedder": {"condition": "service_healthy"}}),  # 0.06
+    ]

@@ -50,7 +50,8 @@ def _module_args(box: Path, **extra: object) -> dict:
 
 def test_units_match_golden_text() -> None:
     units = render_units(_golden_document(), _layout(GOLDEN_BASE))
-    assert sorted(units) == ["lobes-spark1-gateway.service", "lobes-spark1-gear-cortex.service"]
+    assert sorted(units) == ["lobes-spark1-gateway.service", "lobes-spark1-gear-cortex.service",
+                             "lobes-spark1-gear-senses.service"]
     for name, text in units.items():
         assert text == (GOLDEN / name).read_text(), name
 
@@ -77,15 +78,29 @@ def test_new_env_or_source_changes_the_unit_but_bytecode_does_not(box: Path) -> 
     assert gateway_unit() == after_source
 
 
+def test_a_gear_unit_starts_after_the_one_before_is_healthy() -> None:
+    units = render_units(_golden_document(), _layout(GOLDEN_BASE))
+    senses = units["lobes-spark1-gear-senses.service"].splitlines()
+    assert "After=network-online.target lobes-spark1-gear-cortex.service" in senses
+    assert "Requires=lobes-spark1-gear-cortex.service" in senses
+    cortex = units["lobes-spark1-gear-cortex.service"].splitlines()
+    assert ("ExecStartPost=python3 -m lobes_supervisor.health http://127.0.0.1:18100/health 60"
+            in cortex)
+    gateway = units["lobes-spark1-gateway.service"]
+    assert "Requires=" not in gateway and "ExecStartPost=" not in gateway
+
+
 def test_unit_names_are_per_box_and_sanitised() -> None:
     assert unit_name("lobes-spark1", "gateway") == "lobes-spark1-gateway.service"
     assert unit_name("lobes-orin/a b", "gateway") == "lobes-orin-a-b-gateway.service"
     other = render_units(_golden_document(), _layout(GOLDEN_BASE, prefix="lobes-spark2"))
-    assert sorted(other) == ["lobes-spark2-gateway.service", "lobes-spark2-gear-cortex.service"]
+    assert sorted(other) == ["lobes-spark2-gateway.service", "lobes-spark2-gear-cortex.service",
+                             "lobes-spark2-gear-senses.service"]
 
 
 def test_unknown_service_name_fails_naming_the_known_ones() -> None:
-    with pytest.raises(ServicesError, match=r"\['nope'\].*\['gateway', 'gear-cortex'\]"):
+    with pytest.raises(ServicesError,
+                       match=r"\['nope'\].*\['gateway', 'gear-cortex', 'gear-senses'\]"):
         render_units(_golden_document(), _layout(GOLDEN_BASE), names=["nope"])
 
 
@@ -106,7 +121,8 @@ def test_module_writes_units_then_is_idempotent(box: Path) -> None:
     first = run_module(systemd_units.main, _module_args(box))
     assert first["changed"] is True
     assert first["changed_units"] == first["units"] == [
-        "lobes-spark1-gateway.service", "lobes-spark1-gear-cortex.service"]
+        "lobes-spark1-gateway.service", "lobes-spark1-gear-cortex.service",
+        "lobes-spark1-gear-senses.service"]
     assert (box / "units" / "lobes-spark1-gateway.service").read_text() == render_units(
         _golden_document(), _layout(box))["lobes-spark1-gateway.service"]
     assert (box / "state" / "log").is_dir()
@@ -129,7 +145,8 @@ def test_check_mode_reports_units_and_diff_and_writes_nothing(box: Path) -> None
     result = run_module(systemd_units.main, _module_args(box), check_mode=True, diff=True)
     assert result["changed"] is True
     assert result["changed_units"] == ["lobes-spark1-gateway.service",
-                                       "lobes-spark1-gear-cortex.service"]
+                                       "lobes-spark1-gear-cortex.service",
+                                       "lobes-spark1-gear-senses.service"]
     assert "ExecStart=python3 -m lobes_gateway" in result["diff"]["after"]
     assert not (box / "units").exists()
 
@@ -153,7 +170,8 @@ def test_absent_removes_the_box_units_only(box: Path) -> None:
     gateway = run_module(systemd_units.main, {**args, "names": ["gateway"]})
     assert gateway["removed_units"] == ["lobes-spark1-gateway.service"]
     rest = run_module(systemd_units.main, args)
-    assert rest["removed_units"] == ["lobes-spark1-gear-cortex.service"]
+    assert rest["removed_units"] == ["lobes-spark1-gear-cortex.service",
+                                     "lobes-spark1-gear-senses.service"]
     assert sorted(p.name for p in (box / "units").iterdir()) == ["lobes-spark1-a-gateway.service"]
     assert run_module(systemd_units.main, args)["changed"] is False
 
