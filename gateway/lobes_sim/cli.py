@@ -11,6 +11,7 @@ import signal
 from collections.abc import Sequence
 
 from .faults import Faults
+from .memory import holding
 from .profiles import AUDIO, EMBED, GENERATE, PROFILES, SCORE, Profile
 from .server import GENERATE_ROUTES, AdminPort, ServingPort, serving_routes
 from .state import SimState
@@ -68,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument("--fault-reject-strict-tools", action="store_true",
                         help="answer chat requests whose tools carry strict: true with vLLM's "
                              "400 for a schema that does not compile")
+    memory = parser.add_argument_group("unified memory (tests of a box's memory)")
+    memory.add_argument("--proc-root", help="directory of a fake meminfo this gear holds its "
+                                            "share of while it runs")
+    memory.add_argument("--hold-memory-gib", type=float, default=0.0, metavar="GIB",
+                        help="the share held: taken off MemAvailable at start, given back at exit")
     parser.add_argument("--log-level", default="WARNING", help="Python logging level")
     return parser
 
@@ -146,4 +152,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--time-scale must be positive")
     logging.basicConfig(level=args.log_level.upper())
     raise_open_file_limit()
-    asyncio.run(serve(args))
+    with holding(args.proc_root, args.hold_memory_gib):
+        asyncio.run(serve(args))

@@ -112,6 +112,7 @@ class BoxDecl:
     gateway_image: str = "python:3.12-slim"
     gear_engine: str | None = None
     sim_image: str | None = None
+    proc_root: str | None = None  # a fake /proc (tests): sim gears hold their shares in it
 
     def role(self, name: str) -> RoleDecl | None:
         for decl in self.roles:
@@ -212,7 +213,15 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
         gateway_image=read.get("fleet_gateway_image", str, "python:3.12-slim"),
         gear_engine=_engine(read, "fleet_gear_engine"),
         sim_image=read.get("fleet_sim_image", str),
+        proc_root=_proc_root(read),
     )
+
+
+def _proc_root(read: _Reader) -> str | None:
+    root = read.get("fleet_proc_root", str)
+    if root is not None and not root.startswith("/"):
+        raise read.fail("fleet_proc_root", f"must be an absolute path, got {root!r}")
+    return root
 
 
 def _engine(read: _Reader, field: str) -> str | None:

@@ -124,6 +124,8 @@ def _resolve_gear(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> di
         "quantization": decl.quantization or (None if custom else spec.quantization),
         "sim_profile": decl.sim_profile or _default_sim_profile(box, decl.role),
         "engine": engine,
+        # The gear's share of the box's one memory pool (issue 15: the memory gate, sims).
+        "memory_gib": round(util * hardware.memory_gib, 2),
     }
 
 
@@ -395,6 +397,7 @@ def _box_plan(box: BoxDecl, boxes: dict, local: dict) -> dict:
         "hardware": hardware.as_dict(),
         "runtime": box.runtime,
         "origin": box.origin,
+        "proc_root": box.proc_root,
         "gateway": {
             "host": box.gateway_host,
             "port": box.gateway_port,

@@ -62,6 +62,8 @@ def _global_env(plan: dict, secrets: dict) -> list:
     if gateway.get("fleet_key"):
         env.append(("GATEWAY_FLEET_KEY", _secret(plan, secrets, "fleet_key", "fleet_mesh_key")))
     env.append(("GATEWAY_SELF_ORIGIN", plan["origin"]))
+    if plan["proc_root"]:
+        env.append(("LOBES_PROC_ROOT", plan["proc_root"]))
     if gateway["force_strict_tools"]:
         env.append(("GATEWAY_FORCE_STRICT_TOOLS", "true"))
     audio = _local_audio_url(plan)
@@ -248,9 +250,12 @@ def _python_env(extra: dict | None = None) -> dict:
             "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
-def _mounts(*extra: str) -> list:
-    """The gateway source (logwrap, the simulator, the gateway) and the log directory."""
-    return [f"./gateway:{GATEWAY_SOURCE_MOUNT}:ro", f"./state/log:{LOG_MOUNT}", *extra]
+def _mounts(plan: dict, *extra: str) -> list:
+    """The gateway source (logwrap, the simulator, the gateway), the log directory, and a fake
+    /proc when the box has one."""
+    fake_proc = [f"{plan['proc_root']}:{plan['proc_root']}"] if plan["proc_root"] else []
+    return [f"./gateway:{GATEWAY_SOURCE_MOUNT}:ro", f"./state/log:{LOG_MOUNT}", *fake_proc,
+            *extra]
 
 
 def _http_probe(port: int) -> dict:
@@ -278,7 +283,7 @@ def _vllm_service(plan: dict, role: dict) -> dict:
         "entrypoint": _logwrap(service, ["vllm", "serve"]),
         "command": [role["gear"]["checkpoint"], *vllm_args(plan, role)],
         "environment": _python_env({"HF_HOME": "/root/.cache/huggingface"}),
-        "volumes": _mounts(f"{plan['gears']['hf_cache']}:/root/.cache/huggingface"),
+        "volumes": _mounts(plan, f"{plan['gears']['hf_cache']}:/root/.cache/huggingface"),
         "healthcheck": {
             "test": ["CMD", "curl", "-fsS", f"http://127.0.0.1:{GEAR_PORT}/health"],
             "interval": "30s", "timeout": "5s", "retries": 3,
@@ -298,7 +303,7 @@ def _sim_container(plan: dict, service: str, args: list, labels: dict) -> dict:
         "entrypoint": _logwrap(service, ["python3", "-m", "lobes_sim"]),
         "command": ["--host", "0.0.0.0", "--port", str(GEAR_PORT), *args],
         "environment": _python_env(),
-        "volumes": _mounts(),
+        "volumes": _mounts(plan),
         "healthcheck": _http_probe(GEAR_PORT),
     })
 
@@ -338,7 +343,7 @@ def _gateway_service(plan: dict, backends: list, labels: dict) -> dict:
         "entrypoint": _logwrap("gateway", ["python3", "-m", "lobes_gateway"]),
         "env_file": [".env"],
         "environment": _python_env(),
-        "volumes": _mounts(),
+        "volumes": _mounts(plan),
         "ports": [f"{gateway['host']}:{port}:{port}"],
         "healthcheck": _http_probe(port),
     }
@@ -440,13 +445,16 @@ def _sim_argv(python: str, port: int) -> list:
 
 
 def sim_gear_args(plan: dict, role: dict) -> list:
-    """lobes_sim's flags for a gear (after --host and --port), in either runtime."""
+    """lobes_sim's flags for a gear (after --host and --port), in either runtime. With a fake
+    /proc the gear holds its memory share there while it runs."""
     gear = role["gear"]
     args = ["--profile", gear["sim_profile"], "--served-name", gear["served_name"],
             "--max-model-len", str(gear["context"]), "--max-num-seqs", str(gear["max_active"]),
             "--time-scale", _number(plan["gears"]["sim_time_scale"])]
     if gear["quantization"]:
         args += ["--quantization", gear["quantization"]]
+    if plan["proc_root"]:
+        args += ["--proc-root", plan["proc_root"], "--hold-memory-gib", _number(gear["memory_gib"])]
     return args
 
 

@@ -62,15 +62,18 @@ plan:
     - The mesh plan. C(boxes) maps each inventory hostname to its box plan.
     - "A box plan has: C(host); C(hardware) (name, arch, memory_gib, usable_gib, headroom_gib,
       mtp_kernel, gear_image, has_gpu); C(runtime) (compose or process); C(origin);
+      C(proc_root) (a fake /proc the box's simulated gears hold memory in, or null);
       C(gateway) (host, port, auth, default_model, aliases, force_strict_tools, tuning);
-      C(gears) (image, port_base, sim_time_scale, python, hf_cache, audio_image);
+      C(gears) (image, port_base, sim_time_scale, python, hf_cache, audio_image,
+      gateway_image, sim_image);
       C(budget) (gears, utilization, reserved_gib, headroom_gib, usable_gib, max_utilization,
       fits); C(roles); C(key_hosts) (peers whose inbound key this box carries)."
-    - "Each C(roles) entry has: role, prefix, task, feasible, mode (local, pool, proxy,
-      referral or off), aliases, served_name, context, peers (host, origin, auth, rate),
+    - "Each C(roles) entry has: role, prefix, task, feasible, mode (serve, pool, proxy,
+      refer, owners or off), aliases, served_name, context, peers (host, origin, auth, rate),
       hosted_by, replicas, and C(gear) when served here (checkpoint, served_name, context,
       native_context, yarn_factor, gpu_memory_utilization, max_active, mtp,
-      num_speculative_tokens, tool_parser, quantization, sim_profile, port, service)."
+      num_speculative_tokens, tool_parser, quantization, sim_profile, engine (vllm or sim),
+      memory_gib (its share of the box's memory), port, service)."
   returned: success
   type: dict
   sample:

@@ -1,0 +1,38 @@
+"""Free memory from meminfo, and the memory gate's refusal with its numbers."""
+
+from __future__ import annotations
+
+from ansible_collections.lobes.fleet.plugins.module_utils.memory import (
+    parse_meminfo,
+    refusal,
+)
+
+MEMINFO = """\
+MemTotal:       125829120 kB
+MemFree:         20971520 kB
+MemAvailable:    52428800 kB
+Cached:          31457280 kB
+Shmem:            1048576 kB
+SReclaimable:     2097152 kB
+SwapTotal:       16777216 kB
+SwapFree:        15728640 kB
+"""
+
+
+def test_meminfo_reads_available_page_cache_and_swap_in_gib():
+    reading = parse_meminfo(MEMINFO)
+    assert reading.as_dict() == {"total_gib": 120.0, "available_gib": 50.0,
+                                 "page_cache_gib": 31.0, "swap_free_gib": 15.0}
+
+
+def test_gears_that_fit_are_let_through_at_exactly_the_available_memory():
+    assert refusal("spark", parse_meminfo(MEMINFO), {"vllm-cortex": 38.4, "vllm-senses": 11.6}) \
+        is None
+
+
+def test_gears_that_do_not_fit_are_refused_naming_host_gears_and_numbers():
+    message = refusal("spark", parse_meminfo(MEMINFO), {"vllm-cortex": 38.4, "vllm-senses": 17.9})
+    assert message.startswith("host spark: the gears to start, vllm-cortex (38.4 GiB), "
+                              "vllm-senses (17.9 GiB), need 56.3 GiB but 50.0 GiB is available")
+    assert "page cache 31.0 GiB, swap free 15.0 GiB" in message
+    assert "fleet_drop_caches_before_start" in message
