@@ -52,3 +52,14 @@ def refusal(host: str, reading: MemoryReading, to_start: dict[str, float]) -> st
             f"free {reading.swap_free_gib:.1f} GiB). Stop what else holds the memory, lower the "
             "gears' gpu_memory_utilization, or set fleet_drop_caches_before_start to free the "
             "page cache first")
+
+
+def headroom(reading: MemoryReading, gears: list) -> str:
+    """One line for status and verify: free memory against the gears' shares (name, GiB,
+    running)."""
+    shares = sum(share for _name, share, _running in gears)
+    listed = ", ".join(f"{name} {share:.1f} {'running' if running else 'stopped'}"
+                       for name, share, running in gears) or "none"
+    return (f"{reading.available_gib:.1f} of {reading.total_gib:.1f} GiB available (page cache "
+            f"{reading.page_cache_gib:.1f}, swap free {reading.swap_free_gib:.1f}); gears' "
+            f"shares {shares:.1f} GiB: {listed}")

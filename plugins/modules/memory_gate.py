@@ -42,6 +42,13 @@ options:
     description: The C(/proc) to read (a fake one in tests).
     type: path
     default: /proc
+  enforce:
+    description:
+      - Fail when the gears to start do not fit.
+      - V(false) only reports, for C(status.yml) and C(verify.yml), the reading, each gear's
+        share and the refusal it would give.
+    type: bool
+    default: true
   drop_caches:
     description:
       - Drop the page cache before gears start (inventory C(fleet_drop_caches_before_start)).
@@ -82,6 +89,17 @@ gated:
   description: Whether the check applied (see the description).
   returned: always
   type: bool
+headroom:
+  description: One line for people, the reading against the gears' shares.
+  returned: always
+  type: str
+  sample: >-
+    101.2 of 119.6 GiB available (page cache 3.1, swap free 0.0); gears' shares 38.4 GiB:
+    vllm-cortex 38.4 running
+refusal:
+  description: Why the gears to start do not fit (null when they do); with O(enforce) the failure.
+  returned: always
+  type: str
 """
 
 import os  # noqa: E402 - modules keep imports below their documentation
@@ -89,6 +107,7 @@ import urllib.request  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.memory import (  # noqa: E402
+    headroom,
     parse_meminfo,
     refusal,
 )
@@ -163,23 +182,26 @@ def main():
             deploy_dir=dict(type="path", required=True),
             proc_root=dict(type="path", default=DEFAULT_PROC),
             drop_caches=dict(type="bool", default=False),
+            enforce=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )
     plan, proc_root = module.params["plan"], module.params["proc_root"] or DEFAULT_PROC
     gated = plan["hardware"]["has_gpu"] or proc_root != DEFAULT_PROC
-    gears = _gears(module, plan) if gated else []
-    to_start = {name: share for name, share, running in gears if not running}
-    dropped = bool(to_start) and module.params["drop_caches"] and not module.check_mode \
-        and _drop_caches(module, proc_root)
+    gears = _gears(module, plan)
+    to_start = {name: share for name, share, running in gears if not running and gated}
+    enforce = module.params["enforce"]
+    dropped = bool(to_start) and enforce and module.params["drop_caches"] \
+        and not module.check_mode and _drop_caches(module, proc_root)
     reading = _read(module, proc_root)
+    problem = refusal(plan["host"], reading, to_start) if gated else None
     result = dict(
         changed=dropped, gated=gated, memory=reading.as_dict(), to_start=sorted(to_start),
-        need_gib=round(sum(to_start.values()), 2),
+        need_gib=round(sum(to_start.values()), 2), refusal=problem,
+        headroom=headroom(reading, gears),
         gears=[dict(name=name, share_gib=share, running=running) for name, share, running in gears],
     )
-    problem = refusal(plan["host"], reading, to_start) if gated else None
-    if problem:
+    if problem and enforce:
         module.fail_json(msg=problem, **result)
     module.exit_json(**result)
 

@@ -197,6 +197,11 @@ def test_local_default_lifecycle(mesh: LocalMesh) -> None:
         ("reranker", 8192),
     ):
         assert re.search(rf"localhost\s+{role}\s+here\s+yes\s+{context}\s+\d+", status.stdout)
+    # Each box's memory against its gears' declared shares (a sim box: a Spark's 0.30 + 0.14 +
+    # 0.06 + 0.06 of 128 GiB), every gear running.
+    assert re.search(r"localhost: [\d.]+ of [\d.]+ GiB available \(page cache [\d.]+, swap free "
+                     r"[\d.]+\); gears' shares 71\.7 GiB: gear-cortex 38\.4 running, gear-senses "
+                     r"17\.9 running", status.stdout), status.stdout
 
     # 6. down.yml stops everything: no process left, the port closed; a re-run changes nothing.
     pids = mesh.processes()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ansible_collections.lobes.fleet.plugins.module_utils.memory import (
+    headroom,
     parse_meminfo,
     refusal,
 )
@@ -36,3 +37,10 @@ def test_gears_that_do_not_fit_are_refused_naming_host_gears_and_numbers():
                               "vllm-senses (17.9 GiB), need 56.3 GiB but 50.0 GiB is available")
     assert "page cache 31.0 GiB, swap free 15.0 GiB" in message
     assert "fleet_drop_caches_before_start" in message
+
+
+def test_headroom_names_each_gear_its_share_and_whether_it_runs():
+    line = headroom(parse_meminfo(MEMINFO), [("vllm-cortex", 38.4, True),
+                                             ("vllm-senses", 17.92, False)])
+    assert line == ("50.0 of 120.0 GiB available (page cache 31.0, swap free 15.0); gears' "
+                    "shares 56.3 GiB: vllm-cortex 38.4 running, vllm-senses 17.9 stopped")
