@@ -28,14 +28,18 @@ def _expected(role: dict, peers_must_be_ready: bool) -> dict:
     mode = role["mode"]
     remote = mode in (PROXY, POOL, OWNERS) and not role["feasible"]
     served = mode in (SERVE, POOL, PROXY, OWNERS)
+    # A remote role's readiness and window are what its peers answered: waived together while
+    # the peers may not be up yet (the window stays null until a peer has answered a probe).
+    peers_waived = remote and not peers_must_be_ready
     expected = {
         "route": mode,
         "feasible": role["feasible"],
-        "ready": True if served and (peers_must_be_ready or not remote) else ANY,
+        "ready": True if served and not peers_waived else ANY,
         "proxied": remote,
         "hosted_by": role["hosted_by"],
         "served_name": role["served_name"] if role["served_name"] else ANY,
-        "context": role["context"] if role["context"] and mode != OFF else ANY,
+        "context": role["context"] if role["context"] and mode != OFF and not peers_waived
+        else ANY,
         "replicas": sorted(peer["origin"] for peer in role["peers"]) if mode == POOL else ANY,
     }
     if role["task"] in ("stt", "tts"):

@@ -93,11 +93,13 @@ def test_a_burst_goes_to_the_faster_peer_and_equal_rates_share_it_with_the_local
     assert all("x-lobes-proxied-by" not in h and h["x-lobes-tier"] == "main" for h in local)
 
 
-def test_a_marked_arrival_is_served_locally_never_sent_on(thor_sim, spark):
+@pytest.mark.parametrize("marker", [MARKED, {"X-Lobes-Forwarded-By": "http://entry.test:8000"}],
+                         ids=["placed-by-a-pool", "forwarded-to-an-owner"])
+def test_a_marked_arrival_is_served_locally_never_sent_on(thor_sim, spark, marker):
     me, box = thor_box(thor_sim, spark, "11,48.9")
     with box:
         all_selectable(box)
-        reply = chat(box.url, CORTEX, MARKED, timeout=60)
+        reply = chat(box.url, CORTEX, marker, timeout=60)
     assert reply.status == 200
     assert reply.headers["x-lobes-served-by"] == me
     assert "x-lobes-proxied-by" not in reply.headers

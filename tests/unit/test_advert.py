@@ -86,6 +86,18 @@ def test_peer_readiness_can_be_waived_but_not_the_rest():
         "worker": ["ready"]}
 
 
+def test_a_remote_window_is_waived_with_peer_readiness_but_not_a_local_one():
+    """A box rolled out before its peers advertises no window for what they serve yet."""
+    capabilities = orin_capabilities(ready=False, context=None)
+    capabilities["roles"]["senses"].update(ready=False, context=None)
+    assert differences(orin_plan(), capabilities, peers_must_be_ready=False) == {}
+    assert differences(orin_plan(), capabilities) == {"cortex": ["ready", "context"],
+                                                      "senses": ["ready", "context"]}
+    capabilities["roles"]["worker"]["context"] = None
+    assert differences(orin_plan(), capabilities, peers_must_be_ready=False) == {
+        "worker": ["context"]}
+
+
 def test_a_declared_role_the_gateway_does_not_list_mismatches():
     capabilities = orin_capabilities()
     del capabilities["roles"]["senses"]

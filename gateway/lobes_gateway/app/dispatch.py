@@ -378,7 +378,9 @@ class Dispatcher:
               payload: dict | None) -> Plan:
         """Place on a selectable replica, then the next untried one after each failure."""
         role = self._peers.pooled[route.role]
-        arrived = req.headers.get("x-lobes-proxied")
+        # Placed here by a pooling box, or forwarded here by an entry box (seed 003): either
+        # way answered here, never placed on another replica.
+        arrived = req.headers.get("x-lobes-proxied") or req.headers.get("x-lobes-forwarded-by")
         if arrived is not None:
             yield from self._pooled_arrival(req, route, role, arrived, requested_tier, payload)
             return
