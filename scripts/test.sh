@@ -1,4 +1,5 @@
-# The whole test job: lint, unit and integration tests, Ansible lint and sanity.
+# The whole test job: lint, unit and integration tests, Ansible lint and sanity, then the
+# molecule scenarios on a real Docker engine that scripts/molecule.sh installs and starts.
 # Creates its own venv from the pinned requirements-dev.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,3 +16,5 @@ echo "== yamllint and ansible-lint"
 bash scripts/lint.sh
 echo "== ansible-test sanity"
 bash scripts/sanity.sh
+echo "== molecule scenarios (a real Docker engine)"
+bash scripts/molecule.sh
