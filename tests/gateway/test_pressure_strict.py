@@ -13,14 +13,25 @@ from tests.support.sim_proc import start_sim
 from tests.support.wait import wait_until
 
 
-def write_proc(root, swap_used_percent: float, iowait: int = 0, other: int = 0) -> None:
-    """Replace meminfo and stat atomically, so the sampler never reads half a file."""
+def write_proc(root, swap_used_percent: float, iowait: int = 0, other: int = 0,
+               mem_available_percent: float = 50.0, psi_full: float | None = None) -> None:
+    """Replace meminfo, stat and pressure/memory atomically, so the sampler never reads half a
+    file; without psi_full the kernel has no PSI (no pressure/memory file)."""
     free = int(1000 * (100 - swap_used_percent) / 100)
-    files = {"meminfo": f"SwapTotal: 1000 kB\nSwapFree: {free} kB\n",
+    available = int(100000 * mem_available_percent / 100)
+    files = {"meminfo": f"MemTotal: 100000 kB\nMemAvailable: {available} kB\n"
+                        f"SwapTotal: 1000 kB\nSwapFree: {free} kB\n",
              "stat": f"cpu  {other} 0 0 0 {iowait} 0 0 0 0 0\n"}
+    (root / "pressure").mkdir(exist_ok=True)
+    if psi_full is None:
+        (root / "pressure" / "memory").unlink(missing_ok=True)
+    else:
+        files["pressure/memory"] = (f"some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+                                    f"full avg10={psi_full:.2f} avg60=0.00 avg300=0.00 total=0\n")
     for name, text in files.items():
-        (root / f".{name}").write_text(text)
-        os.replace(root / f".{name}", root / name)
+        staged = root / f"{name}.new"
+        staged.write_text(text)
+        os.replace(staged, root / name)
 
 
 def wait_pressure(gateway, message: str, holds) -> dict:
@@ -86,6 +97,9 @@ def test_status_reports_the_pressure_block(busy):
     assert block["mode"] == "busy" and block["shed"] is True
     assert block["servable_tier"] == "minor" and block["retry_after"] == 5
     assert block["model"] == "small"  # the minor gear's served name
+    assert block["reason"] == "pressure"  # swap, not memory: MemAvailable is at 50 %
+    assert block["thresholds"]["memavailable_degraded"] == 5.0
+    assert block["thresholds"]["psi_memory_full"] == 10.0
 
 
 def test_threshold_is_strictly_greater(pressured):
@@ -122,6 +136,36 @@ def test_iowait_sheds_as_a_delta(pressured):
         finally:
             stop.set()
             writer.join()
+
+
+@pytest.mark.parametrize(("available", "psi", "mode"), [
+    (5.0, None, "warm"),   # MemAvailable exactly at its threshold (5 %): not shed
+    (5.1, None, "warm"),   # just above it
+    (4.9, None, "busy"),   # just under it
+    (50.0, 10.0, "warm"),  # PSI full avg10 exactly at its threshold (10): not shed
+    (50.0, 9.9, "warm"),   # just under it
+    (50.0, 10.1, "busy"),  # just over it
+])
+def test_memory_sheds_strictly_past_its_thresholds_with_its_own_reason(
+        pressured, available, psi, mode):
+    gateway, root = pressured
+    write_proc(root, 10, mem_available_percent=available, psi_full=psi)
+    block = wait_pressure(
+        gateway, f"a sample of MemAvailable {available} % and PSI {psi}",
+        lambda block: block["pressure"]["mem_available_percent"] == available
+        and block["pressure"]["psi_memory_full_avg10"] == psi)
+    assert block["mode"] == mode, block
+    reply = chat(gateway.url, {"model": "main"})
+    if mode == "warm":
+        assert reply.status == 200 and block["reason"] == "none"
+    else:
+        assert block["reason"] == "memory" and block["shed"] is True
+        assert reply.status == 429 and reply.headers["retry-after"] == "5"
+        assert reply.headers["x-lobes-tier-reason"] == "memory"
+        assert "low available memory" in reply.error["message"]
+        assert chat(gateway.url, {"model": "minor"}).status == 200
+    write_proc(root, 10)
+    wait_mode(gateway, "warm")
 
 
 def test_embeddings_are_never_shed(busy):

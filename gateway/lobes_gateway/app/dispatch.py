@@ -314,7 +314,8 @@ class Dispatcher:
             if not override and self._pressure.sheds(requested_tier, route.tier):
                 if placement is not None:  # placed on the local replica, never dialled
                     placement.release()
-                error = errors.server_busy(self._retry_after, route.tier)
+                reason = "memory" if self._pressure.reason == "memory" else "busy"
+                error = errors.server_busy(self._retry_after, route.tier, reason)
                 yield Answer(error, (("X-Lobes-Tier", route.tier),))
                 return
         extra = self._header_lines.get((route.tier, override))

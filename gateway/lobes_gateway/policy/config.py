@@ -85,6 +85,10 @@ class PressureConfig:
     swap_no_hard: float = 50.0
     swap_prefer_cheap: float = 65.0
     iowait_no_hard: float = 25.0
+    # Unified memory (issue 15): shed when MemAvailable falls strictly under this share of
+    # MemTotal, or PSI memory `full avg10` rises strictly over its threshold.
+    memavailable_degraded: float = 5.0
+    psi_memory_full: float = 10.0
     proc_root: str = "/proc"
     sample_interval_s: float = 1.0
     retry_after_s: int = 5
@@ -340,6 +344,8 @@ def _pressure(env: _Env) -> PressureConfig:
         swap_no_hard=pct("LOBES_SWAP_NO_HARD_THRESHOLD", 50.0),
         swap_prefer_cheap=pct("LOBES_SWAP_PREFER_CHEAP_THRESHOLD", 65.0),
         iowait_no_hard=pct("LOBES_IOWAIT_NO_HARD_THRESHOLD", 25.0),
+        memavailable_degraded=pct("LOBES_MEMAVAILABLE_DEGRADED_THRESHOLD", 5.0),
+        psi_memory_full=pct("LOBES_PSI_MEMORY_FULL_THRESHOLD", 10.0),
         proc_root=env.str("LOBES_PROC_ROOT") or "/proc",
         sample_interval_s=env.float("LOBES_PRESSURE_SAMPLE_S", 1.0, minimum=0.01),
         retry_after_s=env.int("GATEWAY_RETRY_AFTER_S", 5, minimum=1) or 5,

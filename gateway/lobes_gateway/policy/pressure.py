@@ -13,24 +13,44 @@ from .config import PressureConfig
 
 @dataclass(frozen=True)
 class Sample:
-    """One reading: swap used and iowait share since the previous reading, in percent."""
+    """One reading, in percent: swap used, iowait share since the previous reading, MemAvailable
+    of MemTotal (None without both), and PSI memory `full avg10` (None without PSI)."""
 
     swap_used_percent: float
     iowait_percent: float
+    mem_available_percent: float | None = None
+    psi_memory_full: float | None = None
 
 
-def read_swap_percent(proc_root: str) -> float:
-    """Swap used as a percentage of swap total (0 with no swap) from meminfo."""
+_MEMINFO_FIELDS = ("SwapTotal", "SwapFree", "MemTotal", "MemAvailable")
+
+
+def read_meminfo(proc_root: str) -> tuple[float, float | None]:
+    """(swap used % of swap total, 0 with no swap; MemAvailable % of MemTotal or None)."""
     fields: dict[str, int] = {}
     with open(os.path.join(proc_root, "meminfo"), encoding="ascii") as fh:
         for line in fh:
             name, _, rest = line.partition(":")
-            if name in ("SwapTotal", "SwapFree"):
+            if name in _MEMINFO_FIELDS:
                 fields[name] = int(rest.split()[0])
-    total = fields.get("SwapTotal", 0)
-    if total <= 0:
-        return 0.0
-    return 100.0 * (total - fields.get("SwapFree", total)) / total
+    swap_total = fields.get("SwapTotal", 0)
+    swap = (100.0 * (swap_total - fields.get("SwapFree", swap_total)) / swap_total
+            if swap_total > 0 else 0.0)
+    total, available = fields.get("MemTotal", 0), fields.get("MemAvailable")
+    memory = 100.0 * available / total if total > 0 and available is not None else None
+    return swap, memory
+
+
+def read_psi_memory_full(proc_root: str) -> float | None:
+    """`full avg10` of the memory pressure stall information; None where the kernel has none."""
+    try:
+        with open(os.path.join(proc_root, "pressure", "memory"), encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("full "):
+                    return float(line.split()[1].partition("=")[2])
+    except OSError:
+        return None
+    return None
 
 
 def read_cpu_times(proc_root: str) -> tuple[int, int]:
@@ -50,6 +70,8 @@ class PressureMonitor:
         self.config = config
         self.sample = Sample(0.0, 0.0)
         self.busy = False
+        # Why it sheds: "memory" (MemAvailable or PSI), "pressure" (swap or iowait), or "none".
+        self.reason = "none"
         self.error: str | None = None
         self._last_cpu: tuple[int, int] | None = None
 
@@ -57,11 +79,12 @@ class PressureMonitor:
         """Read swap and the iowait delta since the last call; unreadable files mean no pressure."""
         root = self.config.proc_root
         try:
-            swap = read_swap_percent(root)
+            swap, memory = read_meminfo(root)
             cpu = read_cpu_times(root)
+            psi = read_psi_memory_full(root)
         except (OSError, ValueError, IndexError) as exc:
             self.error = f"cannot read {root}: {exc}"
-            self.sample, self.busy = Sample(0.0, 0.0), False
+            self.sample, self.busy, self.reason = Sample(0.0, 0.0), False, "none"
             return
         self.error = None
         iowait = 0.0
@@ -69,10 +92,23 @@ class PressureMonitor:
             d_io, d_total = cpu[0] - self._last_cpu[0], cpu[1] - self._last_cpu[1]
             iowait = 100.0 * d_io / d_total if d_total > 0 else 0.0
         self._last_cpu = cpu
-        self.sample = Sample(swap, iowait)
-        # Strictly greater: a reading exactly at a threshold does not trigger.
-        self.busy = (swap > self.config.swap_degraded
-                     or iowait > self.config.iowait_degraded)
+        self.sample = Sample(swap, iowait, memory, psi)
+        self.reason = self._reason(self.sample)
+        self.busy = self.reason != "none"
+
+    def _reason(self, sample: Sample) -> str:
+        """A reading exactly at a threshold does not trigger: MemAvailable strictly under
+        its threshold, every other reading strictly over its own."""
+        config = self.config
+        memory = sample.mem_available_percent
+        if (memory is not None and memory < config.memavailable_degraded) or (
+                sample.psi_memory_full is not None
+                and sample.psi_memory_full > config.psi_memory_full):
+            return "memory"
+        if sample.swap_used_percent > config.swap_degraded \
+                or sample.iowait_percent > config.iowait_degraded:
+            return "pressure"
+        return "none"
 
     async def run(self) -> None:
         while True:
@@ -93,14 +129,22 @@ class PressureMonitor:
             "shed": busy,
             "servable_tier": "minor" if busy else "main",
             "model": floor_model,
-            "reason": "pressure" if busy else "none",
+            "reason": self.reason,
             "retry_after": self.config.retry_after_s,
             "pressure": {"swap_used_percent": round(self.sample.swap_used_percent, 1),
-                         "iowait_percent": round(self.sample.iowait_percent, 1)},
+                         "iowait_percent": round(self.sample.iowait_percent, 1),
+                         "mem_available_percent": _rounded(self.sample.mem_available_percent),
+                         "psi_memory_full_avg10": _rounded(self.sample.psi_memory_full)},
             "thresholds": {"swap_degraded": self.config.swap_degraded,
                            "iowait_degraded": self.config.iowait_degraded,
                            "swap_no_hard": self.config.swap_no_hard,
                            "swap_prefer_cheap": self.config.swap_prefer_cheap,
-                           "iowait_no_hard": self.config.iowait_no_hard},
+                           "iowait_no_hard": self.config.iowait_no_hard,
+                           "memavailable_degraded": self.config.memavailable_degraded,
+                           "psi_memory_full": self.config.psi_memory_full},
             "error": self.error,
         }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)

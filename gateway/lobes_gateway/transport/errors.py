@@ -97,12 +97,16 @@ def upgrade_required() -> ApiError:
                     (("Upgrade", "websocket"),))
 
 
-def server_busy(retry_after: int, tier: str) -> ApiError:
+_SHED_CAUSES = {"busy": "swap or IO pressure", "memory": "low available memory"}
+
+
+def server_busy(retry_after: int, tier: str, reason: str = "busy") -> ApiError:
+    """429 for a shed tier; reason is busy (swap, iowait) or memory (MemAvailable, PSI)."""
     return ApiError(429, "server_busy", "busy",
-                    f"the box is under memory/IO pressure and sheds the {tier} tier; "
+                    f"the box is under {_SHED_CAUSES[reason]} and sheds the {tier} tier; "
                     f"retry after {retry_after}s, request model=minor, "
                     "or send X-Lobes-Override: true",
-                    (("Retry-After", str(retry_after)), ("X-Lobes-Tier-Reason", "busy")))
+                    (("Retry-After", str(retry_after)), ("X-Lobes-Tier-Reason", reason)))
 
 
 def rate_limited(limit: int) -> ApiError:
