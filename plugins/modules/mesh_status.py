@@ -18,6 +18,11 @@ description:
     <peers>), V(referred to <peer>)); ready (as the gateway advertises it); context (as
     advertised); in flight (running + waiting on the local gear, from its vLLM metrics; for
     a role served by peers, the requests this box has out at them)."
+  - Per box, one line with the pressure block of C(/status) (mode, reason, readings) and the
+    prompt and generated token counts of each local gear (from its vLLM metrics).
+  - A picture of the mesh as Graphviz DOT, C(dot). Boxes, the roles each serves, and an edge
+    for every proxy, pool membership, referral and owner forwarding, coloured by its live
+    state (ready, not compatible, unreachable). C(status.yml) has Graphviz draw it.
   - Read-only; run it once on the controller.
 author:
   - lobes.fleet maintainers (@lobes-fleet)
@@ -81,6 +86,19 @@ unreachable:
   returned: always
   type: dict
   sample: {"thor": "connection refused"}
+boxes:
+  description: One line per box, its pressure block and its gears' token counts.
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - >-
+      spark: pressure warm (swap 0.0 %, iowait 1.2 %, MemAvailable 84.0 %, PSI -);
+      tokens: cortex 1200 prompt / 340 generated
+dot:
+  description: The picture of the mesh, Graphviz DOT text.
+  returned: always
+  type: str
 """
 
 import json  # noqa: E402 - modules keep imports below their documentation
@@ -94,6 +112,9 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (  # n
     PROXY,
     REFER,
     SERVE,
+)
+from ansible_collections.lobes.fleet.plugins.module_utils.mesh_picture import (  # noqa: E402
+    mesh_dot,
 )
 
 # How the status table says where a role is answered, by its route mode.
@@ -153,6 +174,29 @@ def _box_rows(host, box, capabilities, status):
     return rows
 
 
+def _reading(value, unit=" %"):
+    return "-" if value is None else f"{value}{unit}"
+
+
+def box_line(host, status):
+    """The box's pressure block and its gears' token counts, in one line."""
+    if status is None:
+        return f"{host}: unreachable"
+    block = status.get("pressure") or {}
+    readings = block.get("pressure") or {}
+    pressure = (f"pressure {block.get('mode', '-')}"
+                + (f" ({block['reason']})" if block.get("reason") not in (None, "none") else "")
+                + f" (swap {_reading(readings.get('swap_used_percent'))}, iowait "
+                f"{_reading(readings.get('iowait_percent'))}, MemAvailable "
+                f"{_reading(readings.get('mem_available_percent'))}, PSI "
+                f"{_reading(readings.get('psi_memory_full_avg10'), '')})")
+    tokens = [f"{backend['name']} {int(metrics.get('prompt_tokens_total', 0))} prompt / "
+              f"{int(metrics.get('generation_tokens_total', 0))} generated"
+              for backend in status.get("backends", []) for metrics in [backend.get("metrics")]
+              if metrics]
+    return f"{host}: {pressure}; tokens: {', '.join(tokens) or 'none'}"
+
+
 def _cell(value):
     if value is True:
         return "yes"
@@ -177,8 +221,9 @@ def main():
         ),
         supports_check_mode=True,
     )
-    boxes = module.params["plan"].get("boxes") or {}
-    rows, unreachable = [], {}
+    plan = module.params["plan"]
+    boxes = plan.get("boxes") or {}
+    rows, unreachable, lines, live = [], {}, [], {}
     for host, box in sorted(boxes.items()):
         capabilities = status = None
         try:
@@ -186,8 +231,11 @@ def main():
             status = _get(box["origin"], "/status", module.params["timeout"])
         except Exception as exc:  # any failure to read a box is reported, never fatal
             unreachable[host] = str(getattr(exc, "reason", exc))
+        live[host] = capabilities
         rows.extend(_box_rows(host, box, capabilities, status))
-    module.exit_json(changed=False, rows=rows, table=format_table(rows), unreachable=unreachable)
+        lines.append(box_line(host, status))
+    module.exit_json(changed=False, rows=rows, table=format_table(rows), unreachable=unreachable,
+                     boxes=lines, dot=mesh_dot(plan, live))
 
 
 if __name__ == "__main__":

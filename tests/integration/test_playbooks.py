@@ -187,9 +187,19 @@ def test_local_default_lifecycle(mesh: LocalMesh) -> None:
     assert _ok(mesh.playbook("verify.yml", "-e", "verify_timeout=60"))["changed"] == 0
     assert _ok(mesh.playbook("site.yml"))["changed"] == 0
 
-    # 5. status.yml: one row per role, served here and ready.
-    status = mesh.playbook("status.yml")
+    # 5. status.yml: one row per role, served here and ready; the box's pressure and tokens;
+    # the picture of the mesh.
+    pictures = mesh.deploy_dir.parent / "mesh-status"
+    status = mesh.playbook("status.yml", "-e", f"fleet_status_dir={pictures}")
     _ok(status)
+    assert re.search(r"localhost: pressure warm \(swap [\d.]+ %, iowait [\d.]+ %, MemAvailable "
+                     r"[\d.]+ %, PSI [-\d.]+\); tokens: cortex \d+ prompt / [1-9]\d* generated",
+                     status.stdout), status.stdout
+    assert '"localhost" [label="localhost (sim)\\nserves: cortex, embedder, reranker, senses' \
+        in (pictures / "mesh.dot").read_text()
+    if shutil.which("dot"):
+        assert "<svg" in (pictures / "mesh.svg").read_text()
+        assert (pictures / "mesh.png").read_bytes()[:4] == b"\x89PNG"
     for role, context in (
         ("cortex", 131072),
         ("senses", 32768),
