@@ -177,8 +177,19 @@ def test_an_env_change_recreates_only_the_gateway(box):
     assert "LOBES_SWAP_DEGRADED_THRESHOLD=75" in box.file(str(DEPLOY / ".env")).content_string
 
 
+def starts(box, service: str) -> int:
+    """How many times the service's container has started (logwrap marks each start)."""
+    return box.file(str(DEPLOY / "state" / "log" / f"{service}.log")).content_string.count(
+        "started: ")
+
+
 def test_a_change_that_fails_verify_restores_the_files_and_containers_that_ran(box):
+    """From a stopped project: cortex starts and is healthy, senses never becomes healthy, so
+    the gears after it in the start order never start; the rollback then restores the files
+    and runs every container of the previous files."""
     env_before = box.file(str(DEPLOY / ".env")).content_string
+    compose(box, "down", "--timeout", "5")
+    before = {name: starts(box, name) for name in GEARS}
     failing = json.dumps({"fleet_gateway_tuning": {"LOBES_SWAP_DEGRADED_THRESHOLD": 75},
                           "fleet_roles": {"cortex": {"sim_profile": "spark-cortex"},
                                           "senses": {"sim_profile": "no-such-profile"},
@@ -189,7 +200,13 @@ def test_a_change_that_fails_verify_restores_the_files_and_containers_that_ran(b
     # The callback may wrap the message: compare its words.
     words = " ".join((failed.stdout + failed.stderr).split())
     assert "gateway source were restored and restarted" in words
+    assert "vllm-senses-1 is unhealthy" in words
     state = wait_healthy(box)
+    after = {name: starts(box, name) - before[name] for name in GEARS}
+    # cortex: the failed run and the rollback's; senses: its failed starts, then the
+    # rollback's; embedder and reranker, after senses in the chain: the rollback's only.
+    assert after["vllm-cortex"] == 1 and after["vllm-senses"] >= 2, after
+    assert after["vllm-embedder"] == after["vllm-reranker"] == 1, after
     assert "no-such-profile" not in " ".join(state["vllm-senses"]["Args"])
     assert box.file(str(DEPLOY / ".env")).content_string == env_before
     chat_answers()
