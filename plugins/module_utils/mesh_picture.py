@@ -16,8 +16,10 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     REFER,
 )
 
-READY, INCOMPATIBLE, DOWN, UNKNOWN = "ready", "not compatible", "unreachable", "not ready"
-COLOURS = {READY: "forestgreen", INCOMPATIBLE: "darkorange", DOWN: "red3", UNKNOWN: "gray50"}
+READY, INCOMPATIBLE, DOWN = "ready", "not compatible", "unreachable"
+NOT_READY, UNKNOWN = "not ready", "unknown"
+COLOURS = {READY: "forestgreen", INCOMPATIBLE: "darkorange", DOWN: "red3", NOT_READY: "orangered",
+           UNKNOWN: "gray50"}
 # How each route mode is drawn: a pool's members bold, a proxy solid, owners dotted, a
 # referral dashed (it sends nothing: it names where to go).
 STYLES = {POOL: "bold", PROXY: "solid", OWNERS: "dotted", REFER: "dashed"}
@@ -33,7 +35,8 @@ def _served(box: dict) -> list:
 
 
 def _replica_state(capabilities: dict | None, role: str, origin: str) -> str:
-    """A pool member as the pooling box's own /capabilities row judges it."""
+    """A pool member as the pooling box's own /capabilities row judges it (unknown when the
+    pooling box itself does not answer)."""
     if capabilities is None:
         return UNKNOWN
     rows = capabilities.get("roles", {}).get(role, {}).get("replicas", [])
@@ -48,7 +51,7 @@ def _peer_state(peer_capabilities: dict | None, role: str) -> str:
     if peer_capabilities is None:
         return DOWN
     live = peer_capabilities.get("roles", {}).get(role, {})
-    return READY if live.get("ready") else UNKNOWN
+    return READY if live.get("ready") else NOT_READY
 
 
 def _edges(host: str, box: dict, live: dict) -> list:

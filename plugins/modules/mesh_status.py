@@ -81,8 +81,10 @@ table:
   sample:
     - "box    role      where                     ready  context  in flight"
     - "spark  cortex    here                      yes    131072   1"
-unreachable:
-  description: Boxes whose gateway did not answer, with the reason.
+unreachable_boxes:
+  description:
+    - Boxes whose gateway did not answer, with the reason. (Not C(unreachable), which Ansible
+      reads as the controller's own host being unreachable and stops the play.)
   returned: always
   type: dict
   sample: {"thor": "connection refused"}
@@ -234,8 +236,8 @@ def main():
         live[host] = capabilities
         rows.extend(_box_rows(host, box, capabilities, status))
         lines.append(box_line(host, status))
-    module.exit_json(changed=False, rows=rows, table=format_table(rows), unreachable=unreachable,
-                     boxes=lines, dot=mesh_dot(plan, live))
+    module.exit_json(changed=False, rows=rows, table=format_table(rows),
+                     unreachable_boxes=unreachable, boxes=lines, dot=mesh_dot(plan, live))
 
 
 if __name__ == "__main__":

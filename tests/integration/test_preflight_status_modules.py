@@ -55,9 +55,11 @@ def test_mesh_status_reports_an_unreachable_box_without_failing():
         "boxes": {
             "ghost": {
                 "origin": ghost,
+                "hardware": {"name": "sim"},
                 "roles": {
                     "cortex": {"mode": "serve", "peers": []},
-                    "senses": {"mode": "pool", "peers": [{"host": "a"}, {"host": "b"}]},
+                    "senses": {"mode": "pool", "peers": [{"host": "a", "origin": "http://a:1"},
+                                                      {"host": "b", "origin": "http://b:1"}]},
                     "minor": {"mode": "off", "peers": []},
                 },
             }
@@ -67,7 +69,10 @@ def test_mesh_status_reports_an_unreachable_box_without_failing():
     result = ansible_module("lobes.fleet.mesh_status", json.dumps({"plan": plan}))
 
     assert result["changed"] is False
-    assert "ghost" in result["unreachable"]
+    # A box that does not answer is data, not Ansible's own "unreachable" (which ends the play).
+    assert not result.get("unreachable")
+    assert "ghost" in result["unreachable_boxes"]
+    assert 'color=red3' in result["dot"]
     assert [row["role"] for row in result["rows"]] == ["cortex", "senses"]
     assert result["rows"][1]["where"] == "pooled over a, b"
     assert result["table"][1].split() == ["ghost", "cortex", "here", "-", "-", "-"]
