@@ -1,0 +1,45 @@
+"""The alert rules shipped in roles/monitoring/files: promtool accepts them, and its unit tests
+(rules.test.yml: input series, the alerts expected at each time) pass, and each alert has one."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "roles" / "monitoring" / "files" / "lobes-fleet.rules.yml"
+RULES_TEST = Path(__file__).with_name("rules.test.yml")
+PROMTOOL = shutil.which("promtool")
+
+pytestmark = pytest.mark.skipif(PROMTOOL is None,
+                                reason="promtool is not installed (apt-get install prometheus)")
+
+
+def _promtool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(PROMTOOL), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_promtool_check_rules_accepts_the_rules() -> None:
+    done = _promtool("check", "rules", str(RULES))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 7 rules found" in done.stdout
+
+
+def test_promtool_test_rules_passes() -> None:
+    done = _promtool("test", "rules", str(RULES_TEST))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_every_alert_is_unit_tested() -> None:
+    alerts = [rule["alert"] for group in yaml.safe_load(RULES.read_text())["groups"]
+              for rule in group["rules"]]
+    tests = yaml.safe_load(RULES_TEST.read_text())["tests"]
+    tested = {case["alertname"] for test in tests for case in test["alert_rule_test"]
+              if case.get("exp_alerts")}
+    assert sorted(tested) == sorted(alerts)
