@@ -1,5 +1,6 @@
-"""The alert rules shipped in roles/monitoring/files: promtool accepts them, and its unit tests
-(rules.test.yml: input series, the alerts expected at each time) pass, and each alert has one."""
+"""The alert rules shipped in roles/monitoring/files: promtool accepts them, its unit tests
+(rules.test.yml: input series, the alerts expected at each time) pass, every alert has one, and
+docs/operations.md says what each alert means and what to do."""
 
 from __future__ import annotations
 
@@ -43,3 +44,10 @@ def test_every_alert_is_unit_tested() -> None:
     tested = {case["alertname"] for test in tests for case in test["alert_rule_test"]
               if case.get("exp_alerts")}
     assert sorted(tested) == sorted(alerts)
+
+
+def test_every_alert_has_a_runbook_in_operations_md() -> None:
+    alerts = [rule["alert"] for group in yaml.safe_load(RULES.read_text())["groups"]
+              for rule in group["rules"]]
+    runbook = (ROOT / "docs" / "operations.md").read_text()
+    assert [alert for alert in alerts if f"### {alert}\n" not in runbook] == []
