@@ -4,6 +4,7 @@ docs/operations.md says what each alert means and what to do."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,10 +15,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "roles" / "monitoring" / "files" / "lobes-fleet.rules.yml"
 RULES_TEST = Path(__file__).with_name("rules.test.yml")
+DASHBOARD = ROOT / "roles" / "monitoring" / "files" / "lobes-fleet-dashboard.json"
 PROMTOOL = shutil.which("promtool")
 
-pytestmark = pytest.mark.skipif(PROMTOOL is None,
-                                reason="promtool is not installed (apt-get install prometheus)")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None,
+                                    reason="promtool is not installed (apt-get install prometheus)")
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess:
@@ -25,12 +27,14 @@ def _promtool(*args: str) -> subprocess.CompletedProcess:
                           timeout=60, check=False)
 
 
+@needs_promtool
 def test_promtool_check_rules_accepts_the_rules() -> None:
     done = _promtool("check", "rules", str(RULES))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS: 7 rules found" in done.stdout
 
 
+@needs_promtool
 def test_promtool_test_rules_passes() -> None:
     done = _promtool("test", "rules", str(RULES_TEST))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -51,3 +55,18 @@ def test_every_alert_has_a_runbook_in_operations_md() -> None:
               for rule in group["rules"]]
     runbook = (ROOT / "docs" / "operations.md").read_text()
     assert [alert for alert in alerts if f"### {alert}\n" not in runbook] == []
+
+
+def test_the_dashboard_is_a_grafana_dashboard_of_prometheus_queries() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard["panels"]
+    assert dashboard["uid"] and dashboard["schemaVersion"] >= 36
+    assert len({panel["id"] for panel in panels}) == len(panels)
+    for panel in panels:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert set(panel["gridPos"]) == {"h", "w", "x", "y"}
+        refs = [target["refId"] for target in panel["targets"]]
+        assert refs and len(set(refs)) == len(refs)
+        # Every query is per box and follows the dashboard's box variable.
+        assert all('box=~"$box"' in target["expr"] and "by (" in target["expr"]
+                   for target in panel["targets"]), panel["title"]

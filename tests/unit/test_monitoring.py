@@ -92,10 +92,11 @@ def test_the_service_runs_prometheus_from_its_directory_and_watches_its_config()
     assert service["watch"] == ["prometheus.yml", "rules/lobes-fleet.rules.yml"]
 
 
-@pytest.mark.parametrize(("listen", "local"), [("0.0.0.0:9090", "127.0.0.1:9090"),
-                                                (":9090", "127.0.0.1:9090"),
-                                                ("[::]:9090", "[::1]:9090"),
-                                                ("10.0.0.5:9090", "10.0.0.5:9090")])
+LISTEN_CASES = [("0.0.0.0:9090", "127.0.0.1:9090"), (":9090", "127.0.0.1:9090"),
+                ("[::]:9090", "[::1]:9090"), ("10.0.0.5:9090", "10.0.0.5:9090")]
+
+
+@pytest.mark.parametrize(("listen", "local"), LISTEN_CASES)
 def test_local_address_reaches_the_listener_from_the_box(listen: str, local: str) -> None:
     assert monitoring.local_address(listen) == local
 
