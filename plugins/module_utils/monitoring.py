@@ -1,0 +1,118 @@
+"""What the monitoring box's Prometheus scrapes, and how it runs: pure functions of the mesh plan.
+
+Every box's gateway is scraped at its origin (the address its peers use) on /metrics, which the
+gateway serves keyless whether or not its inbound gate is on: no key ever enters prometheus.yml.
+A gear's own /metrics (vLLM's, or lobes_sim's stand-in) is reachable only where the gear listens:
+the process runtime binds it to 127.0.0.1 of its own box and compose does not publish it at all.
+So the gears scraped are those of the monitoring box itself, and only in the process runtime;
+the other boxes' gears are seen through their gateways (requests, latency, tokens and pool
+replica health by replica). docs/operations.md states the gap.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+GATEWAY_JOB = "lobes-gateway"
+GEAR_JOB = "lobes-gear"
+METRICS_PATH = "/metrics"
+HTTP_PORT = 80
+
+
+class MonitoringError(ValueError):
+    """A plan or setting the monitoring configuration cannot be made from; names the field."""
+
+
+def origin_address(host: str, origin: str) -> str:
+    """host:port of a box's gateway origin (the inventory holds plain-HTTP origins)."""
+    parts = urlsplit(origin)
+    if parts.scheme != "http" or not parts.hostname or parts.path:
+        raise MonitoringError(f"host {host}, field fleet_origin: {origin!r} is not "
+                              "http://host[:port]; the gateway's /metrics is scraped there")
+    hostname = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{hostname}:{parts.port or HTTP_PORT}"
+
+
+def gateway_targets(plan: dict) -> list:
+    """One target per box of the mesh: its gateway's /metrics at its origin, labelled box."""
+    targets = []
+    for host, box in sorted(plan["boxes"].items()):
+        targets.append({"job": GATEWAY_JOB, "address": origin_address(host, box["origin"]),
+                        "labels": {"box": host}})
+    return targets
+
+
+def gear_targets(plan: dict, monitoring_host: str) -> list:
+    """The gears Prometheus on `monitoring_host` can reach: its own, in the process runtime."""
+    box = plan["boxes"].get(monitoring_host)
+    if box is None or box["runtime"] != "process":
+        return []
+    return [{"job": GEAR_JOB, "address": f"127.0.0.1:{role['gear']['port']}",
+             "labels": {"box": monitoring_host, "role": name}}
+            for name, role in box["roles"].items() if role["gear"]]
+
+
+def scrape_targets(plan: dict, monitoring_host: str) -> list:
+    """Every target of the monitoring box's Prometheus: the gateways, then the gears it reaches."""
+    return gateway_targets(plan) + gear_targets(plan, monitoring_host)
+
+
+def _static_config(target: dict) -> dict:
+    return {"targets": [target["address"]], "labels": dict(target["labels"])}
+
+
+def prometheus_config(plan: dict, monitoring_host: str, settings: dict) -> dict:
+    """prometheus.yml: global intervals, the rule files, one scrape job per kind of target.
+
+    settings: scrape_interval, evaluation_interval (Prometheus durations), rule_files (paths
+    relative to prometheus.yml)."""
+    targets = scrape_targets(plan, monitoring_host)
+    jobs = []
+    for job in (GATEWAY_JOB, GEAR_JOB):
+        configs = [_static_config(target) for target in targets if target["job"] == job]
+        if configs:
+            jobs.append({"job_name": job, "metrics_path": METRICS_PATH, "static_configs": configs})
+    return {
+        "global": {"scrape_interval": settings["scrape_interval"],
+                   "evaluation_interval": settings["evaluation_interval"]},
+        "rule_files": list(settings["rule_files"]),
+        "scrape_configs": jobs,
+    }
+
+
+def local_address(listen_address: str) -> str:
+    """Where a client on the monitoring box reaches a Prometheus listening on `listen_address`."""
+    host, sep, port = listen_address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise MonitoringError(f"field monitoring_listen_address: {listen_address!r} is not "
+                              "host:port")
+    if host in ("", "0.0.0.0"):
+        return f"127.0.0.1:{port}"
+    if host == "[::]":
+        return f"[::1]:{port}"
+    return listen_address
+
+
+def prometheus_service(prometheus: str, settings: dict) -> dict:
+    """The supervisor's (or systemd's) service entry that runs Prometheus from its directory.
+
+    settings: listen_address, retention (a Prometheus duration), rule_files. The service
+    restarts when prometheus.yml or a rule file changes (its watch list)."""
+    local_address(settings["listen_address"])
+    return {
+        "name": "prometheus",
+        "argv": [prometheus, "--config.file=prometheus.yml", "--storage.tsdb.path=data",
+                 f"--storage.tsdb.retention.time={settings['retention']}",
+                 f"--web.listen-address={settings['listen_address']}"],
+        "cwd": ".",
+        "env": {},
+        "pidfile": "prometheus.pid",
+        "log": "prometheus.log",
+        "watch": ["prometheus.yml", *settings["rule_files"]],
+    }
+
+
+def services_file(monitoring_host: str, prometheus: str, settings: dict) -> dict:
+    """services.json of the monitoring directory: Prometheus alone."""
+    return {"version": 1, "host": monitoring_host,
+            "services": [prometheus_service(prometheus, settings)]}
