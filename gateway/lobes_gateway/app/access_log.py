@@ -99,6 +99,8 @@ class AccessLog:
         """Write what is queued and stop the writer."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=5)  # its last pass writes what is queued
+        else:
+            self._flush()
         if self._owns_stream:
             self._stream.close()
