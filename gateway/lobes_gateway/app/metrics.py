@@ -16,7 +16,7 @@ from bisect import bisect_left
 from collections import defaultdict
 
 from ..transport.channel import Channel
-from ..transport.trace import Trace
+from ..transport.trace import CLIENT_CLOSED, Trace
 from .access_log import AccessLog
 
 # Seconds: 1 ms to 5 min, for both request duration and time to first byte.
@@ -85,14 +85,14 @@ class Metrics:
         client.write = trace.sink
         self.live.discard(trace)
         trace.ended = ended = time.monotonic()
-        role, lane = trace.role, trace.lane
-        self.requests[role, lane, trace.reason, trace.code] += 1
+        role, lane, started = trace.role, trace.lane, trace.started
+        self.requests[role, lane, trace.reason, trace.status or CLIENT_CLOSED] += 1
         latency = self.latency.get((role, lane))
         if latency is None:
             latency = self.latency[role, lane] = Latency()
-        latency.duration.observe(ended - trace.started)
+        latency.duration.observe(ended - started)
         if trace.first_byte:
-            latency.first_byte.observe(trace.first_byte - trace.started)
+            latency.first_byte.observe(trace.first_byte - started)
         if trace.tokens:
             self.tokens[role, trace.served] += trace.tokens
         if self.access_log is not None:

@@ -75,26 +75,25 @@ def relay(connections: Connections, outcome: Outcome, client: Channel, keep_aliv
     client connection stays usable.
 
     A metered request's 200 (a generate lane's) has its completion tokens counted into the
-    outcome, and a placed replica's rate taught from them. An answer with nothing to count,
-    settle or write from memory passes straight through (returned, not awaited here: one
-    coroutine frame less); otherwise the outcome is settled when the relay ends.
+    outcome, and a placed replica's rate taught from them. An answer with nothing to settle
+    passes straight through (returned, not awaited here: one coroutine frame less); otherwise
+    the outcome is settled when the relay ends.
     """
-    if (outcome.placement is None and outcome.counter is None and outcome.body is None
-            and not (metered and outcome.response.status == 200)):
-        return pass_through(connections, outcome.response, client, outcome.extra, keep_alive)
-    return _relay_settling(connections, outcome, client, keep_alive, metered)
+    meter = outcome if metered and outcome.response.status == 200 else None
+    if outcome.placement is None and outcome.counter is None and outcome.body is None:
+        return pass_through(connections, outcome.response, client, outcome.extra, keep_alive,
+                            meter)
+    return _relay_settling(connections, outcome, client, keep_alive, meter)
 
 
 async def _relay_settling(connections: Connections, outcome: Outcome, client: Channel,
-                          keep_alive: bool, metered: bool) -> bool:
+                          keep_alive: bool, meter: Outcome | None) -> bool:
     try:
         if outcome.body is not None:
             return _write_read(outcome.response, outcome.body, outcome.extra, client,
                                keep_alive)
-        if not metered or outcome.response.status != 200:
-            return await pass_through(connections, outcome.response, client, outcome.extra,
-                                      keep_alive)
-        return await _relay_metered(connections, outcome, client, keep_alive)
+        return await pass_through(connections, outcome.response, client, outcome.extra,
+                                  keep_alive, meter)
     finally:
         outcome.settle()
 
@@ -125,25 +124,14 @@ def _write_read(response: Response, body: bytes, extra: list[bytes], client: Cha
     return keep_alive
 
 
-async def _relay_metered(connections: Connections, outcome: Outcome, client: Channel,
-                         keep_alive: bool) -> bool:
-    """A generate-lane 200, relayed whole or streamed, its completion tokens counted."""
-    response = outcome.response
-    if response.length is not None:
-        body = response.conn.channel.take(response.length)  # usually here with the head
-        if body is not None:
-            finish(connections, response)
-        else:
-            body = await read_whole(connections, response)
-            if body is None:
-                return _broke_off(client)
-        outcome.learn(completion_tokens(body))
-        return _write_read(response, body, outcome.extra, client, keep_alive)
+async def _relay_metered_stream(connections: Connections, response: Response, client: Channel,
+                                extra: list[bytes], keep_alive: bool, meter: Outcome) -> bool:
+    """A stream relayed through a CountingWriter; its tokens count only if it ended whole."""
     counted = CountingWriter(client)
-    kept = await pass_through(connections, response, counted,  # type: ignore[arg-type]
-                              outcome.extra, keep_alive)
-    if counted.done or counted.usage_tokens is not None:  # only a stream that ended whole
-        outcome.learn(counted.completion_tokens)
+    kept = await _relay_stream(connections, response, counted,  # type: ignore[arg-type]
+                               extra, keep_alive)
+    if counted.done or counted.usage_tokens is not None:
+        meter.learn(counted.completion_tokens)
     return kept
 
 
@@ -154,14 +142,17 @@ def head_bytes(response: Response, extra: list[bytes], framing: bytes, keep_aliv
 
 
 async def pass_through(connections: Connections, response: Response, client: Channel,
-                       extra: list[bytes], keep_alive: bool) -> bool:
+                       extra: list[bytes], keep_alive: bool, meter: Outcome | None = None) -> bool:
     """Relay `response` to `client` as it comes; returns whether the client connection stays
-    usable."""
+    usable. With a `meter`, the answer's completion tokens are counted into it (except a body
+    too large to hold: it is relayed unmetered)."""
     length = response.length
     if length is not None and length <= _BODY_IN_ONE_READ:
         # The usual answer: a small JSON body that came in with its head, relayed at once.
         body = response.conn.channel.take(length)
         if body is not None:
+            if meter is not None:
+                meter.learn(completion_tokens(body))
             client.write(head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive)
                          + body)
             finish(connections, response)
@@ -169,11 +160,16 @@ async def pass_through(connections: Connections, response: Response, client: Cha
     elif length is not None:
         return await _relay_large(connections, response, client, extra, keep_alive)
     elif not response.chunked or _is_event_stream(response):
+        if meter is not None:
+            return await _relay_metered_stream(connections, response, client, extra, keep_alive,
+                                               meter)
         return await _relay_stream(connections, response, client, extra, keep_alive)
     # A small body still arriving, or a chunked JSON one: read whole, then relay it sized.
     body = await read_whole(connections, response)
     if body is None:
         return _broke_off(client)
+    if meter is not None:
+        meter.learn(completion_tokens(body))
     return _write_read(response, body, extra, client, keep_alive)
 
 

@@ -29,7 +29,7 @@ UNROUTED = "none"
 class Trace:
     """What metrics and the access log learn of one request."""
 
-    __slots__ = ("_id_line", "bytes", "ended", "first_byte", "lane", "method", "path", "reason",
+    __slots__ = ("bytes", "ended", "first_byte", "lane", "method", "path", "reason",
                  "request_id", "role", "served", "sink", "started", "status", "tokens")
 
     def __init__(self, write: Callable[[bytes], None], started: float, request_id: str) -> None:
@@ -44,11 +44,7 @@ class Trace:
         self.role = UNROUTED
         self.reason = UNROUTED  # the pool's route reason (X-Lobes-Route-Reason), else none
         self.tokens: int | None = None
-        self._name(request_id)
-
-    def _name(self, request_id: str) -> None:
         self.request_id = request_id
-        self._id_line = b"X-Request-Id: %s\r\n" % request_id.encode()
 
     def identify(self, req: Request, lane: str) -> None:
         """Name the request: method, path, lane, and its id: the caller's when it is short and
@@ -56,7 +52,7 @@ class Trace:
         self.method, self.path, self.lane = req.method, req.path[:256], lane
         given = req.headers.get("x-request-id")
         if given is not None and _SAFE_ID.fullmatch(given):
-            self._name(given)
+            self.request_id = given
             return
         block = req.header_block if given is None else _ID_LINE.sub("", req.header_block)
         req.header_block = f"{block}X-Request-Id: {self.request_id}\r\n"
@@ -77,7 +73,8 @@ class Trace:
         self.status = status
         self.first_byte = time.monotonic()
         line_end = data.find(b"\r\n") + 2
-        return data[:line_end] + self._id_line + data[line_end:]
+        return b"%sX-Request-Id: %s\r\n%s" % (data[:line_end], self.request_id.encode(),
+                                               data[line_end:])
 
     @property
     def code(self) -> int:
