@@ -138,8 +138,14 @@ class Gateway:
                     watchdog.disarm()
                 trace = metrics.begin(client)
                 try:
-                    request = self._request(head, client)
-                    if request is None:
+                    if head is None:
+                        client.write(error_bytes(errors.head_too_large(MAX_HEAD_BYTES),
+                                                 keep_alive=False))
+                        return
+                    try:
+                        request = parse_head(head)
+                    except HttpError as exc:
+                        client.write(error_bytes(exc.error, keep_alive=False))
                         return
                     request.watchdog = watchdog
                     trace.identify(request, LANES.get(request.path, "other"))
@@ -157,19 +163,6 @@ class Gateway:
             watchdog.close()
             client.close()
             self._clients.discard(client)
-
-    @staticmethod
-    def _request(head: bytes | None, client: Channel) -> Request | None:
-        """The parsed head; None when it was refused (too large or malformed: answered, and
-        the connection is closed)."""
-        if head is None:
-            client.write(error_bytes(errors.head_too_large(MAX_HEAD_BYTES), keep_alive=False))
-            return None
-        try:
-            return parse_head(head)
-        except HttpError as exc:
-            client.write(error_bytes(exc.error, keep_alive=False))
-            return None
 
     async def handle(self, req: Request, client: Channel) -> bool:
         """Answer one request; returns whether the connection may serve another."""

@@ -59,22 +59,18 @@ class Trace:
         req.headers["x-request-id"] = self.request_id
 
     def write(self, data: bytes) -> None:
-        """The client channel's write while the request is answered."""
+        """The client channel's write while the request is answered. The answer's head (not a
+        100 Continue) gives the status and first-byte time, and gets the request's id."""
         if not self.status and data.startswith(_STATUS_LINE):
-            data = self._head(data)
+            status = int(data[9:12])
+            if status != _CONTINUE:
+                self.status = status
+                self.first_byte = time.monotonic()
+                end = data.find(b"\r\n") + 2
+                data = b"%sX-Request-Id: %s\r\n%s" % (data[:end], self.request_id.encode(),
+                                                       data[end:])
         self.bytes += len(data)
         self.sink(data)
-
-    def _head(self, data: bytes) -> bytes:
-        """The answer's head (not a 100 Continue): its status, first-byte time and id."""
-        status = int(data[9:12])
-        if status == _CONTINUE:
-            return data
-        self.status = status
-        self.first_byte = time.monotonic()
-        line_end = data.find(b"\r\n") + 2
-        return b"%sX-Request-Id: %s\r\n%s" % (data[:line_end], self.request_id.encode(),
-                                               data[line_end:])
 
     @property
     def code(self) -> int:
