@@ -67,8 +67,8 @@ class Trace:
                 self.status = status
                 self.first_byte = time.monotonic()
                 end = data.find(b"\r\n") + 2
-                data = b"%sX-Request-Id: %s\r\n%s" % (data[:end], self.request_id.encode(),
-                                                       data[end:])
+                data = b"%sX-Request-Id: %s\r\n%s" % (
+                    data[:end], self.request_id.encode(), data[end:])
         self.bytes += len(data)
         self.sink(data)
 
