@@ -91,11 +91,16 @@ def percentile_ms(samples_ns: list[int], pct: float) -> float:
 
 
 def start_gateway(
-    backend_port: int, gateway_dir: Path, workdir: Path, argv: list[str] | None = None
+    backend_port: int,
+    gateway_dir: Path,
+    workdir: Path,
+    argv: list[str] | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> procs.Service:
     """The gateway with auth on and the in-flight cap above the stream count.
 
-    `argv` replaces `python3 -m lobes_gateway` (profile_gateway.py runs it under cProfile).
+    `argv` replaces `python3 -m lobes_gateway` (profile_gateway.py runs it under cProfile);
+    `extra_env` adds variables (metrics_cost.py turns the access log on).
     """
     port = procs.free_port()
     env = {
@@ -108,6 +113,7 @@ def start_gateway(
         "GATEWAY_DEFAULT_MODEL": SERVED_NAME,
         "GATEWAY_API_KEY": API_KEY,
         "GATEWAY_MAX_INFLIGHT_PER_KEY": "100000",
+        **(extra_env or {}),
     }
     command = argv or [sys.executable, "-m", "lobes_gateway"]
     return procs.spawn("gateway", command, port, PROXY_CORE, workdir, env)

@@ -23,6 +23,9 @@ GATEWAY_SOURCE_MOUNT = "/opt/lobes/gateway"
 # The box's state/log, where every container appends its output through logwrap: the same
 # files the process runtime's supervisor writes, and they outlive the containers.
 LOG_MOUNT = "/var/log/lobes"
+# The gateway's access log, in the box's state/log: the process runtime's gateway runs in the
+# deploy directory (services.json's), a compose gateway sees state/log at LOG_MOUNT.
+ACCESS_LOG = "access.log"
 # Containers that run the collection's own Python (gateway, simulated gears) run as nobody.
 NOBODY = "65534:65534"
 # A simulated gear answers /health within a second of starting; a minute is a failure.
@@ -62,6 +65,8 @@ def _global_env(plan: dict, secrets: dict) -> list:
     if gateway.get("fleet_key"):
         env.append(("GATEWAY_FLEET_KEY", _secret(plan, secrets, "fleet_key", "fleet_mesh_key")))
     env.append(("GATEWAY_SELF_ORIGIN", plan["origin"]))
+    env.append(("GATEWAY_ACCESS_LOG",
+                f"{LOG_MOUNT}/{ACCESS_LOG}" if compose else f"state/log/{ACCESS_LOG}"))
     if plan["proc_root"]:
         env.append(("LOBES_PROC_ROOT", plan["proc_root"]))
     if gateway["force_strict_tools"]:

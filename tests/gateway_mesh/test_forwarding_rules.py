@@ -86,7 +86,11 @@ def test_expected_tokens_come_from_the_request(payload, tokens):
 @pytest.mark.parametrize(
     ("body", "tokens"),
     [(json.dumps({"usage": {"completion_tokens": 154}}).encode(), 154),
-     (b'{"usage": null}', 0), (b"not json", 0), (b"[1, 2]", 0)],
+     (b'{"usage": null}', 0), (b"not json", 0), (b"[1, 2]", 0),
+     # a key quoted inside a string is not the answer's usage
+     (json.dumps({"choices": [{"message": {"content": '{"completion_tokens": 99}'}}],
+                  "usage": {"completion_tokens": 3}}).encode(), 3),
+     (json.dumps({"content": '"completion_tokens": 99'}).encode(), 0)],
 )
 def test_completion_tokens_are_read_from_usage(body, tokens):
     assert completion_tokens(body) == tokens

@@ -35,31 +35,3 @@ def test_a_usage_chunk_wins_over_the_event_count():
     counted.write(event('{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":7}}'))
     counted.write(b"data: [DONE]\n\n")
     assert counted.completion_tokens == 7
-
-
-class SinkTransport:
-    """A client transport: the relay's chunk pipe writes whole chunks straight to it."""
-
-    def __init__(self):
-        self.written = []
-
-    def write(self, data):
-        self.written.append(data)
-
-    def is_closing(self):
-        return False
-
-    def get_write_buffer_size(self):
-        return 0
-
-
-def test_chunks_written_straight_to_the_transport_are_counted_too():
-    sink = Sink()
-    sink.transport = SinkTransport()
-    counted = CountingWriter(sink)
-    counted.write(b"HTTP/1.1 200 OK\r\n\r\n")
-    counted.transport.write(event('{"choices":[{"delta":{"content":"x"}}]}') * 2)
-    counted.transport.write(b"data: [DONE]\n\n")
-    assert (counted.completion_tokens, counted.done) == (2, 1)
-    assert b"".join(sink.transport.written).count(b"data: ") == 3  # relayed untouched
-    assert not counted.transport.is_closing()

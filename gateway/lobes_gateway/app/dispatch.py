@@ -53,6 +53,15 @@ from ..transport.upstream import (
     exchange,
     request_head,
 )
+from .metrics import (
+    ANSWERED,
+    DECLINED,
+    SCHEMA_REJECTED,
+    SERVER_ERROR,
+    SHED_PRESSURE,
+    UNREACHABLE,
+    Metrics,
+)
 from .relay import Outcome, read_whole
 
 LOCAL, LAST, PEER, REPLICA = range(4)
@@ -173,6 +182,15 @@ class Failure:
     def describe(self) -> str:
         return f"{self.name} ({'unreachable' if self.status is None else self.status})"
 
+    @property
+    def outcome(self) -> str:
+        """The attempt's outcome as /metrics counts it."""
+        if self.status is None:
+            return UNREACHABLE
+        if self.compile_failure:
+            return SCHEMA_REJECTED
+        return SERVER_ERROR if self.status >= 500 else DECLINED
+
 
 # What a plan yields, and what it is sent back after each failed attempt.
 Plan = Generator["Attempt | Answer", Failure, None]
@@ -207,8 +225,9 @@ class Dispatcher:
     """Turns routes into plans and runs them: the gateway's one failover loop."""
 
     def __init__(self, config: GatewayConfig, connections: Connections, peers: PeerWatch,
-                 pressure: PressureMonitor) -> None:
+                 pressure: PressureMonitor, metrics: Metrics) -> None:
         self._connections = connections
+        self._metrics = metrics
         self._peers = peers
         self._pressure = pressure
         self._timeout = config.limits.upstream_timeout_s
@@ -226,6 +245,9 @@ class Dispatcher:
                   payload: dict | None, client: Channel) -> bool | Outcome:
         """Try the route's attempts in order; an Outcome to relay, or whether the connection
         stays usable after an error answered here."""
+        trace = req.trace
+        if trace is not None:
+            trace.role = route.role
         counted = route.role if isinstance(route, PeerRoute) else None
         if counted is not None:
             self.peer_in_flight[counted] += 1
@@ -246,14 +268,19 @@ class Dispatcher:
                     response = await exchange(self._connections, step.origin, head, step.body,
                                               self._timeout)
                 except UpstreamError:
-                    step = plan.send(Failure(step.name, None))
+                    step = self._moved_on(plan, Failure(step.name, None))
                     continue
                 judged = (Outcome(response, step.extra, placement, started)
                           if response.status < 400
                           else await self._judge(step, response, started))
                 if isinstance(judged, Failure):
-                    step = plan.send(judged)
+                    step = self._moved_on(plan, judged)
                     continue
+                self._metrics.attempts[step.name, ANSWERED] += 1
+                if trace is not None:
+                    trace.served = step.name if placement is None else placement.origin
+                    if placement is not None:
+                        trace.reason = placement.reason.value
                 if counted is not None:
                     judged.count(self.peer_in_flight, counted)
                 handed = judged
@@ -269,6 +296,15 @@ class Dispatcher:
                     held.release()
                 if counted is not None:
                     self.peer_in_flight[counted] -= 1
+
+    def _moved_on(self, plan: Plan, failure: Failure) -> Attempt | Answer:
+        """Count a failed attempt, and a failover when the plan goes on to another one."""
+        key = (failure.name, failure.outcome)
+        self._metrics.attempts[key] += 1
+        step = plan.send(failure)
+        if isinstance(step, Attempt):
+            self._metrics.failovers[key] += 1
+        return step
 
     async def _judge(self, attempt: Attempt, response: Response,
                      started: float) -> Outcome | Failure:
@@ -312,6 +348,7 @@ class Dispatcher:
         if route.tier is not None:
             override = req.headers.get("x-lobes-override", "").lower() == "true"
             if not override and self._pressure.sheds(requested_tier, route.tier):
+                self._metrics.shed[SHED_PRESSURE] += 1
                 if placement is not None:  # placed on the local replica, never dialled
                     placement.release()
                 reason = "memory" if self._pressure.reason == "memory" else "busy"

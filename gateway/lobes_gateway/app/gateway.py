@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 import traceback
 
 from ..mesh.peers import PeerWatch
@@ -45,7 +46,11 @@ from ..transport.http import (
 )
 from ..transport.upstream import Connections
 from ..transport.watchdog import Watchdog
+from .access_log import AccessLog
 from .dispatch import Dispatcher
+from .exposition import CONTENT_TYPE
+from .exposition import render as render_metrics
+from .metrics import SHED_KEY_LIMIT, Metrics
 from .realtime import tunnel
 from .relay import Outcome, relay
 from .views import Views
@@ -60,6 +65,11 @@ POST_LANES = {
     "/v1/audio/speech": SPEECH,
 }
 _JSON_LANES = GENERATE_LANES | {EMBEDDINGS, RERANKING}
+# The lane label of every path the gateway answers (metrics, access log); any other is "other".
+LANES = {**POST_LANES, "/v1/models": "models", "/v1/models/supported": "models",
+         "/v1/realtime": REALTIME, "/health": "health", "/status": "status",
+         "/capabilities": "capabilities", "/metrics": "metrics"}
+_KEYLESS = ("/health", "/status", "/capabilities", "/metrics")
 # Bodies are UTF-8 (RFC 8259); decoding them first spares json.loads its encoding sniffing.
 _JSON_DECODER = json.JSONDecoder()
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -82,7 +92,11 @@ class Gateway:
         self.inflight = InflightLimits(config.limits.max_inflight_per_key)
         self.pressure = PressureMonitor(config.pressure)
         self.peers = PeerWatch(config, self.router, self.connections)
-        self.dispatcher = Dispatcher(config, self.connections, self.peers, self.pressure)
+        self.access_log = AccessLog(config.access_log) if config.access_log else None
+        self.metrics = Metrics(self.access_log)
+        self.started_at = time.time()
+        self.dispatcher = Dispatcher(config, self.connections, self.peers, self.pressure,
+                                     self.metrics)
         self.views = Views(config, self.router, self.connections, self.pressure,
                            self.peers.views.get, self.dispatcher.peer_in_flight)
         self._background: list[asyncio.Task] = []
@@ -92,6 +106,8 @@ class Gateway:
     async def start_background(self) -> None:
         """Start the samplers; the first pressure sample is taken before serving."""
         self.pressure.take_sample()
+        if self.access_log is not None:
+            self.access_log.start()
         await self.views.windows.probe_once()  # before listening: advertise served windows
         self._background.append(asyncio.create_task(self.views.windows.run()))
         self._background.append(asyncio.create_task(self.pressure.run()))
@@ -110,25 +126,34 @@ class Gateway:
         watchdog = Watchdog(asyncio.get_running_loop())
         header_timeout = self.config.limits.header_timeout_s
         abort = client.abort
+        metrics = self.metrics
         try:
             while True:
                 watchdog.arm(header_timeout, abort)
                 try:
-                    head = await client.readuntil(b"\r\n\r\n", MAX_HEAD_BYTES)
+                    head: bytes | None = await client.readuntil(b"\r\n\r\n", MAX_HEAD_BYTES)
                 except asyncio.LimitOverrunError:
-                    client.write(error_bytes(errors.head_too_large(MAX_HEAD_BYTES),
-                                             keep_alive=False))
-                    return
+                    head = None
                 finally:
                     watchdog.disarm()
+                trace = metrics.begin(client)
                 try:
-                    request = parse_head(head)
-                except HttpError as exc:
-                    client.write(error_bytes(exc.error, keep_alive=False))
-                    return
-                request.watchdog = watchdog
-                if not await self.handle(request, client):
-                    return
+                    if head is None:
+                        client.write(error_bytes(errors.head_too_large(MAX_HEAD_BYTES),
+                                                 keep_alive=False))
+                        return
+                    try:
+                        request = parse_head(head)
+                    except HttpError as exc:
+                        client.write(error_bytes(exc.error, keep_alive=False))
+                        return
+                    request.watchdog = watchdog
+                    trace.identify(request, LANES.get(request.path, "other"))
+                    request.trace = trace
+                    if not await self.handle(request, client):
+                        return
+                finally:
+                    metrics.end(trace, client)
         except (asyncio.IncompleteReadError, ConnectionError):
             return
         except Exception:  # a gateway bug: drop this connection, never the process
@@ -142,7 +167,7 @@ class Gateway:
     async def handle(self, req: Request, client: Channel) -> bool:
         """Answer one request; returns whether the connection may serve another."""
         method, path = req.method, req.path
-        if method == "GET" and path in ("/health", "/status", "/capabilities"):
+        if method == "GET" and path in _KEYLESS:
             return await self._keyless(req, client)
         caller = self.gate.identify(req.headers.get("authorization"))
         if caller is None and (method == "POST" or path.startswith("/v1/")):
@@ -169,6 +194,11 @@ class Gateway:
     async def _keyless(self, req: Request, client: Channel) -> bool:
         if req.path == "/health":
             body = self.views.health_body
+        elif req.path == "/metrics":
+            body = render_metrics(self.metrics, self.peers.pooled, self.pressure, self.started_at)
+            client.write(response_bytes(200, body, content_type=CONTENT_TYPE,
+                                        keep_alive=req.keep_alive))
+            return req.keep_alive
         elif req.path == "/status":
             body = await self.views.status()
         else:
@@ -194,6 +224,8 @@ class Gateway:
         if "websocket" not in req.headers.get("upgrade", "").lower():
             return self._refuse(req, client, errors.upgrade_required())
         route = self.router.lane_routes[REALTIME]
+        if req.trace is not None:
+            req.trace.role = route.role
         if not isinstance(route, LocalRoute):
             assert isinstance(route, Refusal)  # the realtime lane is never proxied
             return self._refuse(req, client, route.error)
@@ -222,6 +254,7 @@ class Gateway:
 
     async def _post(self, req: Request, lane: str, caller: Caller, client: Channel) -> bool:
         if not self.inflight.acquire(caller):
+            self.metrics.shed[SHED_KEY_LIMIT] += 1
             return self._refuse(req, client, errors.rate_limited(self.inflight.limit))
         try:
             try:
@@ -239,7 +272,11 @@ class Gateway:
                 keep_alive = req.keep_alive
                 # A stream may be held for minutes: keep only what the relay needs.
                 req.body, req.headers, req.header_block = b"", {}, ""
-                return await relay(self.connections, outcome, client, keep_alive)
+                kept = await relay(self.connections, outcome, client, keep_alive,
+                                   lane in GENERATE_LANES)
+                if req.trace is not None:
+                    req.trace.tokens = outcome.tokens
+                return kept
             return outcome
         finally:
             self.inflight.release(caller)
@@ -278,3 +315,5 @@ class Gateway:
             if not self._clients:
                 break
             await asyncio.sleep(0)
+        if self.access_log is not None:  # after the last request's line was queued
+            self.access_log.close()

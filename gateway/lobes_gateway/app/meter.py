@@ -1,22 +1,23 @@
-"""Counting the completion tokens of a relayed SSE stream, cheaply, to teach replica rates.
+"""Counting the completion tokens of a relayed answer, cheaply: for /metrics, the access log
+and to teach replica rates.
 
-The relay writes every chunk once, through the client channel or (when it passes chunks
-straight from the upstream socket's callback) through the client transport; this shim stands
-in for both and counts `data: ` events with bytes.count (no JSON parsing per chunk). When the
+The relay writes every chunk of a stream once, through the client's write (also when it
+passes chunks straight from the upstream socket's callback); this shim stands in for the
+client and counts `data: ` events with bytes.count (no JSON parsing per chunk). When the
 stream carries a usage chunk (stream_options.include_usage), its completion_tokens wins over
-the count.
+the count. A whole JSON answer's usage is found by the same pattern, not parsed either.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import re
 
 from ..transport.channel import Channel
 
 _EVENT = b"data: "
 _DONE = b"data: [DONE]"
+# In JSON text a key's closing quote is never escaped, so this finds only real
+# "completion_tokens" keys, never one quoted inside a string.
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
@@ -27,7 +28,7 @@ class CountingWriter:
 
     def __init__(self, client: Channel) -> None:
         self._client = client
-        self.transport = _CountingTransport(client.transport, self)
+        self.transport = client.transport
         self.events = 0
         self.done = 0
         self.usage_tokens: int | None = None
@@ -57,34 +58,7 @@ class CountingWriter:
         return max(0, self.events - self.done)
 
 
-class _CountingTransport:
-    """The client transport as the relay's chunk pipe uses it, counting what is written."""
-
-    __slots__ = ("_meter", "_transport")
-
-    def __init__(self, transport: asyncio.WriteTransport, meter: CountingWriter) -> None:
-        self._transport = transport
-        self._meter = meter
-
-    def write(self, data: bytes) -> None:
-        self._meter.count(data)
-        self._transport.write(data)
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size()
-
-    def close(self) -> None:
-        self._transport.close()
-
-
 def completion_tokens(body: bytes) -> int:
-    """usage.completion_tokens of a JSON answer, 0 when it carries none."""
-    try:
-        usage = json.loads(body).get("usage") or {}
-    except (ValueError, AttributeError, UnicodeDecodeError):
-        return 0
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return tokens if isinstance(tokens, int) else 0
+    """usage.completion_tokens of a JSON answer (its last such key), 0 when it carries none."""
+    found = _USAGE.findall(body)
+    return int(found[-1]) if found else 0

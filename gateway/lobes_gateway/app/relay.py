@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 
 from ..policy.placement import Placement
 from ..transport import errors
@@ -33,11 +33,12 @@ class Outcome:
 
     Dispatch returns it instead of relaying, so the routing frames (payload, bodies, headers)
     are gone while a long stream is held. It carries what hangs on the answer: the placement
-    counted on a pool replica (released, and taught the replica's rate, when the relay ends)
-    and the peer in-flight count of its role.
+    counted on a pool replica (released, and taught the replica's rate, when the relay ends),
+    the peer in-flight count of its role, and the completion tokens a metered relay counted.
     """
 
-    __slots__ = ("body", "counter", "extra", "placement", "response", "role", "started")
+    __slots__ = ("body", "counter", "extra", "placement", "response", "role", "started",
+                 "tokens")
 
     def __init__(self, response: Response, extra: list[bytes], placement: Placement | None,
                  started: float, body: bytes | None = None) -> None:
@@ -48,10 +49,17 @@ class Outcome:
         self.body = body  # read already (a peer's 404, a strict-lane 400)
         self.counter: Counter[str] | None = None
         self.role = ""
+        self.tokens: int | None = None
 
     def count(self, counter: Counter[str], role: str) -> None:
         """Hold one of `role`'s in-flight count in `counter` until the relay ends."""
         self.counter, self.role = counter, role
+
+    def learn(self, tokens: int) -> None:
+        """A metered answer carried `tokens`; a placed replica's rate is taught from them."""
+        self.tokens = tokens
+        if self.placement is not None:
+            self.placement.record_completion(tokens, time.monotonic() - self.started)
 
     def settle(self) -> None:
         """The relay ended: release the placement and the in-flight count."""
@@ -61,30 +69,31 @@ class Outcome:
             self.counter[self.role] -= 1
 
 
-def relay(connections: Connections, outcome: Outcome, client: Channel,
-          keep_alive: bool) -> Coroutine[object, object, bool]:
+def relay(connections: Connections, outcome: Outcome, client: Channel, keep_alive: bool,
+          metered: bool) -> Coroutine[object, object, bool]:
     """Relay an outcome to `client`: the coroutine to await, whose result is whether the
     client connection stays usable.
 
-    The usual answer (nothing to settle, nothing read yet) passes straight through (returned,
-    not awaited here: one coroutine frame less); otherwise the outcome is settled when the
-    relay ends, and a placed replica's 200 teaches the replica's rate.
+    A metered request's 200 (a generate lane's) has its completion tokens counted into the
+    outcome, and a placed replica's rate taught from them. An answer with nothing to settle
+    passes straight through (returned, not awaited here: one coroutine frame less); otherwise
+    the outcome is settled when the relay ends.
     """
+    meter = outcome if metered and outcome.response.status == 200 else None
     if outcome.placement is None and outcome.counter is None and outcome.body is None:
-        return pass_through(connections, outcome.response, client, outcome.extra, keep_alive)
-    return _relay_settling(connections, outcome, client, keep_alive)
+        return pass_through(connections, outcome.response, client, outcome.extra, keep_alive,
+                            meter)
+    return _relay_settling(connections, outcome, client, keep_alive, meter)
 
 
 async def _relay_settling(connections: Connections, outcome: Outcome, client: Channel,
-                          keep_alive: bool) -> bool:
+                          keep_alive: bool, meter: Outcome | None) -> bool:
     try:
         if outcome.body is not None:
             return _write_read(outcome.response, outcome.body, outcome.extra, client,
                                keep_alive)
-        if outcome.placement is None or outcome.response.status != 200:
-            return await pass_through(connections, outcome.response, client, outcome.extra,
-                                      keep_alive)
-        return await _relay_learning(connections, outcome, client, keep_alive)
+        return await pass_through(connections, outcome.response, client, outcome.extra,
+                                  keep_alive, meter)
     finally:
         outcome.settle()
 
@@ -115,22 +124,14 @@ def _write_read(response: Response, body: bytes, extra: list[bytes], client: Cha
     return keep_alive
 
 
-async def _relay_learning(connections: Connections, outcome: Outcome, client: Channel,
-                          keep_alive: bool) -> bool:
-    """A placed replica's 200: relayed whole or streamed, and its rate taught from it."""
-    response, placement = outcome.response, outcome.placement
-    assert placement is not None
-    if response.length is not None:
-        body = await read_whole(connections, response)
-        if body is None:
-            return _broke_off(client)
-        placement.record_completion(completion_tokens(body), time.monotonic() - outcome.started)
-        return _write_read(response, body, outcome.extra, client, keep_alive)
+async def _relay_metered_stream(connections: Connections, response: Response, client: Channel,
+                                extra: list[bytes], keep_alive: bool, meter: Outcome) -> bool:
+    """A stream relayed through a CountingWriter; its tokens count only if it ended whole."""
     counted = CountingWriter(client)
-    kept = await pass_through(connections, response, counted,  # type: ignore[arg-type]
-                              outcome.extra, keep_alive)
-    if counted.done or counted.usage_tokens is not None:  # only a stream that ended whole
-        placement.record_completion(counted.completion_tokens, time.monotonic() - outcome.started)
+    kept = await _relay_stream(connections, response, counted,  # type: ignore[arg-type]
+                               extra, keep_alive)
+    if counted.done or counted.usage_tokens is not None:
+        meter.learn(counted.completion_tokens)
     return kept
 
 
@@ -141,14 +142,17 @@ def head_bytes(response: Response, extra: list[bytes], framing: bytes, keep_aliv
 
 
 async def pass_through(connections: Connections, response: Response, client: Channel,
-                       extra: list[bytes], keep_alive: bool) -> bool:
+                       extra: list[bytes], keep_alive: bool, meter: Outcome | None = None) -> bool:
     """Relay `response` to `client` as it comes; returns whether the client connection stays
-    usable."""
+    usable. With a `meter`, the answer's completion tokens are counted into it (except a body
+    too large to hold: it is relayed unmetered)."""
     length = response.length
     if length is not None and length <= _BODY_IN_ONE_READ:
         # The usual answer: a small JSON body that came in with its head, relayed at once.
         body = response.conn.channel.take(length)
         if body is not None:
+            if meter is not None:
+                meter.learn(completion_tokens(body))
             client.write(head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive)
                          + body)
             finish(connections, response)
@@ -156,11 +160,16 @@ async def pass_through(connections: Connections, response: Response, client: Cha
     elif length is not None:
         return await _relay_large(connections, response, client, extra, keep_alive)
     elif not response.chunked or _is_event_stream(response):
+        if meter is not None:
+            return await _relay_metered_stream(connections, response, client, extra, keep_alive,
+                                               meter)
         return await _relay_stream(connections, response, client, extra, keep_alive)
     # A small body still arriving, or a chunked JSON one: read whole, then relay it sized.
     body = await read_whole(connections, response)
     if body is None:
         return _broke_off(client)
+    if meter is not None:
+        meter.learn(completion_tokens(body))
     return _write_read(response, body, extra, client, keep_alive)
 
 
@@ -238,7 +247,7 @@ async def _pass_chunks(upstream: Channel, client: Channel,
     client as they are received, with no future, task wake-up or read call per chunk.
     Returns whether the upstream connection ended cleanly (reusable).
     """
-    pipe = _ChunkPipe(transport, upstream.transport)
+    pipe = _ChunkPipe(client.write, transport, upstream.transport)
     held = upstream.divert(pipe)
     if held:  # bytes that came with the response head go first
         pipe.data_received(held)
@@ -258,10 +267,12 @@ async def _pass_chunks(upstream: Channel, client: Channel,
 class _ChunkPipe(asyncio.Protocol):
     """The upstream socket's protocol while an event stream passes through it."""
 
-    __slots__ = ("_buffer", "_client", "_error", "_trailers", "_upstream", "_waiter", "outcome",
-                 "paused")
+    __slots__ = ("_buffer", "_client", "_error", "_trailers", "_upstream", "_waiter", "_write",
+                 "outcome", "paused")
 
-    def __init__(self, client: asyncio.WriteTransport, upstream: asyncio.Transport) -> None:
+    def __init__(self, write: Callable[[bytes], None], client: asyncio.WriteTransport,
+                 upstream: asyncio.Transport) -> None:
+        self._write = write  # the client's write (traced, metered), whole chunks at a time
         self._client = client
         self._upstream = upstream
         self._buffer = b""
@@ -307,7 +318,7 @@ class _ChunkPipe(asyncio.Protocol):
         if end:
             if self._client.is_closing():
                 raise ConnectionResetError("client went away")
-            self._client.write(buffer if end == len(buffer) else buffer[:end])
+            self._write(buffer if end == len(buffer) else buffer[:end])
             if self._client.get_write_buffer_size() > HIGH_WATER:
                 self._upstream.pause_reading()
                 self.paused = True

@@ -122,6 +122,8 @@ class GatewayConfig:
     force_strict_tools: bool = False
     audio_url: Origin | None = None
     pool_policy: str = "rate"
+    # GATEWAY_ACCESS_LOG: None (off), "-" (stdout) or a file path.
+    access_log: str | None = None
     roles: Mapping[str, RoleConfig] = field(default_factory=dict)
     pressure: PressureConfig = field(default_factory=PressureConfig)
     limits: Limits = field(default_factory=Limits)
@@ -378,6 +380,12 @@ def _refuse_unknown(environ: Mapping[str, str]) -> None:
     raise ConfigError(name, f"is not a variable of the gateway's contract{others}", fix)
 
 
+def _access_log(env: _Env) -> str | None:
+    """GATEWAY_ACCESS_LOG: off (the default), - for stdout, or a file path."""
+    value = env.str("GATEWAY_ACCESS_LOG")
+    return None if value is None or value.lower() == "off" else value
+
+
 def load_config(environ: Mapping[str, str]) -> GatewayConfig:
     """Build the validated config from an environment; raises ConfigError naming the variable."""
     _refuse_unknown(environ)
@@ -399,6 +407,7 @@ def load_config(environ: Mapping[str, str]) -> GatewayConfig:
         force_strict_tools=bool(env.bool("GATEWAY_FORCE_STRICT_TOOLS", False)),
         audio_url=env.origin("AUDIO_URL"),
         pool_policy=policy,
+        access_log=_access_log(env),
         roles={role.name: _role(env, role, fleet_key) for role in ROLES},
         pressure=_pressure(env),
         limits=_limits(env),

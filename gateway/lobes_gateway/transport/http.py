@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import re
 from http import HTTPStatus
+from typing import TYPE_CHECKING
 
 from . import errors
 from .channel import Channel
 from .errors import ApiError
 from .watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from .trace import Trace
 
 MAX_HEAD_BYTES = 64 * 1024
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
@@ -29,7 +33,7 @@ class Request:
     """A parsed request head; the body is read separately, after the auth gate."""
 
     __slots__ = ("body", "header_block", "headers", "keep_alive", "method", "path", "target",
-                 "version", "watchdog")
+                 "trace", "version", "watchdog")
 
     def __init__(self, method: str, target: str, version: str, headers: dict[str, str],
                  header_block: str) -> None:
@@ -46,6 +50,8 @@ class Request:
                            else connection != "close")
         # The connection's deadline keeper, armed again for the body wait.
         self.watchdog: Watchdog | None = None
+        # What metrics and the access log learn of it (set by the gateway once it is named).
+        self.trace: Trace | None = None
 
 
 def parse_head(head: bytes) -> Request:

@@ -13,9 +13,10 @@ from .watchdog import Watchdog
 
 MAX_IDLE_PER_ORIGIN = 512
 MAX_BODY_READ = 256 * 1024
-# Response header lines that describe the upstream hop, never relayed as they are.
+# Response header lines that describe the upstream hop, never relayed as they are (the gateway
+# sets its own X-Request-Id: the id it sent, which a peer gateway echoes).
 _HOP_LINES = re.compile(rb"^(?:connection|keep-alive|transfer-encoding|content-length|"
-                        rb"proxy-connection|te|trailer|upgrade)[ \t]*:[^\r\n]*\r\n",
+                        rb"proxy-connection|te|trailer|upgrade|x-request-id)[ \t]*:[^\r\n]*\r\n",
                         re.I | re.M)
 # (name, value) of the response headers the gateway acts on, found in the lowered head.
 _READ_HEADERS = re.compile(rb"\r\n(connection|transfer-encoding|content-length|content-type)"

@@ -1,0 +1,147 @@
+"""What /metrics and the access log cost the gateway: three gateways, interleaved, one run.
+
+The gateway before metrics (a tree named by --base-dir, e.g. made with `git archive a4d558d
+gateway plugins/module_utils | tar -x -C /tmp/base`), this checkout's gateway with the access log
+off (metrics are always on), and the same with GATEWAY_ACCESS_LOG on (a file in the run's
+temporary directory), all in front of gateway_bench's backend and pinned to the same core. Each
+phase measures the three in interleaved rounds, so drifting load on a shared host hits them
+alike: added p50 latency at c=1, CPU per request at c=1 and c=64, CPU per SSE chunk.
+
+    python3 bench/metrics_cost.py --base-dir /tmp/base/gateway [--rounds 7] [--docs]
+
+--docs writes the table between the metrics-cost markers of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import gateway_bench as bench
+import procs
+
+START_MARKER = "<!-- metrics-cost:start -->"
+END_MARKER = "<!-- metrics-cost:end -->"
+FIGURES = (
+    ("added p50 latency, c=1 (ms)", "c1", "p50"),
+    ("CPU per request, c=1 (us)", "c1", "cpu_per_req_us"),
+    ("CPU per request, c=64 (us)", "c64", "cpu_per_req_us"),
+    ("CPU per SSE chunk (us)", "sse", "cpu_per_event_us"),
+)
+NAMES = ("before metrics", "access log off", "access log on")
+
+
+async def measure(cfg: bench.Settings, base_dir: Path, workdir: Path) -> dict:
+    """Every phase against direct and the three gateways: results[phase][target]."""
+    os.sched_setaffinity(0, {bench.CLIENT_CORE})
+    backend_port = procs.free_port()
+    backend = procs.spawn(
+        "backend",
+        [
+            sys.executable,
+            str(bench.REPO / "bench" / "fast_backend.py"),
+            "--port",
+            str(backend_port),
+        ],
+        backend_port,
+        bench.CLIENT_CORE,
+        workdir,
+    )
+    here = bench.REPO / "gateway"
+    logged = {"GATEWAY_ACCESS_LOG": str(workdir / "access.log")}
+    services = [backend]
+    try:
+        targets = [bench.Target("direct", backend_port, None)]
+        for name, gateway_dir, env in zip(
+            NAMES, (base_dir, here, here), ({}, {}, logged), strict=True
+        ):
+            service = bench.start_gateway(backend_port, gateway_dir, workdir, extra_env=env)
+            services.append(service)
+            targets.append(bench.Target(name, service.port, service))
+        pids = [os.getpid(), *(service.pid for service in services)]
+        json_post = bench.post(bench.chat_body())
+        sse_post = bench.post(
+            bench.chat_body(
+                stream=True, bench_chunks=cfg.sse_chunks, bench_interval_ms=cfg.sse_interval_ms
+            )
+        )
+        return {
+            "c1": await bench.phase(targets, json_post, 1, cfg, pids, print),
+            "c64": await bench.phase(targets, json_post, 64, cfg, pids, print),
+            "sse": await bench.phase(targets, sse_post, cfg.sse_concurrency, cfg, pids, print),
+        }
+    finally:
+        for service in reversed(services):
+            service.stop()
+
+
+def table(results: dict, rounds: int, window_s: float) -> str:
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"Measured {when}, {os.cpu_count()} cores, host load average "
+        f"{bench.load_average()} after; medians of {rounds} interleaved rounds of "
+        f"{window_s:g} s windows (command: `python3 bench/metrics_cost.py --rounds {rounds} "
+        f"--window {window_s:g}`).",
+        "",
+        f"| figure | {' | '.join(NAMES)} | off / before | on / before |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, phase, key in FIGURES:
+        values = [results[phase][name][key] for name in NAMES]
+        if key == "p50":
+            values = [value - results[phase]["direct"]["p50"] for value in values]
+        cells = [f"{value:.3f}" if key == "p50" else f"{value:.0f}" for value in values]
+        ratios = [f"{value / values[0]:.2f}x" for value in values[1:]]
+        lines.append(f"| {label} | {' | '.join(cells)} | {' | '.join(ratios)} |")
+    return "\n".join(lines)
+
+
+def write_docs(text: str) -> None:
+    path = bench.REPO / "docs" / "benchmarks.md"
+    head, rest = path.read_text().split(START_MARKER, 1)
+    tail = rest.split(END_MARKER, 1)[1]
+    path.write_text(f"{head}{START_MARKER}\n{text}\n{END_MARKER}{tail}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--base-dir",
+        type=Path,
+        required=True,
+        help="the gateway/ directory of the tree before metrics",
+    )
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--window", type=float, default=2.0)
+    parser.add_argument("--docs", action="store_true", help="write docs/benchmarks.md")
+    args = parser.parse_args(argv)
+    cfg = bench.Settings(
+        rounds=args.rounds,
+        window_s=args.window,
+        streams=0,
+        stream_interval_ms=1000,
+        sse_concurrency=16,
+        sse_chunks=50,
+        sse_interval_ms=4,
+        gateway_dir=bench.REPO / "gateway",
+        targets=("direct", "gateway"),
+        nice=0,
+        realtime=True,
+        write_docs=args.docs,
+    )
+    with tempfile.TemporaryDirectory(prefix="metrics-cost-") as tmp:
+        results = asyncio.run(measure(cfg, args.base_dir, Path(tmp)))
+    text = table(results, args.rounds, args.window)
+    print(text)
+    if args.docs:
+        write_docs(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

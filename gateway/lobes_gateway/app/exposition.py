@@ -1,0 +1,183 @@
+"""GET /metrics: the Prometheus text exposition format (0.0.4), built only when scraped.
+
+Reads the request counters (app/metrics.py), the pools' replica state and placement, the
+pressure sampler and the process itself; the request path never formats any of it.
+Every metric, its labels and its meaning: docs/gateway.md, "Metrics".
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+from .. import __version__
+from ..mesh.peers import PooledRole
+from ..policy.pressure import PressureMonitor
+from .metrics import BUCKETS, Histogram, Metrics
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+Labels = tuple[tuple[str, str], ...]
+Sample = tuple[Labels, float]
+_LE = (*(repr(bound) for bound in BUCKETS), "+Inf")
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: Labels) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in labels) + "}"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+class Exposition:
+    """The lines of one scrape, family by family."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, text: str, samples: Iterable[Sample]) -> None:
+        self.lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        self.lines += [f"{name}{_labels(labels)} {_number(value)}" for labels, value in samples]
+
+    def histograms(self, name: str, text: str, series: Iterable[tuple[Labels, Histogram]]) -> None:
+        self.lines += [f"# HELP {name} {text}", f"# TYPE {name} histogram"]
+        for labels, histogram in series:
+            total = 0
+            for le, count in zip(_LE, histogram.counts, strict=True):
+                total += count
+                self.lines.append(f"{name}_bucket{_labels((*labels, ('le', le)))} {total}")
+            self.lines.append(f"{name}_sum{_labels(labels)} {_number(histogram.sum)}")
+            self.lines.append(f"{name}_count{_labels(labels)} {total}")
+
+    def text(self) -> bytes:
+        return ("\n".join(self.lines) + "\n").encode()
+
+
+def _keyed(counts: Mapping[tuple[str, ...], int], names: tuple[str, ...]) -> list[Sample]:
+    """Counter samples from a dict keyed by label-value tuples, in a stable order."""
+    return [(tuple(zip(names, map(str, key), strict=True)), value)
+            for key, value in sorted(counts.items(), key=lambda item: tuple(map(str, item[0])))]
+
+
+def _traffic(out: Exposition, metrics: Metrics) -> None:
+    out.family("lobes_gateway_requests_total", "counter",
+               "Requests answered (or ended by the client: code 499), by role, lane, pool route "
+               "reason and status code.",
+               _keyed(metrics.requests, ("role", "lane", "route_reason", "code")))
+    latency = sorted(metrics.latency.items())
+    out.histograms("lobes_gateway_request_duration_seconds",
+                   "Seconds from a request's head to the end of its answer.",
+                   [((("role", role), ("lane", lane)), pair.duration)
+                    for (role, lane), pair in latency])
+    out.histograms("lobes_gateway_time_to_first_byte_seconds",
+                   "Seconds from a request's head to the first byte of its answer's head.",
+                   [((("role", role), ("lane", lane)), pair.first_byte)
+                    for (role, lane), pair in latency])
+    out.family("lobes_gateway_upstream_attempts_total", "counter",
+               "Upstream attempts (gears, fallback, peers, replicas, owners) by target and "
+               "outcome.",
+               _keyed(metrics.attempts, ("target", "outcome")))
+    out.family("lobes_gateway_upstream_failovers_total", "counter",
+               "Attempts after which the request moved on to another attempt, by the target "
+               "left and why.",
+               _keyed(metrics.failovers, ("target", "outcome")))
+    out.family("lobes_gateway_shed_requests_total", "counter",
+               "Requests refused to shed load, by reason.",
+               _keyed({(reason,): n for reason, n in metrics.shed.items()}, ("reason",)))
+    out.family("lobes_gateway_completion_tokens_total", "counter",
+               "Completion tokens of generate-lane answers, by role and the replica that "
+               "served them.",
+               _keyed(metrics.tokens, ("role", "replica")))
+    in_flight = Counter(trace.role for trace in metrics.live)
+    out.family("lobes_gateway_in_flight_requests", "gauge",
+               "Requests being answered now, by role (none: not routed to a role).",
+               _keyed({(role,): n for role, n in in_flight.items()}, ("role",)))
+
+
+def _pools(out: Exposition, pooled: Mapping[str, PooledRole]) -> None:
+    rows = [(role, state, pool.placer) for role, pool in sorted(pooled.items())
+            for state in pool.replicas.states]
+    names = ("role", "replica")
+    out.family("lobes_gateway_pool_replica_in_flight", "gauge",
+               "Requests this box has placed on a pool replica and not yet finished.",
+               [(tuple(zip(names, (role, s.origin), strict=True)), placer.in_flight(s.origin))
+                for role, s, placer in rows])
+    out.family("lobes_gateway_pool_replica_ready", "gauge",
+               "1 when the replica's latest probe saw it ready, else 0.",
+               [(tuple(zip(names, (role, s.origin), strict=True)), int(s.ready))
+                for role, s, _placer in rows])
+    out.family("lobes_gateway_pool_replica_compatible", "gauge",
+               "1 when the replica's fingerprint matches the pool's reference, else 0.",
+               [(tuple(zip(names, (role, s.origin), strict=True)), int(s.compatible))
+                for role, s, _placer in rows])
+    rates = [(role, s.origin, placer.rate(s.origin)) for role, s, placer in rows]
+    out.family("lobes_gateway_pool_replica_service_rate_tokens_per_second", "gauge",
+               "The per-stream service rate placement uses for the replica (learned, or the "
+               "declared prior); absent while neither is known.",
+               [(tuple(zip(names, (role, origin), strict=True)), rate)
+                for role, origin, rate in rates if rate is not None])
+
+
+def _pressure(out: Exposition, pressure: PressureMonitor) -> None:
+    sample, config = pressure.sample, pressure.config
+    readings = (("swap_used_ratio", "Swap used, 0-1, at the latest sample.",
+                 sample.swap_used_percent / 100),
+                ("iowait_ratio", "CPU iowait share, 0-1, between the last two samples.",
+                 sample.iowait_percent / 100),
+                ("swap_degraded_threshold_ratio", "Swap used above which full tiers are shed.",
+                 config.swap_degraded / 100),
+                ("iowait_degraded_threshold_ratio", "Iowait above which full tiers are shed.",
+                 config.iowait_degraded / 100),
+                ("shedding", "1 while pressure sheds the full tiers, else 0.",
+                 int(pressure.busy)))
+    for name, text, value in readings:
+        out.family(f"lobes_gateway_pressure_{name}", "gauge", text, [((), value)])
+
+
+def _process(out: Exposition, started_at: float) -> None:
+    """The standard process_* metrics (resident memory and descriptors where /proc has them)."""
+    times = os.times()
+    out.family("process_cpu_seconds_total", "counter", "Total user and system CPU time spent "
+               "in seconds.", [((), times.user + times.system)])
+    out.family("process_start_time_seconds", "gauge", "Start time of the process since unix "
+               "epoch in seconds.", [((), started_at)])
+    out.family("process_max_fds", "gauge", "Maximum number of open file descriptors.",
+               [((), resource.getrlimit(resource.RLIMIT_NOFILE)[0])])
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            virtual, resident = (int(pages) * _PAGE_BYTES for pages in fh.read().split()[:2])
+        open_fds = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return
+    out.family("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.",
+               [((), virtual)])
+    out.family("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
+               [((), resident)])
+    out.family("process_open_fds", "gauge", "Number of open file descriptors.", [((), open_fds)])
+
+
+def render(metrics: Metrics, pooled: Mapping[str, PooledRole], pressure: PressureMonitor,
+           started_at: float) -> bytes:
+    """The whole /metrics body."""
+    out = Exposition()
+    out.family("lobes_gateway_build_info", "gauge", "The gateway's version (always 1).",
+               [((("version", __version__),), 1)])
+    _traffic(out, metrics)
+    _pools(out, pooled)
+    _pressure(out, pressure)
+    log = metrics.access_log
+    out.family("lobes_gateway_access_log_dropped_lines_total", "counter",
+               "Access log lines lost: queue_full (the writer fell behind) or write_error.",
+               [((("reason", "queue_full"),), log.dropped if log else 0),
+                ((("reason", "write_error"),), log.failed if log else 0)])
+    _process(out, started_at)
+    return out.text()

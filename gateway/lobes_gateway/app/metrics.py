@@ -1,0 +1,99 @@
+"""The gateway's own counters, kept as plain ints, dicts and bucket arrays on the request path.
+
+A request is traced from its head to its end (transport/trace.py); `end` adds it to the
+counters in one step. The dispatcher counts attempts, failovers and sheds where they happen.
+Nothing here formats text: app/exposition.py builds /metrics from these only when scraped.
+Label values are bounded by construction: roles, lanes, route reasons, status codes, the
+configured targets and replicas; never a caller's model name or path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from bisect import bisect_left
+from collections import defaultdict
+
+from ..transport.channel import Channel
+from ..transport.trace import CLIENT_CLOSED, Trace
+from .access_log import AccessLog
+
+# Seconds: 1 ms to 5 min, for both request duration and time to first byte.
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+           60.0, 120.0, 300.0)
+# Outcomes of one upstream attempt (lobes_gateway_upstream_attempts_total{outcome}).
+ANSWERED = "answered"  # its answer was relayed, whatever its status
+UNREACHABLE = "unreachable"  # refused, timed out or broke off before an answer
+SERVER_ERROR = "server_error"  # a 5xx that moved the request on
+DECLINED = "declined"  # a 401/403/404 (a peer's role_infeasible) that moved it on
+SCHEMA_REJECTED = "schema_rejected"  # a strict-lane 400: retried without strict
+# Why a request was shed (lobes_gateway_shed_requests_total{reason}).
+SHED_PRESSURE = "pressure"
+SHED_KEY_LIMIT = "key_in_flight_limit"
+
+
+class Histogram:
+    """Observations per bucket (the last is +Inf), not cumulative, and their sum."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(BUCKETS) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(BUCKETS, value)] += 1
+        self.sum += value
+
+
+class Latency:
+    """The duration and time-to-first-byte histograms of one (role, lane)."""
+
+    __slots__ = ("duration", "first_byte")
+
+    def __init__(self) -> None:
+        self.duration = Histogram()
+        self.first_byte = Histogram()
+
+
+class Metrics:
+    """Every counter of the gateway's own traffic, and the requests in flight now."""
+
+    def __init__(self, access_log: AccessLog | None) -> None:
+        self.requests: defaultdict[tuple[str, str, str, int], int] = defaultdict(int)
+        self.latency: dict[tuple[str, str], Latency] = {}
+        self.attempts: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.failovers: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.shed: defaultdict[str, int] = defaultdict(int)
+        self.tokens: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.live: set[Trace] = set()
+        self.access_log = access_log
+        # Request ids: unique per process run without a random read per request.
+        self._ids = itertools.count(1)
+        self._id_prefix = os.urandom(4).hex()
+
+    def begin(self, client: Channel) -> Trace:
+        """Trace the request whose head just arrived on `client` (its writes go through it)."""
+        trace = Trace(client.write, time.monotonic(), f"{self._id_prefix}-{next(self._ids):x}")
+        client.write = trace.write
+        self.live.add(trace)
+        return trace
+
+    def end(self, trace: Trace, client: Channel) -> None:
+        """The request ended (answered, or its connection broke): count it."""
+        client.write = trace.sink
+        self.live.discard(trace)
+        trace.ended = ended = time.monotonic()
+        role, lane, started = trace.role, trace.lane, trace.started
+        self.requests[role, lane, trace.reason, trace.status or CLIENT_CLOSED] += 1
+        latency = self.latency.get((role, lane))
+        if latency is None:
+            latency = self.latency[role, lane] = Latency()
+        latency.duration.observe(ended - started)
+        if trace.first_byte:
+            latency.first_byte.observe(trace.first_byte - started)
+        if trace.tokens:
+            self.tokens[role, trace.served] += trace.tokens
+        if self.access_log is not None:
+            self.access_log.push(trace)

@@ -1,0 +1,78 @@
+"""One request's record, taken where the request already passes: its answer's status, bytes and
+first-byte time from the client channel's writes, its id, and what routing made of it.
+
+While a request is answered, the client Channel's `write` is the trace's: the answer's head gets
+the request's `X-Request-Id` and gives its status and first-byte time; every byte is counted.
+app/ fills in the role, route reason, replica and tokens; metrics and the access log read it
+once the request has ended.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+from .http import Request
+
+# A caller's X-Request-Id is kept only when it is short and made of these characters.
+_SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+# A caller's X-Request-Id line, dropped from what is forwarded when it is not kept.
+_ID_LINE = re.compile(r"^x-request-id[ \t]*:[^\r\n]*\r\n", re.I | re.M)
+_STATUS_LINE = b"HTTP/1.1 "
+_CONTINUE = 100
+# Nothing was answered: the client left, or the connection broke first (nginx's convention).
+CLIENT_CLOSED = 499
+UNROUTED = "none"
+
+
+class Trace:
+    """What metrics and the access log learn of one request."""
+
+    __slots__ = ("bytes", "ended", "first_byte", "lane", "method", "path", "reason",
+                 "request_id", "role", "served", "sink", "started", "status", "tokens")
+
+    def __init__(self, write: Callable[[bytes], None], started: float, request_id: str) -> None:
+        self.sink = write  # the client transport's own write
+        self.started = started
+        self.ended = started
+        self.first_byte = 0.0
+        self.status = 0
+        self.bytes = 0
+        self.method = self.path = self.served = ""
+        self.lane = "other"
+        self.role = UNROUTED
+        self.reason = UNROUTED  # the pool's route reason (X-Lobes-Route-Reason), else none
+        self.tokens: int | None = None
+        self.request_id = request_id
+
+    def identify(self, req: Request, lane: str) -> None:
+        """Name the request: method, path, lane, and its id: the caller's when it is short and
+        safe, else this trace's own, which is then what every upstream hop is sent."""
+        self.method, self.path, self.lane = req.method, req.path[:256], lane
+        given = req.headers.get("x-request-id")
+        if given is not None and _SAFE_ID.fullmatch(given):
+            self.request_id = given
+            return
+        block = req.header_block if given is None else _ID_LINE.sub("", req.header_block)
+        req.header_block = f"{block}X-Request-Id: {self.request_id}\r\n"
+        req.headers["x-request-id"] = self.request_id
+
+    def write(self, data: bytes) -> None:
+        """The client channel's write while the request is answered. The answer's head (not a
+        100 Continue) gives the status and first-byte time, and gets the request's id."""
+        if not self.status and data.startswith(_STATUS_LINE):
+            status = int(data[9:12])
+            if status != _CONTINUE:
+                self.status = status
+                self.first_byte = time.monotonic()
+                end = data.find(b"\r\n") + 2
+                data = b"%sX-Request-Id: %s\r\n%s" % (
+                    data[:end], self.request_id.encode(), data[end:])
+        self.bytes += len(data)
+        self.sink(data)
+
+    @property
+    def code(self) -> int:
+        """The status answered, or CLIENT_CLOSED when no answer was sent."""
+        return self.status or CLIENT_CLOSED
