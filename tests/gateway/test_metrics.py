@@ -150,6 +150,26 @@ def test_a_request_shed_by_pressure_is_counted(box, gateway):
     assert after.value("lobes_gateway_pressure_swap_used_ratio") == pytest.approx(0.8)
 
 
+def test_a_request_shed_for_memory_is_counted_under_its_own_reason(box, gateway):
+    _, _, _, root = box
+    before = Scrape.of(gateway.url)
+    assert before.value("lobes_gateway_shed_requests_total", reason="memory") == 0  # from zero
+    write_proc(root, 10, mem_available_percent=3.0, psi_full=12.5)
+    try:
+        wait_mode(gateway, "busy")
+        assert chat(gateway.url, {"model": "main"}, AUTH).status == 429
+        after = Scrape.of(gateway.url)
+    finally:
+        write_proc(root, 10)
+        wait_mode(gateway, "warm")
+    assert delta(before, after, "lobes_gateway_shed_requests_total", reason="memory") == 1
+    assert delta(before, after, "lobes_gateway_shed_requests_total", reason="pressure") == 0
+    assert after.value("lobes_gateway_pressure_mem_available_ratio") == pytest.approx(0.03)
+    assert after.value("lobes_gateway_pressure_psi_memory_full_avg10") == pytest.approx(12.5)
+    assert after.value("lobes_gateway_pressure_memavailable_degraded_threshold_ratio") == \
+        pytest.approx(0.05)
+
+
 def test_distinct_unknown_model_names_add_no_series(gateway):
     chat(gateway.url, {"model": "main"}, AUTH)
     Scrape.of(gateway.url)  # the scrapes' own series exist from here on

@@ -58,6 +58,7 @@ from .metrics import (
     DECLINED,
     SCHEMA_REJECTED,
     SERVER_ERROR,
+    SHED_MEMORY,
     SHED_PRESSURE,
     UNREACHABLE,
     Metrics,
@@ -348,11 +349,12 @@ class Dispatcher:
         if route.tier is not None:
             override = req.headers.get("x-lobes-override", "").lower() == "true"
             if not override and self._pressure.sheds(requested_tier, route.tier):
-                self._metrics.shed[SHED_PRESSURE] += 1
+                memory = self._pressure.reason == "memory"
+                self._metrics.shed[SHED_MEMORY if memory else SHED_PRESSURE] += 1
                 if placement is not None:  # placed on the local replica, never dialled
                     placement.release()
-                reason = "memory" if self._pressure.reason == "memory" else "busy"
-                error = errors.server_busy(self._retry_after, route.tier, reason)
+                error = errors.server_busy(self._retry_after, route.tier,
+                                           "memory" if memory else "busy")
                 yield Answer(error, (("X-Lobes-Tier", route.tier),))
                 return
         extra = self._header_lines.get((route.tier, override))

@@ -137,10 +137,21 @@ def _pressure(out: Exposition, pressure: PressureMonitor) -> None:
                  config.swap_degraded / 100),
                 ("iowait_degraded_threshold_ratio", "Iowait above which full tiers are shed.",
                  config.iowait_degraded / 100),
+                ("memavailable_degraded_threshold_ratio", "MemAvailable share of MemTotal "
+                 "under which full tiers are shed.", config.memavailable_degraded / 100),
+                ("psi_memory_full_threshold", "PSI memory full avg10 over which full tiers "
+                 "are shed.", config.psi_memory_full),
                 ("shedding", "1 while pressure sheds the full tiers, else 0.",
                  int(pressure.busy)))
-    for name, text, value in readings:
-        out.family(f"lobes_gateway_pressure_{name}", "gauge", text, [((), value)])
+    # Readings the box may not have: MemAvailable (an old kernel) and PSI (not enabled).
+    optional = (("mem_available_ratio", "MemAvailable as a share of MemTotal, 0-1, at the "
+                 "latest sample.", None if sample.mem_available_percent is None
+                 else sample.mem_available_percent / 100),
+                ("psi_memory_full_avg10", "PSI memory full avg10 (percent of time all tasks "
+                 "stalled on memory) at the latest sample.", sample.psi_memory_full))
+    for name, text, value in (*readings, *optional):
+        if value is not None:
+            out.family(f"lobes_gateway_pressure_{name}", "gauge", text, [((), value)])
 
 
 def _process(out: Exposition, started_at: float) -> None:

@@ -29,8 +29,10 @@ SERVER_ERROR = "server_error"  # a 5xx that moved the request on
 DECLINED = "declined"  # a 401/403/404 (a peer's role_infeasible) that moved it on
 SCHEMA_REJECTED = "schema_rejected"  # a strict-lane 400: retried without strict
 # Why a request was shed (lobes_gateway_shed_requests_total{reason}).
-SHED_PRESSURE = "pressure"
+SHED_PRESSURE = "pressure"  # swap or iowait
+SHED_MEMORY = "memory"  # MemAvailable or PSI memory
 SHED_KEY_LIMIT = "key_in_flight_limit"
+SHED_REASONS = (SHED_PRESSURE, SHED_MEMORY, SHED_KEY_LIMIT)
 
 
 class Histogram:
@@ -65,7 +67,8 @@ class Metrics:
         self.latency: dict[tuple[str, str], Latency] = {}
         self.attempts: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.failovers: defaultdict[tuple[str, str], int] = defaultdict(int)
-        self.shed: defaultdict[str, int] = defaultdict(int)
+        # Every reason from zero: an alert on rate() sees the first shed too.
+        self.shed: dict[str, int] = dict.fromkeys(SHED_REASONS, 0)
         self.tokens: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.live: set[Trace] = set()
         self.access_log = access_log
