@@ -160,7 +160,9 @@ def start_services(workdir: Path) -> list[procs.Service]:
                          cortex_port, BACKEND_CORE, workdir, env)
     embed = procs.spawn("embedder", [*sim, "--port", str(embed_port), "--profile", "embedder"],
                         embed_port, BACKEND_CORE, workdir, env)
+    # As the collection deploys it: the access log on, into a file (its writer is a thread).
     gateway_env = {**env, "GATEWAY_HOST": "127.0.0.1", "GATEWAY_PORT": str(gateway_port),
+                   "GATEWAY_ACCESS_LOG": str(workdir / "access.log"),
                    "PRIMARY_BASE_URL": f"http://127.0.0.1:{cortex_port}",
                    "PRIMARY_SERVED_NAME": SERVED, "PRIMARY_MAX_ACTIVE": "256",
                    "EMBED_BASE_URL": f"http://127.0.0.1:{embed_port}"}
