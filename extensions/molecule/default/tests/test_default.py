@@ -71,9 +71,12 @@ def get_json(path: str) -> dict:
 
 
 def playbook(name: str, *args: str) -> subprocess.CompletedProcess:
-    """A collection playbook against molecule's inventory (over SSH), as converge ran site."""
+    """A collection playbook against molecule's inventory (over SSH), as converge ran site;
+    whatever it did, no key is in its output."""
     run = subprocess.run(["ansible-playbook", "-i", INVENTORY, f"lobes.fleet.{name}", *args],
                          capture_output=True, text=True, timeout=600, check=False)
+    for key in KEYS:
+        assert key not in run.stdout + run.stderr, f"{name} printed a key"
     return run
 
 
