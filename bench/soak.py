@@ -184,7 +184,7 @@ def run(seconds: float, connections: int) -> SoakResult:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--seconds", type=float, default=600.0)
     parser.add_argument("--connections", type=int, default=300)
     parser.add_argument("--json", type=Path, help="write the result here")

@@ -32,7 +32,7 @@ def adjust(meminfo: str, delta_kib: int) -> None:
 
 
 def _adjusted(line: str, delta_kib: int) -> str:
-    name, _, rest = line.partition(":")
+    name, _colon, rest = line.partition(":")
     if name not in _TAKEN:
         return line
     value = max(0, int(rest.split()[0]) + delta_kib)

@@ -28,7 +28,7 @@ def parse_meminfo(text: str) -> MemoryReading:
     """The reading of a meminfo file's text; a missing field reads as 0."""
     kib: dict[str, int] = {}
     for line in text.splitlines():
-        name, _, rest = line.partition(":")
+        name, _colon, rest = line.partition(":")
         if rest.split():
             kib[name] = int(rest.split()[0])
     cache = kib.get("Cached", 0) + kib.get("SReclaimable", 0) - kib.get("Shmem", 0)

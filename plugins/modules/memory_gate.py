@@ -103,9 +103,9 @@ refusal:
 """
 
 import os  # noqa: E402 - modules keep imports below their documentation
-import urllib.request  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.urls import open_url  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.memory import (  # noqa: E402
     headroom,
     parse_meminfo,
@@ -125,9 +125,9 @@ def _gear_name(plan, role):
 
 def _answers(url):
     try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
+        with open_url(url, method="GET", timeout=2, use_proxy=False) as answer:
             return answer.status == 200
-    except OSError:
+    except Exception:  # refused, timed out, an HTTP error: the gear does not answer healthy
         return False
 
 

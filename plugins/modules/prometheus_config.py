@@ -180,7 +180,7 @@ def validate(module: AnsibleModule, files: list) -> bool:
     try:
         for name, text in files:
             _write(os.path.join(scratch, name), text)
-        rules = [name for name, _ in files if name.startswith(RULES_DIR + "/")]
+        rules = [name for name, _content in files if name.startswith(RULES_DIR + "/")]
         for argv in ([promtool, "check", "config", "prometheus.yml"],
                      *([[promtool, "check", "rules", *rules]] if rules else [])):
             rc, out, err = module.run_command(argv, cwd=scratch)

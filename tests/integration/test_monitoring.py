@@ -96,7 +96,7 @@ def _values(monitored: Monitored, expr: str, start: float) -> list[float]:
     """The finite values of a dashboard query over the test's traffic, one point a second."""
     data = monitored.api("query_range", query=_expand(expr), start=f"{start:.3f}",
                          end=f"{time.time():.3f}", step="1")
-    values = (float(value) for series in data["result"] for _, value in series["values"])
+    values = (float(value) for series in data["result"] for _moment, value in series["values"])
     return [value for value in values if math.isfinite(value)]
 
 

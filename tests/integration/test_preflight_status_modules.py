@@ -58,8 +58,9 @@ def test_mesh_status_reports_an_unreachable_box_without_failing():
                 "hardware": {"name": "sim"},
                 "roles": {
                     "cortex": {"mode": "serve", "peers": []},
-                    "senses": {"mode": "pool", "peers": [{"host": "a", "origin": "http://a:1"},
-                                                      {"host": "b", "origin": "http://b:1"}]},
+                    "senses": {"mode": "pool", "peers": [
+                        {"host": "a", "origin": "http://a:1"},
+                        {"host": "b", "origin": "http://b:1"}]},
                     "minor": {"mode": "off", "peers": []},
                 },
             }

@@ -112,7 +112,8 @@ def mesh_file() -> Path:
 
 
 def docker(*argv: str) -> str:
-    done = subprocess.run(["docker", *argv], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["docker", *argv], capture_output=True, text=True, timeout=60,
+                          check=False)
     assert done.returncode == 0, f"docker {' '.join(argv)}: {done.stderr.strip()}"
     return done.stdout
 
@@ -131,7 +132,7 @@ def sustained_load(origin: str, payload: dict[str, Any], headers: dict[str, str]
     """Bursts of `concurrency` requests, one after the other, until every wave is sent or two
     boxes have answered; all the replies."""
     replies: list[Reply] = []
-    for _ in range(waves):
+    for _wave in range(waves):
         replies += burst(origin, concurrency, payload, headers)[0]
         if len(served_by(replies)) > 1:
             break

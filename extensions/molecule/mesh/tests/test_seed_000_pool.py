@@ -85,7 +85,7 @@ def test_a_lost_thor_is_seen_within_a_probe_interval_and_the_spark_serves_all(
         wait_until(lambda: pool_rows(orin) == {**whole, thor.origin: (False, False)},
                    message="the Thor's row on the Orin: ready=false, compatible=false",
                    timeout=ONE_PROBE_INTERVAL_S, interval=0.2)
-        replies, _ = burst(orin.origin, SEED_BURST, cortex_request(), orin.auth)
+        replies, _elapsed = burst(orin.origin, SEED_BURST, cortex_request(), orin.auth)
         assert [reply.status for reply in replies] == [200] * SEED_BURST
         assert served_by(replies) == {spark.origin: SEED_BURST}
 

@@ -30,7 +30,7 @@ def assert_answered_by(reply: Reply, tag: str, owner: Box, entry: Box) -> None:
 
 def test_the_first_owner_answers_a_forwarded_request(mesh: Mesh) -> None:
     entry = mesh["entry"]
-    first, _ = owners(mesh, entry)
+    first, _elapsed = owners(mesh, entry)
     reply, tag = forwarded(entry)
     assert_answered_by(reply, tag, first, entry)
 
