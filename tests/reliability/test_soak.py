@@ -28,6 +28,8 @@ def test_a_short_soak_loses_nothing_and_grows_nothing(tmp_path):
     growth = result["after_warmup_and_end"]
     rss_settled, rss_end = growth["rss_kib"]
     assert rss_end <= rss_settled * 1.15 + 2048, growth
+    # The upstream keep-alive pool may still reach a new high-water mark after the warm-up
+    # (bounded by the connections): a few descriptors, never a steady climb.
     fds_settled, fds_end = growth["fds"]
-    assert fds_end <= fds_settled + 8, growth
+    assert fds_end <= fds_settled * 1.05 + 8, growth
     assert growth["threads"][1] <= growth["threads"][0], growth
