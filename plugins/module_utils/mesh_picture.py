@@ -31,7 +31,7 @@ def _quote(text: str) -> str:
 
 
 def _served(box: dict) -> list:
-    return [role for role, plan in sorted(box["roles"].items()) if plan.get("gear")]
+    return [role for role, plan in sorted(box.get("roles", {}).items()) if plan.get("gear")]
 
 
 def _replica_state(capabilities: dict | None, role: str, origin: str) -> str:
@@ -56,12 +56,12 @@ def _peer_state(peer_capabilities: dict | None, role: str) -> str:
 
 def _edges(host: str, box: dict, live: dict) -> list:
     lines = []
-    for role, plan in sorted(box["roles"].items()):
+    for role, plan in sorted(box.get("roles", {}).items()):
         mode = plan.get("mode")
         if mode not in STYLES:
             continue
         for peer in plan.get("peers") or []:
-            state = (_replica_state(live.get(host), role, peer["origin"]) if mode == POOL
+            state = (_replica_state(live.get(host), role, peer.get("origin")) if mode == POOL
                      else _peer_state(live.get(peer["host"]), role))
             label = f"{role}: {_VERBS[mode]} ({state})"
             lines.append(f"  {_quote(host)} -> {_quote(peer['host'])} [label={_quote(label)}, "
@@ -74,7 +74,8 @@ def _node(host: str, box: dict, capabilities: dict | None) -> str:
     served = ", ".join(_served(box)) or "no gear"
     state = "unreachable" if capabilities is None else "up"
     colour = COLOURS[DOWN] if capabilities is None else "black"
-    label = f"{host} ({box['hardware']['name']})\\nserves: {served}\\n{state}"
+    hardware = box.get("hardware", {}).get("name", "unknown hardware")
+    label = f"{host} ({hardware})\\nserves: {served}\\n{state}"
     return f"  {_quote(host)} [label=\"{label}\", color={colour}];"
 
 

@@ -153,7 +153,7 @@ def gear_base_url(plan: dict, role: dict) -> str:
 def start_order(plan: dict) -> list:
     """The local (non-audio) gears, largest memory share first: on a unified-memory box each
     starts only once the one before is healthy, so their start-up peaks never overlap."""
-    gears = [role for role in plan["roles"].values()
+    gears = [role for role in plan.get("roles", {}).values()
              if role["gear"] and not role_spec(role["role"]).is_audio]
     return sorted(gears, key=lambda role: -role["gear"]["gpu_memory_utilization"])
 

@@ -187,7 +187,8 @@ def main():
         supports_check_mode=True,
     )
     plan, proc_root = module.params["plan"], module.params["proc_root"] or DEFAULT_PROC
-    gated = plan["hardware"]["has_gpu"] or proc_root != DEFAULT_PROC
+    # A plan without hardware (a role driven by a hand-written plan) has no GPU to gate.
+    gated = plan.get("hardware", {}).get("has_gpu", False) or proc_root != DEFAULT_PROC
     gears = _gears(module, plan)
     to_start = {name: share for name, share, running in gears if not running and gated}
     enforce = module.params["enforce"]

@@ -72,7 +72,8 @@ def test_forced_systemd_check_reports_the_units_it_would_write(box: Path) -> Non
     gears = tasks["Write the systemd units of the gears"]
     gateway = tasks["Write the systemd units of the gateway"]
     assert gears["changed"] is True
-    assert gears["changed_units"] == ["lobes-localhost-gear-cortex.service"]
+    assert gears["changed_units"] == ["lobes-localhost-gear-cortex.service",
+                                      "lobes-localhost-gear-senses.service"]
     assert gateway["changed_units"] == ["lobes-localhost-gateway.service"]
     assert f"WorkingDirectory={box / 'box'}" in gateway["diff"]["after"]
     assert f"EnvironmentFile={box / 'box' / '.env'}" in gateway["diff"]["after"]
