@@ -121,6 +121,10 @@ import tempfile  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils import monitoring  # noqa: E402
+from ansible_collections.lobes.fleet.plugins.module_utils.files import (  # noqa: E402
+    read_with_mode,
+    replace_atomically,
+)
 from ansible_collections.lobes.fleet.plugins.module_utils.render import to_yaml  # noqa: E402
 
 FILE_MODE = 0o644
@@ -146,26 +150,9 @@ def _text(value: str) -> str:
     return value if value.endswith("\n") else value + "\n"
 
 
-def _current(path: str) -> tuple:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read(), os.stat(path).st_mode & 0o777
-    except FileNotFoundError:
-        return None, None
-
-
 def _write(path: str, text: str) -> None:
     os.makedirs(os.path.dirname(path), mode=DIR_MODE, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".prometheus-config-")
-    try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    replace_atomically(path, text, FILE_MODE)
 
 
 def validate(module: AnsibleModule, files: list) -> bool:
@@ -204,7 +191,7 @@ def run(module: AnsibleModule) -> dict:
     results, diffs, pending = [], [], []
     for name, text in files:
         path = os.path.join(dest, name)
-        before, mode = _current(path)
+        before, mode = read_with_mode(path)
         changed = before != text or mode != FILE_MODE
         if changed:
             diffs.append({"before_header": path, "after_header": path,

@@ -111,12 +111,15 @@ services:
 # Ansible wants the documentation strings before any import (validate-modules).
 import json  # noqa: E402
 import os  # noqa: E402
-import tempfile  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils import render  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.contract import (  # noqa: E402
     is_secret_env,
+)
+from ansible_collections.lobes.fleet.plugins.module_utils.files import (  # noqa: E402
+    read_with_mode,
+    replace_atomically,
 )
 
 ENV_MODE = 0o600
@@ -140,29 +143,6 @@ def rendered_files(plan: dict, secrets: dict, gateway_dir: str, dest: str) -> tu
         files.append(("services.json", text, text, FILE_MODE))
         names = [service["name"] for service in services["services"]]
     return files, env, names
-
-
-def _current(path: str) -> tuple:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read(), os.stat(path).st_mode & 0o777
-    except FileNotFoundError:
-        return None, None
-
-
-def _write(path: str, text: str, mode: int) -> None:
-    """Atomic replace, created with its final mode so a secret is never world-readable."""
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".render-")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _masked_before(name: str, before: str | None) -> str:
@@ -193,13 +173,13 @@ def run(module: AnsibleModule) -> dict:
         os.makedirs(dest, mode=0o750)
     for name, text, masked, mode in files:
         path = os.path.join(dest, name)
-        before, before_mode = _current(path)
+        before, before_mode = read_with_mode(path)
         changed = before != text or before_mode != mode
         if changed:
             diffs.append({"before_header": path, "after_header": path,
                           "before": _masked_before(name, before), "after": masked})
             if not module.check_mode:
-                _write(path, text, mode)
+                replace_atomically(path, text, mode)
         results.append({"path": path, "changed": changed})
     return {"changed": any(item["changed"] for item in results), "files": results,
             "env_names": [pair[0] for pair in env], "services": names,
