@@ -158,6 +158,16 @@ def start_order(plan: dict) -> list:
     return sorted(gears, key=lambda role: -role["gear"]["gpu_memory_utilization"])
 
 
+def gear_service_name(plan: dict, role: dict) -> str:
+    """A gear's service in the box's runtime: its compose service, or its supervised service."""
+    return role["gear"]["service"] if plan["runtime"] == "compose" else f"gear-{role['role']}"
+
+
+def process_health_url(role: dict) -> str:
+    """Where a process-runtime gear answers /health on its box."""
+    return f"http://127.0.0.1:{role['gear']['port']}/health"
+
+
 def _local_audio(plan: dict) -> list:
     return [role for role in plan["roles"].values()
             if role["gear"] and role_spec(role["role"]).is_audio]
@@ -423,7 +433,7 @@ def render_services(plan: dict, gateway_dir: str = "gateway") -> dict:
     services = []
     for role in start_order(plan):
         service = _sim_service(plan, role, python, env, gateway_dir)
-        service["health"] = f"http://127.0.0.1:{role['gear']['port']}/health"
+        service["health"] = process_health_url(role)
         service["health_timeout_s"] = SIM_HEALTH_TIMEOUT_S
         if services:
             service["after"] = [services[-1]["name"]]
@@ -471,7 +481,7 @@ def sim_audio_args(plan: dict, role: dict) -> list:
 
 def _sim_service(plan: dict, role: dict, python: str, env: dict, gateway_dir: str) -> dict:
     argv = _sim_argv(python, role["gear"]["port"]) + sim_gear_args(plan, role)
-    return _sim_entry(f"gear-{role['role']}", role["role"], argv, env, gateway_dir)
+    return _sim_entry(gear_service_name(plan, role), role["role"], argv, env, gateway_dir)
 
 
 def _sim_audio_service(plan: dict, role: dict, python: str, env: dict,

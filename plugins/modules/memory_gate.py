@@ -112,15 +112,12 @@ from ansible_collections.lobes.fleet.plugins.module_utils.memory import (  # noq
     refusal,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.render import (  # noqa: E402
+    gear_service_name,
+    process_health_url,
     start_order,
 )
 
 DEFAULT_PROC = "/proc"
-
-
-def _gear_name(plan, role):
-    """The gear's service name in the box's runtime (compose service, or supervised service)."""
-    return role["gear"]["service"] if plan["runtime"] == "compose" else f"gear-{role['role']}"
 
 
 def _answers(url):
@@ -148,9 +145,9 @@ def _gears(module, plan):
     running = _running_compose(module, module.params["deploy_dir"]) if compose else None
     gears = []
     for role in start_order(plan):
-        name = _gear_name(plan, role)
+        name = gear_service_name(plan, role)
         share = role["gear"]["memory_gib"]
-        health = f"http://127.0.0.1:{role['gear']['port']}/health"
+        health = process_health_url(role)
         gears.append((name, share, name in running if compose else _answers(health)))
     return gears
 
