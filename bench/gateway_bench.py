@@ -232,6 +232,13 @@ async def held_streams(target: Target, backend_port: int, cfg: Settings) -> dict
     }
 
 
+def start_backend(workdir: Path) -> procs.Service:
+    """bench/fast_backend.py on the client's core: the backend every target fronts."""
+    port = procs.free_port()
+    argv = [sys.executable, str(REPO / "bench" / "fast_backend.py"), "--port", str(port)]
+    return procs.spawn("backend", argv, port, CLIENT_CORE, workdir)
+
+
 async def run(cfg: Settings, workdir: Path, log) -> dict:
     """Every phase against every target; returns results[phase][target] -> metrics."""
     nofile = procs.raise_fd_limit()
@@ -241,14 +248,8 @@ async def run(cfg: Settings, workdir: Path, log) -> dict:
             procs.raise_priority(cfg.nice)  # inherited by the backend and the proxies
         except OSError as error:
             log(f"cannot renice by {cfg.nice} ({error}): running at normal priority")
-    backend_port = procs.free_port()
-    backend = procs.spawn(
-        "backend",
-        [sys.executable, str(REPO / "bench" / "fast_backend.py"), "--port", str(backend_port)],
-        backend_port,
-        CLIENT_CORE,
-        workdir,
-    )
+    backend = start_backend(workdir)
+    backend_port = backend.port
     services = [backend]
     results: dict[str, dict] = {"streams": {}}
     try:

@@ -23,7 +23,6 @@ import tempfile
 from pathlib import Path
 
 import gateway_bench as bench
-import procs
 
 START_MARKER = "<!-- metrics-cost:start -->"
 END_MARKER = "<!-- metrics-cost:end -->"
@@ -39,19 +38,8 @@ NAMES = ("before metrics", "access log off", "access log on")
 async def measure(cfg: bench.Settings, base_dir: Path, workdir: Path) -> dict:
     """Every phase against direct and the three gateways: results[phase][target]."""
     os.sched_setaffinity(0, {bench.CLIENT_CORE})
-    backend_port = procs.free_port()
-    backend = procs.spawn(
-        "backend",
-        [
-            sys.executable,
-            str(bench.REPO / "bench" / "fast_backend.py"),
-            "--port",
-            str(backend_port),
-        ],
-        backend_port,
-        bench.CLIENT_CORE,
-        workdir,
-    )
+    backend = bench.start_backend(workdir)
+    backend_port = backend.port
     here = bench.REPO / "gateway"
     logged = {"GATEWAY_ACCESS_LOG": str(workdir / "access.log")}
     services = [backend]

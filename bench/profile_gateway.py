@@ -42,19 +42,8 @@ async def profile(args: argparse.Namespace, workdir: Path) -> Path:
     """Drive a cProfile'd gateway for args.seconds; returns the stats file."""
     procs.raise_fd_limit()
     os.sched_setaffinity(0, {gateway_bench.CLIENT_CORE})
-    backend_port = procs.free_port()
-    backend = procs.spawn(
-        "backend",
-        [
-            sys.executable,
-            str(gateway_bench.REPO / "bench" / "fast_backend.py"),
-            "--port",
-            str(backend_port),
-        ],
-        backend_port,
-        gateway_bench.CLIENT_CORE,
-        workdir,
-    )
+    backend = gateway_bench.start_backend(workdir)
+    backend_port = backend.port
     stats_path = workdir / "gateway.prof"
     gateway = gateway_bench.start_gateway(
         backend_port,
