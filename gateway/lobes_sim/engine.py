@@ -13,6 +13,7 @@ import contextlib
 from collections import Counter, deque
 from collections.abc import Callable
 
+from .prefix_cache import BLOCK_SIZE, PrefixCache
 from .profiles import Profile
 
 # If the loop falls behind its schedule (CPU saturated), it catches up at most this much, so a
@@ -29,6 +30,8 @@ class Sequence:
 
     __slots__ = (
         "_waiter",
+        "block_hashes",
+        "cached_tokens",
         "finish_reason",
         "generated",
         "max_tokens",
@@ -37,8 +40,11 @@ class Sequence:
         "stops_naturally",
     )
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, natural: int | None) -> None:
+    def __init__(self, prompt_tokens: int, max_tokens: int, natural: int | None,
+                 block_hashes: tuple[int, ...] = ()) -> None:
         self.prompt_tokens = prompt_tokens
+        self.block_hashes = block_hashes
+        self.cached_tokens = 0  # of the prompt, found in the prefix cache at admission
         self.max_tokens = max_tokens
         # natural=None: generate until max_tokens (ignore_eos, or a pooling request with 0).
         self.stops_naturally = natural is not None and natural <= max_tokens
@@ -82,6 +88,7 @@ class Engine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.finished_total: Counter[str] = Counter()
+        self.prefix_cache = PrefixCache(profile.kv_cache_tokens // BLOCK_SIZE)
 
     def submit(self, sequence: Sequence) -> None:
         """Queue a sequence; the loop admits it when a slot is free."""
@@ -126,13 +133,16 @@ class Engine:
             self._advance()
 
     def _admit(self) -> int | None:
-        """Move waiting sequences into free slots; the prompt tokens admitted, None if none."""
+        """Move waiting sequences into free slots; the prompt tokens they must prefill (their
+        cached prefix is skipped), None if none was admitted."""
         admitted: int | None = None
         while self.waiting and len(self.running) < self.profile.max_num_seqs:
             sequence = self.waiting.popleft()
             self.running.append(sequence)
             self.prompt_tokens_total += sequence.prompt_tokens
-            admitted = (admitted or 0) + sequence.prompt_tokens
+            sequence.cached_tokens = self.prefix_cache.admit(sequence.block_hashes,
+                                                             sequence.prompt_tokens)
+            admitted = (admitted or 0) + sequence.prompt_tokens - sequence.cached_tokens
         return admitted
 
     def _step_seconds(self, admitted_tokens: int | None) -> float:

@@ -12,13 +12,16 @@ from typing import Any
 from . import errors
 from .engine import ABORT, Sequence
 from .httpio import Connection, Request, stop_watching
+from .prefix_cache import block_hashes
 from .state import ClientGone, SimState
 from .textgen import (
     TokenStream,
+    chat_token_units,
     count_chat_tokens,
     count_prompt_tokens,
     digest_seed,
     natural_length,
+    prompt_token_units,
 )
 from .validation import checked_model, int_field, request_json
 
@@ -39,6 +42,7 @@ class GenerateCall:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    block_hashes: tuple[int, ...] = ()
 
 
 def _has_strict_tool(body: dict[str, Any]) -> bool:
@@ -103,7 +107,15 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
         stream=bool(body.get("stream")),
         include_usage=bool(options.get("include_usage")),
         continuous_usage=bool(options.get("continuous_usage_stats")),
+        block_hashes=_prompt_blocks(body, chat),
     )
+
+
+def _prompt_blocks(body: dict[str, Any], chat: bool) -> tuple[int, ...]:
+    """The prefix-cache block hashes of a validated prompt."""
+    if chat:
+        return block_hashes(chat_token_units(body["messages"]))
+    return block_hashes(prompt_token_units(body["prompt"]))
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
@@ -199,7 +211,7 @@ async def handle_generate(
 ) -> None:
     """Run one chat or text completion through the engine and answer it."""
     call = parse_call(state, request_json(request), chat)
-    sequence = Sequence(call.prompt_tokens, call.max_tokens, call.natural)
+    sequence = Sequence(call.prompt_tokens, call.max_tokens, call.natural, call.block_hashes)
     state.engine.submit(sequence)
     watcher = asyncio.create_task(conn.watch_disconnect(lambda: state.engine.abort(sequence)))
     try:

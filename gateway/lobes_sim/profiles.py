@@ -51,6 +51,8 @@ class Profile:
 
 # Seed 000: Spark serves cortex at 48.9 tok/s single stream (154 tok in 3.149 s) and two
 # streams at ~44 tok/s each (155 tok in ~3.5 s), so a 2-slot box makes ~88 tok/s aggregate.
+# Prefill: 0.37 ms per token puts a 4,096-token uncached prompt at 1.58 s, the 2,575 prefill
+# tok/s published for a 27B NVFP4 checkpoint on vLLM on one GB10 (docs/simulator.md).
 SPARK_CORTEX = Profile(
     name="spark-cortex",
     task=GENERATE,
@@ -60,7 +62,7 @@ SPARK_CORTEX = Profile(
     decode_step_s=0.0200,
     batch_slowdown=0.11,
     prefill_base_s=0.060,
-    prefill_s_per_token=0.0003,
+    prefill_s_per_token=0.00037,
     natural_length=(154, 155),
     kv_cache_tokens=468886,
     quantization="modelopt_fp4",

@@ -118,3 +118,42 @@ def relevance(query: str, document: str) -> float:
     # A small text-dependent jitter breaks ties between equally overlapping documents.
     jitter = (digest_seed("score", query, document) % 1000) / 100000.0
     return 1.0 / (1.0 + math.exp(-(8.0 * overlap - 3.0))) * 0.99 + jitter
+
+
+def _content_units(content: Any) -> list[object]:
+    """The token stand-ins of one message's content: its text in CHARS_PER_TOKEN slices."""
+    if isinstance(content, str):
+        return [content[i:i + CHARS_PER_TOKEN] for i in range(0, len(content), CHARS_PER_TOKEN)]
+    units: list[object] = []
+    for part in content if isinstance(content, list) else []:
+        if isinstance(part, dict) and part.get("type") == "text":
+            units += _content_units(str(part.get("text", "")))
+        else:
+            part_key = digest_seed(part)
+            units += [(part_key, i) for i in range(TOKENS_PER_NON_TEXT_PART)]
+    return units
+
+
+def chat_token_units(messages: list[dict[str, Any]]) -> list[object]:
+    """One stand-in per prompt token of a chat, as many as count_chat_tokens counts.
+
+    Equal leading messages give equal leading units, so a conversation that grows by
+    appending messages shares its earlier blocks, as real token ids do.
+    """
+    units: list[object] = []
+    for message in messages:
+        role = str(message.get("role"))
+        units += [("role", role, i) for i in range(TOKENS_PER_MESSAGE)]
+        units += _content_units(message.get("content"))
+    return [*units, ("generation-prompt", 0), ("generation-prompt", 1)]
+
+
+def prompt_token_units(prompt: Any) -> list[object]:
+    """One stand-in per prompt token of a /v1/completions prompt."""
+    if isinstance(prompt, str):
+        return list(_content_units(prompt))
+    if isinstance(prompt, list) and all(isinstance(item, int) for item in prompt):
+        return list(prompt)
+    if isinstance(prompt, list):
+        return [unit for item in prompt for unit in prompt_token_units(item)]
+    return []

@@ -72,6 +72,13 @@ def metrics_text(state: SimState) -> str:
             [(f"_total{{{label}}}", engine.prompt_tokens_total)])
     _family(lines, "vllm:generation_tokens", "counter", "Number of generation tokens processed.",
             [(f"_total{{{label}}}", engine.generation_tokens_total)])
+    cache = engine.prefix_cache
+    _family(lines, "vllm:prefix_cache_queries", "counter",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            [(f"_total{{{label}}}", cache.queries_total)])
+    _family(lines, "vllm:prefix_cache_hits", "counter",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            [(f"_total{{{label}}}", cache.hits_total)])
     _family(lines, "vllm:request_success", "counter", "Count of successfully processed requests.",
             [(f'_total{{finished_reason="{reason}",{label}}}', engine.finished_total[reason])
              for reason in (STOP, LENGTH, ABORT)])

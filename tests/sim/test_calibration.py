@@ -137,11 +137,11 @@ def test_thor_holds_11_tok_s_per_stream_with_two_running(measured):
 def test_time_to_first_token_grows_with_prompt_length(sim_factory):
     sim = sim_factory("spark-cortex", time_scale=20)
     short = stream(sim.url, CHAT, chat_payload("hi", max_tokens=2))
-    # 80,000 characters = 20,000 prompt tokens: 0.06 + 6.0 s of prefill at 0.3 ms per token.
+    # 80,000 characters = 20,000 prompt tokens: 0.06 + 7.4 s of prefill at 0.37 ms per token.
     long = stream(sim.url, CHAT, chat_payload("x" * 80_000, max_tokens=2))
     assert short.first_event_s is not None and long.first_event_s is not None
     # Prefill of 20,006 prompt tokens plus one decode step, in simulated seconds.
-    expected_s = 0.06 + 0.0003 * 20_006 + 0.02
+    expected_s = 0.06 + 0.00037 * 20_006 + 0.02
     # A loaded machine only adds time, so the lower bound is tight and the upper one loose.
     assert expected_s * 0.9 <= long.first_event_s * 20 <= expected_s * 1.5
     assert long.first_event_s > 10 * short.first_event_s
