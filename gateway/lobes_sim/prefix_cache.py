@@ -4,7 +4,7 @@ vLLM hashes a prompt in blocks of BLOCK_SIZE tokens, each hash chained to its pa
 block matches only when everything before it matches too. A new request reuses the longest
 run of leading blocks the cache still holds and prefills only the rest; at least its last
 token is always computed (the engine needs its logits). Freed blocks stay cached until the
-KV capacity is needed again, least recently used first.
+KV capacity is needed again, least recently used first (a prompt's tail before its head).
 
 Simplifications, stated: only prompt blocks are cached (vLLM also caches the full blocks of
 the output, so a following turn re-reads a reply's blocks here at full price), and the
@@ -52,8 +52,9 @@ class PrefixCache:
         return cached
 
     def _remember(self, hashes: Sequence[int]) -> None:
-        """Every block of the prompt becomes the most recently used; the oldest go first."""
-        for block in hashes:
+        """Every block of the prompt becomes recently used, its head most: vLLM frees a
+        request's blocks tail first, so a shared head outlives the tails behind it."""
+        for block in reversed(hashes):
             self._blocks[block] = None
             self._blocks.move_to_end(block)
         while len(self._blocks) > self.capacity_blocks:

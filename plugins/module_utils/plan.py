@@ -352,7 +352,9 @@ def _check_hosts_role(box, decl, field, peer, boxes, local) -> None:
 
 
 def _fingerprint(gear: dict) -> tuple:
-    return gear["served_name"], gear["context"], gear["quantization"]
+    """What pool members must agree on; the window is each member's own (placement sends a
+    request only where it fits)."""
+    return gear["served_name"], gear["quantization"]
 
 
 def _check_pool_agreement(box: BoxDecl, decl: RoleDecl, local: dict) -> None:
@@ -365,11 +367,11 @@ def _check_pool_agreement(box: BoxDecl, decl: RoleDecl, local: dict) -> None:
             continue
         ours, theirs = _fingerprint(reference), _fingerprint(gear)
         diffs = [f"{label} {reference_host}={ours[i]!r} vs {host}={theirs[i]!r}"
-                 for i, label in enumerate(("served model", "window", "quantization"))
+                 for i, label in enumerate(("served model", "quantization"))
                  if ours[i] != theirs[i]]
         raise FleetError(box.host, decl.role, "pool",
                          "pool members disagree: " + "; ".join(diffs)
-                         + "; a pool needs one served id, window and quantization")
+                         + "; a pool needs one served id and quantization")
 
 
 def _check_rates(box: BoxDecl, decl: RoleDecl) -> None:
@@ -461,7 +463,9 @@ def _role_plan(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) -> dict:
     elif plan["peers"]:
         upstream = local[plan["peers"][0]["host"]][decl.role]
         plan["served_name"] = upstream.get("served_name")
-        plan["context"] = upstream.get("context")
+        # A peer-only pool takes the longest request one of its members can (windows may differ).
+        windows = [local[peer["host"]][decl.role].get("context") for peer in plan["peers"]]
+        plan["context"] = max((w for w in windows if w), default=None)
         plan["hosted_by"] = plan["peers"][0]["origin"]
     if decl.pool:
         plan["replicas"] = len(decl.pool) + (1 if decl.feasible else 0)

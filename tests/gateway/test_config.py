@@ -126,7 +126,7 @@ def test_gateway_api_key_wins_over_culture_key():
     ({"PRIMARY_PEER_ORIGINS": "http://a:1", "PRIMARY_PEER_RATES": "-3"},
      "PRIMARY_PEER_RATES", "> 0"),
     ({"PRIMARY_PEER_API_KEYS": "k"}, "PRIMARY_PEER_API_KEYS", "PRIMARY_PEER_ORIGINS"),
-    ({"GATEWAY_POOL_POLICY": "random"}, "GATEWAY_POOL_POLICY", "rate"),
+    ({"GATEWAY_POOL_POLICY": "random"}, "GATEWAY_POOL_POLICY", "prefix, rate"),
     # Misspelt names stop the gateway, naming the closest known one.
     ({"GATEWAY_PORTT": "8000"}, "GATEWAY_PORTT", "did you mean GATEWAY_PORT?"),
     ({"PRIMARY_BASEURL": "http://a:1"}, "PRIMARY_BASEURL", "did you mean PRIMARY_BASE_URL?"),

@@ -17,7 +17,7 @@ from lobes_gateway.app.dispatch import (
     peer_headers,
 )
 from lobes_gateway.app.meter import completion_tokens
-from lobes_gateway.policy.placement import DEFAULT_EXPECTED_TOKENS, expected_tokens
+from lobes_gateway.policy.prefix import request_shape
 from lobes_gateway.transport.http import Request, parse_head
 
 # (rule, status, moves on): seed 003 for replicas and owners, seed 004 for the one peer.
@@ -76,11 +76,10 @@ def test_local_forwarding_drops_hop_headers_and_the_callers_key():
 @pytest.mark.parametrize(
     ("payload", "tokens"),
     [({"max_tokens": 160}, 160), ({"max_completion_tokens": 64, "max_tokens": 9}, 64),
-     ({}, DEFAULT_EXPECTED_TOKENS), (None, DEFAULT_EXPECTED_TOKENS),
-     ({"max_tokens": True}, DEFAULT_EXPECTED_TOKENS), ({"max_tokens": 0}, DEFAULT_EXPECTED_TOKENS)],
+     ({}, None), (None, None), ({"max_tokens": True}, None), ({"max_tokens": 0}, None)],
 )
-def test_expected_tokens_come_from_the_request(payload, tokens):
-    assert expected_tokens(payload) == tokens
+def test_the_answer_budget_comes_from_the_request(payload, tokens):
+    assert request_shape(payload, with_blocks=False).max_tokens == tokens
 
 
 @pytest.mark.parametrize(

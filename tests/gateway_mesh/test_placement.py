@@ -7,6 +7,7 @@ from lobes_gateway.policy.placement import (
     Candidate,
     PinnedPolicy,
     Placer,
+    PrefixPolicy,
     QueuePolicy,
     RatePolicy,
     RouteReason,
@@ -143,8 +144,9 @@ def test_a_queued_completion_is_corrected_for_the_waves_ahead_of_it():
 
 def test_learning_moves_traffic_off_a_replica_that_turned_slow():
     p = placer(RatePolicy(), {A: 50.0, B: 40.0})
-    assert p.place(PAIR).origin == A
-    p.release(A)
+    first = p.place(PAIR)
+    assert first.origin == A
+    first.release()
     for _ in range(10):
         placement = p.place([Candidate(A, 2)])
         placement.record_completion(tokens=100, elapsed_s=10.0)
@@ -164,19 +166,21 @@ def test_empty_or_nonsense_completions_teach_nothing():
 @pytest.mark.parametrize(
     ("name", "cls"),
     [
-        (None, RatePolicy),
-        ("", RatePolicy),
+        (None, PrefixPolicy),
+        ("", PrefixPolicy),
+        ("prefix", PrefixPolicy),
         ("rate", RatePolicy),
         ("Queue", QueuePolicy),
         ("pinned", PinnedPolicy),
     ],
 )
-def test_policy_is_selected_by_name_with_rate_the_default(name, cls):
+def test_policy_is_selected_by_name_with_prefix_the_default(name, cls):
     assert isinstance(policy_named(name), cls)
 
 
 def test_an_unknown_policy_names_the_variable_and_choices():
-    with pytest.raises(ValueError, match=r"GATEWAY_POOL_POLICY='fastest'.*rate, queue, pinned"):
+    with pytest.raises(ValueError,
+                       match=r"GATEWAY_POOL_POLICY='fastest'.*prefix, rate, queue, pinned"):
         policy_named("fastest")
 
 

@@ -92,7 +92,7 @@ def test_a_peer_that_comes_back_is_compatible_again():
     assert rows(p)[1] == (THOR, True, True, "")
 
 
-def test_a_different_window_or_model_is_ready_but_not_compatible():
+def test_a_different_model_is_ready_but_not_compatible_a_different_window_is_both():
     p = pool(SPARK, THOR, "http://orin:8000")
     p.apply_pass(
         {
@@ -103,10 +103,11 @@ def test_a_different_window_or_model_is_ready_but_not_compatible():
         now=1.0,
     )
     assert rows(p)[1:] == [
-        (THOR, True, False, "context 1048576, reference context 262144"),
+        (THOR, True, True, ""),
         ("http://orin:8000", True, False, "serves other/model, reference serves " + QWEN.served_id),
     ]
-    assert [s.origin for s in p.selectable()] == [SPARK]
+    assert [(s.origin, s.window) for s in p.selectable()] == [(SPARK, 262144), (THOR, 1048576)]
+    assert p.context == 1048576  # the longest request the pool can take
 
 
 def test_runtime_is_compared_only_when_both_publish_it():
@@ -124,7 +125,7 @@ def test_runtime_is_compared_only_when_both_publish_it():
     assert p.states[2].reason == "runtime fp8, reference runtime nvfp4"
 
 
-def test_context_is_the_agreed_window_of_the_ready_replicas():
+def test_context_is_the_largest_window_of_the_ready_replicas():
     p = pool(UNREACHABLE, THOR)
     p.apply_pass({UNREACHABLE: dark(), THOR: ready()}, now=1.0)
     capabilities = p.capabilities()

@@ -34,14 +34,14 @@ def test_blocks_are_chained_so_a_block_matches_only_behind_an_equal_prefix():
     assert not set(other) & set(first)
 
 
-def test_the_cache_forgets_the_least_recently_used_blocks_beyond_its_capacity():
+def test_beyond_its_capacity_the_cache_forgets_the_oldest_prompt_tail_first():
     cache = PrefixCache(capacity_blocks=4)
-    old, new = (1, 2), (3, 4, 5)
-    cache.admit(old, 40)
-    cache.admit(new, 56)
-    assert cache.admit(new, 56) == 3 * BLOCK_SIZE
-    assert cache.admit(old, 40) == 0  # block 1 went first, and 2 is behind it
-    assert (cache.queries_total, cache.hits_total) == (40 + 56 + 56 + 40, 3 * BLOCK_SIZE)
+    old, new = (1, 2, 3), (4, 5)
+    cache.admit(old, 48)
+    cache.admit(new, 40)
+    assert cache.admit(new, 40) == 2 * BLOCK_SIZE
+    assert cache.admit(old, 48) == 2 * BLOCK_SIZE  # block 3, the old tail, went first
+    assert (cache.queries_total, cache.hits_total) == (48 + 40 + 40 + 48, 4 * BLOCK_SIZE)
 
 
 def test_a_fully_cached_prompt_still_computes_its_last_token():

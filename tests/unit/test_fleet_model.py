@@ -98,20 +98,14 @@ REJECTIONS = [
                  ["role senses, field proxy: a role served here takes no referral, proxy or "
                   "owners"],
                  id="served-role-takes-no-proxy"),
-    # Seed 000's Thor at its 1048576 YaRN window cannot pool with the Spark's 262144.
-    pytest.param({("thor", "fleet_roles", "cortex", "context"): 1048576,
-                  ("thor", "fleet_roles", "cortex", "yarn_factor"): 8.0},
-                 ["host orin, role cortex, field pool: pool members disagree",
-                  "window spark=262144 vs thor=1048576"], id="pool-windows-disagree"),
     pytest.param({("thor", "fleet_roles", "cortex", "served_name"): "unsloth/Qwen3.8-27B-NVFP4"},
                  ["served model spark='sakamakismile/Qwen3.6-27B-Text-NVFP4-MTP' vs "
                   "thor='unsloth/Qwen3.8-27B-NVFP4'"], id="pool-served-models-disagree"),
     pytest.param({("thor", "fleet_roles", "cortex", "feasible"): True,
                   ("thor", "fleet_roles", "cortex", "pool"): ["spark"],
-                  ("thor", "fleet_roles", "cortex", "context"): 131072,
-                  ("thor", "fleet_roles", "cortex", "yarn_factor"): DROP},
+                  ("thor", "fleet_roles", "cortex", "quantization"): "fp8"},
                  ["host thor, role cortex, field pool: pool members disagree: "
-                  "window thor=131072 vs spark=262144"], id="hosted-pool-includes-this-box"),
+                  "quantization thor='fp8' vs spark="], id="hosted-pool-includes-this-box"),
     pytest.param({("thor", "fleet_roles", "cortex", "feasible"): True,
                   ("thor", "fleet_roles", "cortex", "pool"): ["spark"],
                   ("thor", "fleet_roles", "cortex", "mtp"): True},
@@ -278,6 +272,16 @@ def test_owners_must_host_the_role():
     mesh = owner_mesh()
     mesh["thor"]["fleet_roles"]["senses"]["owners"] = ["orin"]
     assert "host thor, role senses, field owners: orin does not host senses" in plan_error(mesh)
+
+
+def test_pool_members_may_serve_different_windows():
+    # Seed 000's Thor at its 1048576 YaRN window pools with the Spark's 262144: the window
+    # is a per-replica fact, and the peer-only pool takes the longest request either can.
+    mesh = edited({("thor", "fleet_roles", "cortex", "context"): 1048576,
+                   ("thor", "fleet_roles", "cortex", "yarn_factor"): 8.0})
+    boxes = plan_mesh(mesh)["boxes"]
+    assert boxes["orin"]["roles"]["cortex"]["context"] == 1048576
+    assert boxes["thor"]["roles"]["cortex"]["gear"]["context"] == 1048576
 
 
 def test_a_checkpoint_override_drops_the_catalog_quantization():

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 from ..mesh.peers import PeerWatch, PooledRole
 from ..policy.config import GatewayConfig
-from ..policy.placement import Placement, expected_tokens
+from ..policy.placement import Placement
+from ..policy.prefix import request_shape
 from ..policy.pressure import PressureMonitor
 from ..policy.routing import (
     LocalRoute,
@@ -426,9 +427,13 @@ class Dispatcher:
             return
         tried: set[str] = set()
         failures: list[Failure] = []
-        want = expected_tokens(payload)
-        while (placement := role.placer.place(role.candidates(tried), want)
-               or (role.failover(tried) if failures else None)) is not None:
+        request = request_shape(payload, role.placer.prices_prefix)
+        too_long = role.too_long(request)
+        if too_long is not None:
+            yield Answer(too_long, (("X-Lobes-Route-Reason", "none"),))
+            return
+        while (placement := role.placer.place(role.candidates(tried, request), request=request)
+               or (role.failover(tried, request) if failures else None)) is not None:
             tried.add(placement.origin)
             reason = b"X-Lobes-Route-Reason: " + placement.reason.value.encode()
             if placement.origin == role.local_origin:  # the local path: pressure, tiers

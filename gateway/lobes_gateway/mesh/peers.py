@@ -15,7 +15,10 @@ from lobes_contract import AUDIO_TASKS
 
 from ..policy.config import GatewayConfig, RoleConfig, parse_origin
 from ..policy.placement import Candidate, Placement, Placer, Policy, RouteReason, policy_named
+from ..policy.prefix import RequestShape
 from ..policy.routing import OwnerRoute, PoolRoute, ProxyRoute, Route, Router
+from ..transport import errors
+from ..transport.errors import ApiError
 from ..transport.upstream import Connections, Origin, UpstreamError, fetch
 from .replicas import Prober, ProbeTarget, ReplicaSet, ReplicaSpec, ReplicaState, with_local_replica
 
@@ -39,14 +42,27 @@ class PooledRole:
     placer: Placer
     default_slots: int
 
-    def candidates(self, exclude: set[str]) -> list[Candidate]:
-        return [Candidate(s.origin, s.slots or self.default_slots)
-                for s in self.replicas.selectable() if s.origin not in exclude]
+    def candidates(self, exclude: set[str],
+                   request: RequestShape | None = None) -> list[Candidate]:
+        """The selectable replicas not tried yet whose window the request fits."""
+        return [Candidate(s.origin, s.slots or self.default_slots, s.window)
+                for s in self.replicas.selectable()
+                if s.origin not in exclude and (request is None or request.fits(s.window))]
 
-    def failover(self, tried: set[str]) -> Placement | None:
-        """After a replica failed: the first selectable replica not tried yet, counted even
-        when the policy finds it full (None when there is none)."""
-        left = self.candidates(tried)
+    def too_long(self, request: RequestShape) -> ApiError | None:
+        """A 400 naming the largest window when replicas are selectable but the request fits
+        none of them; None otherwise (it fits one, or nothing is selectable to judge by)."""
+        windows = [s.window for s in self.replicas.selectable()]
+        if not windows or any(request.fits(window) for window in windows):
+            return None
+        largest = max(w for w in windows if w is not None)
+        return errors.context_length_exceeded(self.role, request.prompt_tokens,
+                                              request.max_tokens, largest)
+
+    def failover(self, tried: set[str], request: RequestShape | None = None) -> Placement | None:
+        """After a replica failed: the first selectable replica not tried yet that the
+        request fits, counted even when the policy finds it full (None when there is none)."""
+        left = self.candidates(tried, request)
         if not left:
             return None
         return self.placer.occupy(left[0].origin, left[0].slots, RouteReason.FAILOVER)
@@ -64,9 +80,12 @@ class PooledRole:
         return next(s for s in self.replicas.specs if s.origin == origin)
 
     def note_loads(self) -> None:
-        """Hand each peer's probed load to placement (a dark peer's is forgotten)."""
+        """Hand each peer's probed load to placement (a dark peer's is forgotten, and so is
+        the prefix it held: it comes back with an empty cache)."""
         for state in self.replicas.states:
             self.placer.note_load(state.origin, state.load if state.ready else None)
+            if not state.ready:
+                self.placer.forget_prefixes(state.origin)
 
     def _row(self, state: ReplicaState) -> dict[str, object]:
         """A replica's /capabilities row: its verdict plus the rate placement now uses."""

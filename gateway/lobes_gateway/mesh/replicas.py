@@ -67,9 +67,11 @@ def with_local_replica(
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """What must agree for two replicas to be interchangeable.
+    """What must agree for two replicas to be interchangeable, and the replica's window.
 
     runtime (quantization or runtime tag) is compared only when both replicas publish one.
+    context (the served window) is carried but not compared: it is a per-replica fact, and
+    placement sends a request only where it fits.
     """
 
     served_id: str
@@ -80,8 +82,6 @@ class Fingerprint:
         """Why this fingerprint disagrees with the reference; empty when it agrees."""
         if self.served_id != reference.served_id:
             return f"serves {self.served_id}, reference serves {reference.served_id}"
-        if self.context != reference.context:
-            return f"context {self.context}, reference context {reference.context}"
         if self.runtime and reference.runtime and self.runtime != reference.runtime:
             return f"runtime {self.runtime}, reference runtime {reference.runtime}"
         return ""
@@ -124,6 +124,11 @@ class ReplicaState:
     @property
     def selectable(self) -> bool:
         return self.ready and self.compatible
+
+    @property
+    def window(self) -> int | None:
+        """The window this replica serves, as its last probe published it."""
+        return self.fingerprint.context if self.fingerprint else None
 
     def snapshot(self) -> dict[str, object]:
         row: dict[str, object] = {
@@ -204,9 +209,10 @@ class ReplicaSet:
 
     @property
     def context(self) -> int | None:
-        """The fingerprint-agreed window of the ready replicas (None when none is ready)."""
-        reference = self.reference
-        return reference.fingerprint.context if reference and reference.fingerprint else None
+        """The largest window a selectable replica serves (None when none is ready or none
+        publishes one): the longest request the pool can take."""
+        windows = [s.window for s in self.selectable() if s.window is not None]
+        return max(windows) if windows else None
 
     @property
     def served_id(self) -> str | None:

@@ -27,7 +27,7 @@ from ..transport.upstream import Origin
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_INFLIGHT_PER_KEY = 32
-POOL_POLICIES = ("rate", "queue", "pinned")
+POOL_POLICIES = ("prefix", "rate", "queue", "pinned")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -121,7 +121,7 @@ class GatewayConfig:
     self_origin: str | None = None
     force_strict_tools: bool = False
     audio_url: Origin | None = None
-    pool_policy: str = "rate"
+    pool_policy: str = "prefix"
     # GATEWAY_ACCESS_LOG: None (off), "-" (stdout) or a file path.
     access_log: str | None = None
     roles: Mapping[str, RoleConfig] = field(default_factory=dict)
@@ -392,7 +392,7 @@ def load_config(environ: Mapping[str, str]) -> GatewayConfig:
     env = _Env(environ)
     self_origin = env.str("GATEWAY_SELF_ORIGIN")
     fleet_key = env.str("GATEWAY_FLEET_KEY")
-    policy = (env.str("GATEWAY_POOL_POLICY") or "rate").lower()
+    policy = (env.str("GATEWAY_POOL_POLICY") or "prefix").lower()
     if policy not in POOL_POLICIES:
         raise ConfigError("GATEWAY_POOL_POLICY", f"{policy!r} is not a policy",
                           f"use one of {', '.join(POOL_POLICIES)}")

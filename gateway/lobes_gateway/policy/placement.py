@@ -6,9 +6,15 @@ ends, so concurrent arrivals see each other and spread instead of stampeding one
 loop nothing can interleave between them.
 
 Policies (GATEWAY_POOL_POLICY):
-  rate    (default) earliest expected completion: the waves of work queued ahead of the
-          request on a replica's slots, plus its own, each taking expected tokens / rate;
-          a slower replica must beat the fastest by SLOWER_REPLICA_MARGIN to win.
+  prefix  (default) earliest expected completion of this request, priced by its own shape:
+          the wait for a slot (the remaining work of what is in flight there, in seconds),
+          its prefill (its prompt less the prefix the replica likely holds, learned from
+          what this gateway sent where: policy/prefix.py) and its decode (its max_tokens,
+          or the pool's learned answer length). A replica whose rate was never measured
+          gets one request once it is idle (exploration), and that sample replaces its prior.
+  rate    earliest expected completion: the waves of work queued ahead of the
+          request on a replica's slots, plus its own, each taking expected tokens / rate.
+          prefix and rate: a slower replica must beat the fastest by SLOWER_REPLICA_MARGIN.
           Rates are learned online (EWMA of completed responses) from declared priors.
   queue   seed 000's baseline: least in flight relative to slots, a full replica is not
           selectable, ties by origin. Kept to measure against.
@@ -17,7 +23,8 @@ Policies (GATEWAY_POOL_POLICY):
 X-Lobes-Route-Reason vocabulary (closed; RouteReason):
   sole-ready          exactly one replica was selectable when the request was placed
   peer-less-loaded    queue: the selectable replica with the least in flight per slot
-  earliest-completion rate: the replica with the earliest expected completion
+  earliest-completion prefix, rate: the replica with the earliest expected completion
+  explore             prefix: an idle replica whose rate was never measured, once
   pinned              pinned: the first selectable replica in declaration order
   none                nothing was placed: the request fell through to the singular forward or
                       the local path, or every replica tried failed
@@ -25,10 +32,14 @@ X-Lobes-Route-Reason vocabulary (closed; RouteReason):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
+
+from .prefix import PrefixAffinity, RequestShape
 
 DEFAULT_EXPECTED_TOKENS = 256
 DEFAULT_SMOOTHING = 0.3
@@ -42,6 +53,18 @@ DEFAULT_SMOOTHING = 0.3
 # burst's makespan. The margin is that error bound: a slower replica must win by more than the
 # spread between its rivals' solo and batched rates. Measured: docs/benchmarks.md.
 SLOWER_REPLICA_MARGIN = 0.1
+# Prefill runs this many times faster than one stream decodes: a GB10 prefills a 27B NVFP4
+# at ~2,575 tok/s and decodes it at 48.9 (docs/simulator.md). Prefill is compute-bound and
+# decode bandwidth-bound, so the ratio is the box's, not the request's: one figure for all.
+PREFILL_SPEEDUP = 50.0
+# An in-flight request past its expected end still holds its slot: at least this share of
+# its expected work is taken as left.
+MIN_REMAINING_SHARE = 0.05
+# A rate sample's decode time is at least this share of the elapsed time, so an overrated
+# wait or prefill never turns into an absurd rate.
+MIN_DECODE_SHARE = 0.25
+# Placements the pool makes before it explores: the first requests are priced on priors.
+EXPLORE_AFTER = 8
 
 
 class RouteReason(str, Enum):
@@ -51,6 +74,7 @@ class RouteReason(str, Enum):
     PEER_LESS_LOADED = "peer-less-loaded"
     EARLIEST_COMPLETION = "earliest-completion"
     PINNED = "pinned"
+    EXPLORE = "explore"
     # An earlier replica failed; the next one takes the request even where the policy would
     # have found it full: the request is already admitted, never sent back to wait.
     FAILOVER = "failover"
@@ -59,10 +83,12 @@ class RouteReason(str, Enum):
 
 @dataclass(frozen=True)
 class Candidate:
-    """A selectable replica offered to a policy: its origin and how many requests it runs."""
+    """A selectable replica offered to a policy: its origin, how many requests it runs, and
+    its served window (None when it publishes none)."""
 
     origin: str
     slots: int
+    window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -74,18 +100,57 @@ class ReplicaView:
     slots: int
     in_flight: int  # this box's dispatches plus other boxes' probed work
     rate: float
+    # Seconds of work left of each request in flight there, in dispatch order (other
+    # boxes' first, priced at the pool's typical request).
+    work_s: tuple[float, ...] = ()
+    cached_tokens: int = 0  # of this request's prompt, likely held there
 
     def expected_completion_s(self, expected_tokens: int) -> float:
-        """Seconds until a request placed now would finish on this replica."""
+        """Seconds until a request placed now would finish on this replica (waves)."""
         waves = self.in_flight // self.slots + 1
         return waves * expected_tokens / self.rate
+
+    def slot_wait_s(self) -> float:
+        """Seconds until a slot is free for a request placed now: the work in flight run
+        through the slots in order, each taking the first slot to free."""
+        if len(self.work_s) < self.slots:
+            return 0.0
+        free_at = [0.0] * self.slots
+        for work in self.work_s:
+            heapq.heappush(free_at, heapq.heappop(free_at) + work)
+        return free_at[0]
+
+    def prefill_s(self, prompt_tokens: int) -> float:
+        """Seconds of prefill for the part of the prompt the replica likely lacks."""
+        return max(0, prompt_tokens - self.cached_tokens) / (self.rate * PREFILL_SPEEDUP)
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """What the prefix policy expects of a request on one replica, in seconds."""
+
+    wait_s: float
+    prefill_s: float
+    decode_s: float
+
+    @property
+    def completion_s(self) -> float:
+        return self.wait_s + self.prefill_s + self.decode_s
+
+
+def forecast(view: ReplicaView, request: RequestShape) -> Forecast:
+    """The request's wait, prefill and decode on the replica (max_tokens already resolved)."""
+    tokens = request.max_tokens or DEFAULT_EXPECTED_TOKENS
+    return Forecast(view.slot_wait_s(), view.prefill_s(request.prompt_tokens),
+                    tokens / view.rate)
 
 
 class Policy(Protocol):
     name: str
+    explores: bool
 
     def choose(
-        self, views: Sequence[ReplicaView], expected_tokens: int
+        self, views: Sequence[ReplicaView], request: RequestShape
     ) -> tuple[ReplicaView, RouteReason] | None: ...
 
 
@@ -97,9 +162,10 @@ class PinnedPolicy:
     """Always the first selectable replica in declaration order."""
 
     name = "pinned"
+    explores = False
 
     def choose(
-        self, views: Sequence[ReplicaView], expected_tokens: int
+        self, views: Sequence[ReplicaView], request: RequestShape
     ) -> tuple[ReplicaView, RouteReason] | None:
         if not views:
             return None
@@ -110,9 +176,10 @@ class QueuePolicy:
     """Least in flight relative to slots; a full replica is not selectable."""
 
     name = "queue"
+    explores = False
 
     def choose(
-        self, views: Sequence[ReplicaView], expected_tokens: int
+        self, views: Sequence[ReplicaView], request: RequestShape
     ) -> tuple[ReplicaView, RouteReason] | None:
         open_views = [v for v in views if v.in_flight < v.slots]
         if not open_views:
@@ -130,26 +197,48 @@ class RatePolicy:
     """
 
     name = "rate"
+    explores = False
 
     def choose(
-        self, views: Sequence[ReplicaView], expected_tokens: int
+        self, views: Sequence[ReplicaView], request: RequestShape
     ) -> tuple[ReplicaView, RouteReason] | None:
-        if not views:
-            return None
-
-        def completion(view: ReplicaView) -> float:
-            return view.expected_completion_s(expected_tokens)
-
-        best = min(views, key=lambda v: (completion(v), -v.rate, v.order))
-        fastest = min(views, key=lambda v: (-v.rate, completion(v), v.order))
-        if best.rate < fastest.rate and completion(best) > completion(fastest) * (
-            1 - SLOWER_REPLICA_MARGIN
-        ):
-            best = fastest
-        return best, _reason(views, RouteReason.EARLIEST_COMPLETION)
+        tokens = request.max_tokens or DEFAULT_EXPECTED_TOKENS
+        return _earliest(views, lambda view: view.expected_completion_s(tokens))
 
 
-POLICIES: dict[str, type[PinnedPolicy] | type[QueuePolicy] | type[RatePolicy]] = {
+class PrefixPolicy:
+    """Earliest expected completion of this request: slot wait, uncached prefill, decode.
+
+    Affinity only lowers the prefill term; the wait term grows with the work in flight, so
+    a saturated replica that holds the prefix loses to one that finishes the request sooner.
+    """
+
+    name = "prefix"
+    explores = True
+
+    def choose(
+        self, views: Sequence[ReplicaView], request: RequestShape
+    ) -> tuple[ReplicaView, RouteReason] | None:
+        return _earliest(views, lambda view: forecast(view, request).completion_s)
+
+
+def _earliest(
+    views: Sequence[ReplicaView], completion: Callable[[ReplicaView], float]
+) -> tuple[ReplicaView, RouteReason] | None:
+    """The earliest completion, unless only a slower replica wins and not by the margin."""
+    if not views:
+        return None
+    best = min(views, key=lambda v: (completion(v), -v.rate, v.order))
+    fastest = min(views, key=lambda v: (-v.rate, completion(v), v.order))
+    if best.rate < fastest.rate and completion(best) > completion(fastest) * (
+        1 - SLOWER_REPLICA_MARGIN
+    ):
+        best = fastest
+    return best, _reason(views, RouteReason.EARLIEST_COMPLETION)
+
+
+POLICIES: dict[str, type[Policy]] = {
+    "prefix": PrefixPolicy,
     "rate": RatePolicy,
     "queue": QueuePolicy,
     "pinned": PinnedPolicy,
@@ -157,68 +246,72 @@ POLICIES: dict[str, type[PinnedPolicy] | type[QueuePolicy] | type[RatePolicy]] =
 
 
 def policy_named(name: str | None) -> Policy:
-    """GATEWAY_POOL_POLICY -> a policy; unset means rate."""
-    key = (name or "rate").strip().lower()
+    """GATEWAY_POOL_POLICY -> a policy; unset means prefix."""
+    key = (name or "prefix").strip().lower()
     if key not in POLICIES:
         raise ValueError(
             f"GATEWAY_POOL_POLICY={name!r} is not a pool policy; use one of "
-            f"{', '.join(POLICIES)} (rate is the default)"
+            f"{', '.join(POLICIES)} (prefix is the default)"
         )
     return POLICIES[key]()
 
 
 class RateEstimate:
-    """A replica's service rate per stream, tok/s: an EWMA seeded by the declared prior."""
+    """A replica's service rate per stream, tok/s: an EWMA seeded by the declared prior.
 
-    def __init__(self, prior: float | None, smoothing: float) -> None:
+    With measured_replaces_prior, the first sample replaces the prior outright: a prior is
+    a declaration, a sample is a measurement, and an EWMA from a far-off prior would keep a
+    replica priced wrong for many requests it may never be given.
+    """
+
+    def __init__(self, prior: float | None, smoothing: float,
+                 measured_replaces_prior: bool = False) -> None:
         self.value = prior
         self.samples = 0
         self._smoothing = smoothing
+        self._replaces_prior = measured_replaces_prior
 
     def observe(self, tokens_per_second: float) -> None:
-        if self.value is None:
+        if self.value is None or (self._replaces_prior and self.samples == 0):
             self.value = tokens_per_second
         else:
             self.value += self._smoothing * (tokens_per_second - self.value)
         self.samples += 1
 
 
-def expected_tokens(payload: dict | None) -> int:
-    """The tokens a request asks for (max_tokens), the unit of expected completion time."""
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = payload.get(key) if payload else None
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return DEFAULT_EXPECTED_TOKENS
-
-
 class Placement:
-    """One request counted in flight on one replica until released (a context manager)."""
+    """One request counted in flight on one replica until released (a context manager).
 
-    def __init__(
-        self, placer: Placer, origin: str, reason: RouteReason, waves_at_dispatch: int
-    ) -> None:
+    It carries what was expected of it at dispatch (the waves ahead, the forecast), so its
+    completion can teach the replica's rate and its remaining work can price later requests.
+    """
+
+    def __init__(self, placer: Placer, origin: str, reason: RouteReason,
+                 waves_at_dispatch: int, forecast: Forecast, placed_at: float) -> None:
         self.placer = placer
         self.origin = origin
         self.reason = reason
         self.waves_at_dispatch = waves_at_dispatch
+        self.forecast = forecast
+        self.starts_at = placed_at + forecast.wait_s
         self.released = False
 
-    def record_completion(self, tokens: int, elapsed_s: float) -> None:
-        """Teach the replica's rate from a completed response.
+    def remaining_s(self, now: float) -> float:
+        """Expected seconds of work left: its prefill and decode less the time it has run."""
+        work = self.forecast.prefill_s + self.forecast.decode_s
+        return max(work * MIN_REMAINING_SHARE, work - max(0.0, now - self.starts_at))
 
-        The elapsed time also covered the waves queued ahead of this request on the
-        replica, so the per-stream rate is tokens x waves / elapsed.
-        """
+    def record_completion(self, tokens: int, elapsed_s: float) -> None:
+        """Teach the pool's answer length and the replica's rate from a completed response."""
         if tokens <= 0 or elapsed_s <= 0:
             return
-        self.placer.observe_rate(self.origin, tokens * self.waves_at_dispatch / elapsed_s)
+        self.placer.learn(self, tokens, elapsed_s)
 
     def release(self) -> None:
         """Stop counting this request; safe to call more than once."""
         if not self.released:
             self.released = True
-            self.placer.release(self.origin)
+            self.placer.release(self)
 
     def __enter__(self) -> Placement:
         return self
@@ -228,7 +321,7 @@ class Placement:
 
 
 class Placer:
-    """The in-flight counts and learned rates of one pool, and its placement policy."""
+    """The in-flight requests, learned rates and prefix affinity of one pool, and its policy."""
 
     def __init__(
         self,
@@ -236,19 +329,35 @@ class Placer:
         priors: dict[str, float | None],
         *,
         smoothing: float = DEFAULT_SMOOTHING,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = policy
-        self._in_flight: dict[str, int] = {origin: 0 for origin in priors}
+        self._smoothing = smoothing
+        self._clock = clock
+        self._active: dict[str, list[Placement]] = {origin: [] for origin in priors}
         # Work other boxes have on a replica, from its probed running + waiting.
         self._external: dict[str, int] = {origin: 0 for origin in priors}
-        self._rates = {o: RateEstimate(prior, smoothing) for o, prior in priors.items()}
+        self._rates = {o: RateEstimate(prior, smoothing, policy.explores)
+                       for o, prior in priors.items()}
+        self._affinity = PrefixAffinity(priors)
+        # The pool's typical answer, tokens: the size of a request that names no max_tokens.
+        self._typical_answer = float(DEFAULT_EXPECTED_TOKENS)
+        self._placed = 0
+
+    @property
+    def prices_prefix(self) -> bool:
+        """Whether requests should carry their prompt's block hashes (they cost to make)."""
+        return self.policy.explores
 
     def in_flight(self, origin: str) -> int:
-        return self._in_flight[origin]
+        return len(self._active[origin])
 
     def rate(self, origin: str) -> float | None:
         """The learned (or prior) rate; None while neither exists."""
         return self._rates[origin].value
+
+    def typical_answer_tokens(self) -> int:
+        return max(1, round(self._typical_answer))
 
     def _effective_rate(self, origin: str) -> float:
         """An unknown rate borrows the pool's best known one: neither starved nor stampeded."""
@@ -264,46 +373,105 @@ class Placer:
         Those include this box's own in-flight requests there; the rest is other boxes'
         work, counted until the next probe so a shared replica is not taken for idle.
         """
-        self._external[origin] = max(0, (load or 0) - self._in_flight[origin])
+        self._external[origin] = max(0, (load or 0) - self.in_flight(origin))
+
+    def forget_prefixes(self, origin: str) -> None:
+        """The replica went dark; when it is back its cache is empty."""
+        self._affinity.forget(origin)
 
     def external_load(self, origin: str) -> int:
         return self._external[origin]
 
-    def views(self, candidates: Sequence[Candidate]) -> list[ReplicaView]:
-        order = {origin: i for i, origin in enumerate(self._in_flight)}
-        return [
-            ReplicaView(
+    def _work_s(self, origin: str, rate: float, now: float) -> tuple[float, ...]:
+        """Seconds left of each request on the replica: other boxes' (priced at the typical
+        answer), then this box's own in dispatch order."""
+        external = (self._typical_answer / rate,) * self._external[origin]
+        return external + tuple(p.remaining_s(now) for p in self._active[origin])
+
+    def views(self, candidates: Sequence[Candidate],
+              request: RequestShape | None = None) -> list[ReplicaView]:
+        blocks = request.blocks if request is not None else ()
+        order = {origin: i for i, origin in enumerate(self._active)}
+        now = self._clock()
+        views = []
+        for c in candidates:
+            rate = self._effective_rate(c.origin)
+            views.append(ReplicaView(
                 origin=c.origin,
                 order=order[c.origin],
                 slots=max(1, c.slots),
-                in_flight=self._in_flight[c.origin] + self._external[c.origin],
-                rate=self._effective_rate(c.origin),
-            )
-            for c in candidates
-        ]
+                in_flight=self.in_flight(c.origin) + self._external[c.origin],
+                rate=rate,
+                work_s=self._work_s(c.origin, rate, now),
+                cached_tokens=self._affinity.cached_tokens(c.origin, blocks),
+            ))
+        return views
 
     def place(
-        self, candidates: Sequence[Candidate], expected_tokens: int = DEFAULT_EXPECTED_TOKENS
+        self,
+        candidates: Sequence[Candidate],
+        expected_tokens: int = DEFAULT_EXPECTED_TOKENS,
+        request: RequestShape | None = None,
     ) -> Placement | None:
-        """Choose a replica and count the request on it, in one step; None if none fits."""
-        choice = self.policy.choose(self.views(candidates), max(1, expected_tokens))
+        """Choose a replica and count the request on it, in one step; None if none fits.
+
+        request is the request's shape; without one, a request of expected_tokens."""
+        shape = request or RequestShape(max_tokens=max(1, expected_tokens))
+        if shape.max_tokens is None:
+            shape = shape.with_max_tokens(self.typical_answer_tokens())
+        views = self.views(candidates, shape)
+        choice = self.policy.choose(views, shape)
         if choice is None:
             return None
-        view, reason = choice
-        self._in_flight[view.origin] += 1
-        # Waves ahead at dispatch (own and other boxes' work): the rate sample's divisor.
-        return Placement(self, view.origin, reason, view.in_flight // view.slots + 1)
+        view, reason = self._explored(views, choice)
+        return self._count(view, reason, shape)
+
+    def _explored(self, views: Sequence[ReplicaView],
+                  choice: tuple[ReplicaView, RouteReason]) -> tuple[ReplicaView, RouteReason]:
+        """An exploring policy's choice handed to an idle replica whose rate was never
+        measured, once the pool has warmed up: its prior may be too pessimistic for the
+        policy ever to pick it, and only a sample can tell."""
+        chosen = choice[0]
+        if (not self.policy.explores or self._placed < EXPLORE_AFTER
+                or self._rates[chosen.origin].samples == 0):
+            return choice
+        unproven = [v for v in views if v.in_flight == 0 and self._rates[v.origin].samples == 0]
+        return (unproven[0], RouteReason.EXPLORE) if unproven else choice
+
+    def _count(self, view: ReplicaView, reason: RouteReason,
+               request: RequestShape) -> Placement:
+        # Waves ahead at dispatch (own and other boxes' work): the rate policy's sample divisor.
+        placement = Placement(self, view.origin, reason, view.in_flight // view.slots + 1,
+                              forecast(view, request), self._clock())
+        self._active[view.origin].append(placement)
+        self._affinity.remember(view.origin, request.blocks)
+        self._placed += 1
+        return placement
 
     def occupy(self, origin: str, slots: int,
                reason: RouteReason = RouteReason.NONE) -> Placement:
         """Count a request the policy did not place (a marked arrival served locally, or a
-        failover past the policy's fullness)."""
-        waves = self._in_flight[origin] // max(1, slots) + 1
-        self._in_flight[origin] += 1
-        return Placement(self, origin, reason, waves)
+        failover past the policy's fullness), priced as the pool's typical request."""
+        view = self.views([Candidate(origin, slots)])[0]
+        return self._count(view, reason, RequestShape(max_tokens=self.typical_answer_tokens()))
 
-    def release(self, origin: str) -> None:
-        self._in_flight[origin] -= 1
+    def release(self, placement: Placement) -> None:
+        self._active[placement.origin].remove(placement)
+
+    def learn(self, placement: Placement, tokens: int, elapsed_s: float) -> None:
+        """A completed answer: the pool's typical answer length, and the replica's rate.
+
+        The rate policy's sample is tokens x waves / elapsed (the elapsed time covered the
+        waves ahead); the prefix policy's takes the forecast wait and prefill out instead.
+        """
+        self._typical_answer += self._smoothing * (tokens - self._typical_answer)
+        if self.policy.explores:
+            predicted = placement.forecast.wait_s + placement.forecast.prefill_s
+            decode_s = max(elapsed_s - predicted, elapsed_s * MIN_DECODE_SHARE)
+            sample = tokens / decode_s
+        else:
+            sample = tokens * placement.waves_at_dispatch / elapsed_s
+        self.observe_rate(placement.origin, sample)
 
     def observe_rate(self, origin: str, tokens_per_second: float) -> None:
         self._rates[origin].observe(tokens_per_second)

@@ -27,6 +27,16 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, "invalid_request_error", "invalid_request", message)
 
 
+def context_length_exceeded(role: str, prompt_tokens: int, max_tokens: int | None,
+                            largest_window: int) -> ApiError:
+    """No replica of a pool serves a window the request fits (vLLM's code for the case)."""
+    asked = f"~{prompt_tokens} prompt tokens" + (f" + max_tokens {max_tokens}"
+                                                  if max_tokens is not None else "")
+    return ApiError(400, "invalid_request_error", "context_length_exceeded",
+                    f"the {role} pool's largest window is {largest_window} tokens and the "
+                    f"request needs {asked}; shorten the prompt or lower max_tokens")
+
+
 def invalid_json(detail: str) -> ApiError:
     return ApiError(400, "invalid_request_error", "invalid_json",
                     f"request body is not valid JSON ({detail}); send a JSON object")
