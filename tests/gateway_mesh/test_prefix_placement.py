@@ -1,0 +1,231 @@
+"""The prefix policy: request shapes, learned prefix affinity, size- and window-aware placement,
+exploration. Time is a fake clock: nothing here waits or reads the wall clock."""
+
+from __future__ import annotations
+
+import pytest
+from lobes_gateway.mesh.peers import PooledRole
+from lobes_gateway.mesh.replicas import Fingerprint, ProbeResult, ReplicaSet, ReplicaSpec
+from lobes_gateway.policy.placement import (
+    EXPLORE_AFTER,
+    PREFILL_SPEEDUP,
+    Candidate,
+    Placer,
+    PrefixPolicy,
+    RatePolicy,
+    RouteReason,
+)
+from lobes_gateway.policy.prefix import (
+    BLOCK_TOKENS,
+    PrefixAffinity,
+    RequestShape,
+    request_shape,
+)
+from lobes_sim.textgen import count_chat_tokens, count_prompt_tokens
+
+from .queue_model import SEED_TOKENS, SPARK, THOR, burst_makespan
+
+A, B = "http://a:8000", "http://b:8000"
+PAIR = [Candidate(A, 2), Candidate(B, 2)]
+SYSTEM = "You are the fleet's agent; answer with care. " * 360  # ~4k tokens
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def placer(policy=None, priors=None, clock=None) -> Placer:
+    return Placer(policy or PrefixPolicy(), priors or {A: 48.9, B: 48.9},
+                  clock=clock or Clock())
+
+
+def chat(*turns: str, max_tokens: int | None = 160) -> dict:
+    messages = [{"role": "system", "content": SYSTEM}]
+    messages += [{"role": "user", "content": turn} for turn in turns]
+    payload: dict = {"model": "cortex", "messages": messages}
+    if max_tokens is not None:
+        payload["max_tokens"] = max_tokens
+    return payload
+
+
+def shape(payload: dict) -> RequestShape:
+    return request_shape(payload, with_blocks=True)
+
+
+def test_the_prompt_is_estimated_as_the_simulator_counts_it():
+    payload = chat("What runs where?", "And why?")
+    assert shape(payload).prompt_tokens == count_chat_tokens(payload["messages"])
+    text = {"prompt": "x" * 1001, "max_tokens": 5}
+    assert shape(text).prompt_tokens == count_prompt_tokens(text["prompt"])
+    assert shape({"prompt": [1, 2, 3]}).prompt_tokens == 3
+
+
+def test_a_growing_conversation_shares_its_leading_blocks_and_another_shares_none():
+    first, longer = shape(chat("turn one")), shape(chat("turn one", "turn two"))
+    assert longer.blocks[:len(first.blocks) - 1] == first.blocks[:-1]
+    other = shape({"messages": [{"role": "system", "content": "Other. " + SYSTEM}]})
+    assert not set(other.blocks) & set(first.blocks)
+    assert request_shape(chat("turn one"), with_blocks=False).blocks == ()
+
+
+def test_affinity_is_bounded_keeps_a_prompts_head_longest_and_forgets_a_dark_replica():
+    affinity = PrefixAffinity([A], capacity=4)
+    affinity.remember(A, (1, 2, 3))
+    affinity.remember(A, (7, 8))
+    assert affinity.size(A) == 4
+    assert affinity.cached_tokens(A, (1, 2, 3)) == 2 * BLOCK_TOKENS  # the tail, 3, went first
+    assert affinity.cached_tokens(A, (3, 1)) == 0  # a run counts from the prompt's head
+    affinity.forget(A)
+    assert affinity.cached_tokens(A, (7, 8)) == 0
+
+
+def test_a_conversation_goes_back_to_the_replica_that_holds_its_prefix():
+    p = placer()
+    p.place([Candidate(B, 2)], request=shape(chat("turn one"))).release()
+    again = p.place(PAIR, request=shape(chat("turn one", "turn two")))
+    assert again.origin == B
+    assert again.reason == RouteReason.EARLIEST_COMPLETION
+    # Without the prefix, the tie goes to declaration order.
+    assert p.place(PAIR, request=shape({"messages": [{"role": "user", "content": "hi"}]})
+                   ).origin == A
+
+
+def test_a_cached_prefix_shortens_the_forecast_by_its_prefill():
+    p = placer()
+    request = shape(chat("turn one"))
+    cold = p.place([Candidate(A, 2)], request=request)
+    warm = p.place([Candidate(A, 2)], request=request)
+    saved = cold.forecast.prefill_s - warm.forecast.prefill_s
+    held = len(request.blocks) * BLOCK_TOKENS
+    assert saved == pytest.approx(held / (48.9 * PREFILL_SPEEDUP))
+
+
+def test_load_still_wins_when_the_replica_holding_the_prefix_is_saturated():
+    clock = Clock()
+    p = placer(clock=clock)
+    p.place([Candidate(B, 2)], request=shape(chat("turn one")))
+    p.place([Candidate(B, 2)], request=shape(chat("turn one")))  # B's two slots now busy
+    later = p.place(PAIR, request=shape(chat("turn one", "turn two")))
+    assert later.origin == A
+    # The rate policy, which knows nothing of prefixes, makes the same call.
+    rate = placer(RatePolicy(), clock=clock)
+    rate.place([Candidate(B, 2)], 160)
+    rate.place([Candidate(B, 2)], 160)
+    assert rate.place(PAIR, 160).origin == A
+
+
+def test_a_short_answer_is_not_queued_behind_long_ones_on_the_faster_replica():
+    # Seed 000's pair: the Spark's two slots hold 1,024-token answers (~21 s left), the Thor
+    # is idle: 32 tokens there take ~3 s. The rate policy's waves price the queue at the new
+    # request's own 32 tokens and keep it on the Spark.
+    priors = {A: 48.9, B: 11.0}
+    prefix, rate = placer(priors=priors), placer(RatePolicy(), priors=priors)
+    for pool in (prefix, rate):
+        pool.place([Candidate(A, 2)], request=RequestShape(10, 1024))
+        pool.place([Candidate(A, 2)], request=RequestShape(10, 1024))
+    assert prefix.place(PAIR, request=RequestShape(10, 32)).origin == B
+    assert rate.place(PAIR, request=RequestShape(10, 32)).origin == A
+
+
+def test_work_in_flight_counts_down_as_the_clock_runs():
+    clock = Clock()
+    p = placer(priors={A: 10.0, B: 10.0}, clock=clock)
+    p.place([Candidate(A, 1)], request=RequestShape(0, 100))  # 10 s of decode on A's one slot
+    assert p.views([Candidate(A, 1)])[0].slot_wait_s() == pytest.approx(10.0)
+    clock.now += 4.0
+    assert p.views([Candidate(A, 1)])[0].slot_wait_s() == pytest.approx(6.0)
+    clock.now += 60.0  # overdue: it still holds the slot, for a little while
+    assert 0 < p.views([Candidate(A, 1)])[0].slot_wait_s() < 1.0
+
+
+def test_a_request_without_max_tokens_is_priced_at_the_learned_answer_length():
+    p = placer()
+    for _ in range(30):
+        placement = p.place([Candidate(A, 2)], request=RequestShape(10, None))
+        placement.record_completion(tokens=40, elapsed_s=1.0)
+        placement.release()
+    assert p.typical_answer_tokens() == 40
+    placement = p.place([Candidate(A, 2)], request=RequestShape(10, None))
+    assert placement.forecast.decode_s == pytest.approx(40 / p.rate(A))
+
+
+def test_the_rate_sample_leaves_out_the_forecast_prefill():
+    p = placer(priors={A: 50.0, B: 50.0})
+    request = RequestShape(prompt_tokens=5000, max_tokens=100)
+    placement = p.place([Candidate(A, 2)], request=request)
+    prefill = 5000 / (50.0 * PREFILL_SPEEDUP)
+    placement.record_completion(tokens=100, elapsed_s=prefill + 4.0)
+    assert p.rate(A) == pytest.approx(25.0)  # 100 tokens in the 4 s of decode
+
+
+def test_a_replica_with_a_pessimistic_prior_is_explored_once_and_then_priced_as_measured():
+    p = placer(priors={A: 40.0, B: 1.0})  # B's prior is far too low: it is as fast as A
+    for _ in range(EXPLORE_AFTER):
+        placement = p.place(PAIR, request=RequestShape(0, 100))
+        assert placement.origin == A
+        placement.record_completion(tokens=100, elapsed_s=2.5)
+        placement.release()
+    explored = p.place(PAIR, request=RequestShape(0, 100))
+    assert (explored.origin, explored.reason) == (B, RouteReason.EXPLORE)
+    # While it runs, B is not idle: no second exploration.
+    assert p.place(PAIR, request=RequestShape(0, 100)).origin == A
+    explored.record_completion(tokens=100, elapsed_s=2.0)
+    assert p.rate(B) == pytest.approx(50.0, rel=0.01)  # the sample replaced the prior
+
+
+def test_the_rate_policy_never_explores():
+    p = placer(RatePolicy(), priors={A: 40.0, B: 1.0})
+    origins = set()
+    for _ in range(3 * EXPLORE_AFTER):
+        placement = p.place(PAIR, 100)
+        origins.add(placement.origin)
+        placement.record_completion(tokens=100, elapsed_s=2.5)
+        placement.release()
+    assert origins == {A}
+
+
+def windowed_pool(windows: dict[str, int]) -> PooledRole:
+    specs = tuple(ReplicaSpec(origin) for origin in windows)
+    replicas = ReplicaSet("cortex", specs)
+    replicas.apply_pass({o: ProbeResult(ready=True, fingerprint=Fingerprint("m", window))
+                         for o, window in windows.items()}, now=1.0)
+    return PooledRole("cortex", replicas, placer(), 2)
+
+
+def test_a_request_goes_only_where_its_prompt_and_max_tokens_fit():
+    pool = windowed_pool({A: 8192, B: 262144})
+    long = RequestShape(prompt_tokens=8000, max_tokens=500)
+    assert [c.origin for c in pool.candidates(set(), long)] == [B]
+    assert [c.origin for c in pool.candidates(set(), RequestShape(100, 500))] == [A, B]
+    assert [c.origin for c in pool.candidates(set(), RequestShape(8192, None))] == [B]
+    assert pool.too_long(long) is None
+    assert pool.failover({B}, long) is None  # the small replica is never a failover target
+
+
+def test_a_request_that_fits_no_replica_is_a_400_naming_the_largest_window():
+    pool = windowed_pool({A: 8192, B: 32768})
+    error = pool.too_long(RequestShape(prompt_tokens=30000, max_tokens=4096))
+    assert error is not None
+    assert (error.status, error.code) == (400, "context_length_exceeded")
+    assert "largest window is 32768" in error.message and "lower max_tokens" in error.message
+
+
+def burst_placement(policy, size: int) -> list[str]:
+    p = Placer(policy, {"spark": 48.9, "thor": 11.0}, clock=Clock())
+    candidates = [Candidate("spark", 2), Candidate("thor", 2)]
+    return [p.place(candidates, request=RequestShape(8, SEED_TOKENS)).origin
+            for _ in range(size)]
+
+
+@pytest.mark.parametrize("size", range(1, 17))
+def test_prefix_placement_is_never_slower_than_rate_placement_on_a_burst(size):
+    # Seed 000's pair and burst, in the queue model: the prefix policy's per-request pricing
+    # never costs makespan against the rate policy's waves.
+    replicas = {"spark": SPARK, "thor": THOR}
+    prefix = burst_makespan(burst_placement(PrefixPolicy(), size), replicas, SEED_TOKENS)
+    rate = burst_makespan(burst_placement(RatePolicy(), size), replicas, SEED_TOKENS)
+    assert prefix <= rate * 1.0001
