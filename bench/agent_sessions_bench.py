@@ -2,9 +2,10 @@
 
 16 sessions x 8 turns share a ~4k-token system prompt; each turn appends a ~200-token user
 message to the session's history (and the previous answer), so every prompt's head is cached
-somewhere. Sessions run closed-loop, all at once: a session sends its next turn when the last
-answer ends. The pooling gateway fronts two peer gateways, each in front of a calibrated
-`lobes_sim` (which models vLLM's prefix caching), on seed 000's pair and on a homogeneous pair.
+somewhere. Sessions run closed-loop, all at once: a session sends its next turn a tool
+call's time (--think-s) after the last answer ends. The pooling gateway fronts two peer
+gateways, each in front of a calibrated `lobes_sim` (which models vLLM's prefix caching), on
+seed 000's pair and on a homogeneous pair.
 For each pool policy: time to first token (streamed) p50/p95 and aggregate tok/s, in seed time.
 
     PYTHONPATH=gateway python3 bench/agent_sessions_bench.py [--time-scale 10] [--write-docs]
@@ -16,10 +17,12 @@ import argparse
 import http.client
 import json
 import platform
+import re
 import statistics
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -87,17 +90,37 @@ def stream_turn(port: int, messages: list[dict]) -> tuple[Turn, str]:
     return Turn(sent, first or done, done, tokens, served_by), "".join(text)
 
 
-def session(port: int, index: int, turns: int) -> list[Turn]:
-    """One agent session: its turns in order, each over the whole history so far."""
+@dataclass(frozen=True)
+class Scenario:
+    """One agent workload: what each turn adds and how long the agent's tool call takes."""
+
+    title: str
+    turn_chars: int  # the user message of each turn (the question, or a tool's output)
+    think_s: float  # seed seconds between an answer and the next turn
+    policies: tuple[str, ...]
+
+
+SCENARIOS = (
+    Scenario("issue 13's example: ~220-token turns, 2 s tool calls", 920, 2.0, POLICIES),
+    Scenario("tool outputs: ~2,000-token turns, 10 s tool calls", 8000, 10.0,
+             ("rate", "prefix")),
+)
+
+
+def session(port: int, index: int, turns: int, scenario: Scenario, scale: float) -> list[Turn]:
+    """One agent session: its turns in order, each over the whole history so far, with the
+    scenario's tool time between an answer and the next turn."""
     messages = [{"role": "system", "content": SYSTEM}]
     results = []
     for number in range(turns):
-        question = (f"Session {index}, step {number}: inspect the replica table, the probe "
-                    "results and the last tool output, then decide the next call. " * 8)
+        line = (f"Session {index}, step {number}: the replica table, the probe results and "
+                "the last tool output, for the next call. ")
+        question = (line * (scenario.turn_chars // len(line) + 1))[:scenario.turn_chars]
         messages.append({"role": "user", "content": question})
         turn, answer = stream_turn(port, messages)
         messages.append({"role": "assistant", "content": answer})
         results.append(turn)
+        time.sleep(scenario.think_s / scale)
     return results
 
 
@@ -107,6 +130,7 @@ class Result:
     turns: list[Turn]
     scale: float
     split: str  # turns served by the first/second replica
+    hit_rate: float  # prefix-cache hits over queries, in tokens, both simulators together
 
     def ttft(self, quantile: float) -> float:
         values = sorted((t.first - t.sent) * self.scale for t in self.turns)
@@ -119,31 +143,45 @@ class Result:
         return sum(t.tokens for t in self.turns) / span / self.scale
 
 
-
 def split(turns: list[Turn], origins: list[str]) -> str:
     counts = Counter(turn.served_by for turn in turns)
     return "/".join(str(counts[origin]) for origin in origins)
 
 
-def run_policy(port: int, sessions: int, turns: int) -> list[Turn]:
+def cache_counter(sim_url: str, name: str) -> float:
+    """One counter of a simulator's /metrics."""
+    with urllib.request.urlopen(f"{sim_url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    match = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def hit_rate(sim_urls: list[str]) -> float:
+    hits = sum(cache_counter(url, "vllm:prefix_cache_hits_total") for url in sim_urls)
+    queries = sum(cache_counter(url, "vllm:prefix_cache_queries_total") for url in sim_urls)
+    return hits / queries if queries else 0.0
+
+
+def run_policy(port: int, scenario: Scenario, args: argparse.Namespace) -> list[Turn]:
     lock = threading.Lock()
     every: list[Turn] = []
 
     def one(index: int) -> None:
-        done = session(port, index, turns)
+        done = session(port, index, args.turns, scenario, args.time_scale)
         with lock:
             every.extend(done)
 
-    with ThreadPoolExecutor(sessions) as pool:
-        list(pool.map(one, range(sessions)))
+    with ThreadPoolExecutor(args.sessions) as pool:
+        list(pool.map(one, range(args.sessions)))
     return every
 
 
-def measure_pair(profiles: tuple[str, str], args: argparse.Namespace) -> list[Result]:
+def measure_pair(profiles: tuple[str, str], scenario: Scenario,
+                 args: argparse.Namespace) -> list[Result]:
     """Fresh simulators per policy (an empty prefix cache each time), one pooling gateway."""
     scale = args.time_scale
     results = []
-    for policy in POLICIES:
+    for policy in scenario.policies:
         with ExitStack() as stack:
             sims = [stack.enter_context(start_sim(p, time_scale=scale)) for p in profiles]
             first = peer_gateway(stack, sims[0].url, SERVED, SPARK_KEY)
@@ -153,26 +191,28 @@ def measure_pair(profiles: tuple[str, str], args: argparse.Namespace) -> list[Re
             orin = stack.enter_context(start_gateway(env))
             wait_pool_ready(orin.url, 2)
             port = urlsplit(orin.url).port or 0
-            turns = run_policy(port, args.sessions, args.turns)
-            result = Result(policy, turns, scale, split(turns, [first.url, second.url]))
+            turns = run_policy(port, scenario, args)
+            result = Result(policy, turns, scale, split(turns, [first.url, second.url]),
+                            hit_rate([sim.url for sim in sims]))
             results.append(result)
             print(f"  {policy:7s} TTFT p50 {result.ttft(0.5):6.2f} s  p95 "
                   f"{result.ttft(0.95):6.2f} s  {result.tok_per_s():6.1f} tok/s  "
-                  f"({result.split})", flush=True)
+                  f"hits {result.hit_rate:.0%}  ({result.split})", flush=True)
     return results
 
 
 def table(title: str, results: list[Result]) -> list[str]:
     rate = next(r for r in results if r.policy == "rate")
     lines = [f"**{title}**: time to first token and aggregate tok/s in seed time (ratio to "
-             "rate; turns served by the first/second replica)", "",
-             "| policy | TTFT p50 | TTFT p95 | tok/s | split |", "|---|---|---|---|---|"]
+             "rate), prefix-cache hit rate (tokens), turns served by the first/second replica",
+             "", "| policy | TTFT p50 | TTFT p95 | tok/s | cache hits | split |",
+             "|---|---|---|---|---|---|"]
     for r in results:
         lines.append(
             f"| {r.policy} | {r.ttft(0.5):.2f} s ({rate.ttft(0.5) / r.ttft(0.5):.2f}x faster) | "
             f"{r.ttft(0.95):.2f} s ({rate.ttft(0.95) / r.ttft(0.95):.2f}x faster) | "
             f"{r.tok_per_s():.1f} ({r.tok_per_s() / rate.tok_per_s():.2f}x) | "
-            f"{r.split} |")
+            f"{r.hit_rate:.0%} | {r.split} |")
     return [*lines, ""]
 
 
@@ -193,20 +233,23 @@ def main() -> None:
     section = [
         f"Run `{' '.join(['python3', 'bench/agent_sessions_bench.py', *sys.argv[1:]])}` on "
         f"{platform.machine()} / {platform.python_version()}, "
-        f"{time.strftime('%Y-%m-%d', time.gmtime())}, one run: {args.sessions} sessions x "
+        f"{time.strftime('%Y-%m-%d', time.gmtime())}, one run each: {args.sessions} sessions x "
         f"{args.turns} turns, closed-loop, over a ~4,000-token shared system prompt; each turn "
-        f"adds a ~220-token user message and the previous {ANSWER_TOKENS}-token answer "
-        "(streamed, ignore_eos). Fresh simulators per policy (empty caches) at time-scale "
+        f"adds a user message (the question, or a tool's output) and the previous "
+        f"{ANSWER_TOKENS}-token answer (streamed, ignore_eos), a tool call's time after the "
+        "answer. Fresh simulators per policy (empty caches) at time-scale "
         f"{args.time_scale:g}; seconds and tok/s in seed time. `prefix` is rate + prefix "
         "(and size) awareness, the new default.",
         "",
     ]
-    for title, profiles in (
-        ("seed 000 pair: spark-cortex + thor-cortex", ("spark-cortex", "thor-cortex")),
-        ("homogeneous pair: spark-cortex + spark-cortex", ("spark-cortex", "spark-cortex")),
-    ):
-        print(title, flush=True)
-        section += table(title, measure_pair(profiles, args))
+    for scenario in SCENARIOS:
+        section += [f"### {scenario.title}", ""]
+        for title, profiles in (
+            ("seed 000 pair: spark-cortex + thor-cortex", ("spark-cortex", "thor-cortex")),
+            ("homogeneous pair: spark-cortex + spark-cortex", ("spark-cortex", "spark-cortex")),
+        ):
+            print(f"{scenario.title}; {title}", flush=True)
+            section += table(title, measure_pair(profiles, scenario, args))
     print("\n".join(section))
     if args.write_docs:
         write_docs(section)
