@@ -1,4 +1,4 @@
-"""Pool placement benchmark: pinned vs queue depth vs service rate, through real gateways.
+"""Pool placement benchmark: pinned vs queue depth vs service rate vs prefix, through real gateways.
 
 Replays seed 000 section 4: an "orin" gateway that does not host cortex pools it from two
 peer gateways, each fronting a calibrated simulator (spark-cortex 48.9 tok/s, thor-cortex
@@ -41,7 +41,7 @@ PLOT = ROOT / "docs" / "img" / "placement-bench.png"
 START, END = "<!-- placement-bench:start -->", "<!-- placement-bench:end -->"
 SPARK_KEY = "spark-inbound-key"
 BURSTS = (4, 8, 16)
-POLICIES = ("pinned", "queue", "rate")
+POLICIES = ("pinned", "queue", "rate", "prefix")
 SEED_RATES = {"spark-cortex": 48.9, "thor-cortex": 11.0}
 
 

@@ -147,7 +147,10 @@ def forecast(view: ReplicaView, request: RequestShape) -> Forecast:
 
 class Policy(Protocol):
     name: str
-    explores: bool
+    # A forecasting policy prices each request by its Forecast (slot wait, uncached prefill,
+    # decode): the placer then hashes prompts for it, explores never-measured replicas and
+    # learns rates net of the forecast wait and prefill.
+    forecasts: bool
 
     def choose(
         self, views: Sequence[ReplicaView], request: RequestShape
@@ -162,7 +165,7 @@ class PinnedPolicy:
     """Always the first selectable replica in declaration order."""
 
     name = "pinned"
-    explores = False
+    forecasts = False
 
     def choose(
         self, views: Sequence[ReplicaView], request: RequestShape
@@ -176,7 +179,7 @@ class QueuePolicy:
     """Least in flight relative to slots; a full replica is not selectable."""
 
     name = "queue"
-    explores = False
+    forecasts = False
 
     def choose(
         self, views: Sequence[ReplicaView], request: RequestShape
@@ -197,7 +200,7 @@ class RatePolicy:
     """
 
     name = "rate"
-    explores = False
+    forecasts = False
 
     def choose(
         self, views: Sequence[ReplicaView], request: RequestShape
@@ -214,7 +217,7 @@ class PrefixPolicy:
     """
 
     name = "prefix"
-    explores = True
+    forecasts = True
 
     def choose(
         self, views: Sequence[ReplicaView], request: RequestShape
@@ -337,7 +340,7 @@ class Placer:
         self._active: dict[str, list[Placement]] = {origin: [] for origin in priors}
         # Work other boxes have on a replica, from its probed running + waiting.
         self._external: dict[str, int] = {origin: 0 for origin in priors}
-        self._rates = {o: RateEstimate(prior, smoothing, policy.explores)
+        self._rates = {o: RateEstimate(prior, smoothing, policy.forecasts)
                        for o, prior in priors.items()}
         self._affinity = PrefixAffinity(priors)
         # The pool's typical answer, tokens: the size of a request that names no max_tokens.
@@ -347,7 +350,7 @@ class Placer:
     @property
     def prices_prefix(self) -> bool:
         """Whether requests should carry their prompt's block hashes (they cost to make)."""
-        return self.policy.explores
+        return self.policy.forecasts
 
     def in_flight(self, origin: str) -> int:
         return len(self._active[origin])
@@ -432,7 +435,7 @@ class Placer:
         measured, once the pool has warmed up: its prior may be too pessimistic for the
         policy ever to pick it, and only a sample can tell."""
         chosen = choice[0]
-        if (not self.policy.explores or self._placed < EXPLORE_AFTER
+        if (not self.policy.forecasts or self._placed < EXPLORE_AFTER
                 or self._rates[chosen.origin].samples == 0):
             return choice
         unproven = [v for v in views if v.in_flight == 0 and self._rates[v.origin].samples == 0]
@@ -465,7 +468,7 @@ class Placer:
         waves ahead); the prefix policy's takes the forecast wait and prefill out instead.
         """
         self._typical_answer += self._smoothing * (tokens - self._typical_answer)
-        if self.policy.explores:
+        if self.policy.forecasts:
             predicted = placement.forecast.wait_s + placement.forecast.prefill_s
             decode_s = max(elapsed_s - predicted, elapsed_s * MIN_DECODE_SHARE)
             sample = tokens / decode_s
