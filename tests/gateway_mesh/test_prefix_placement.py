@@ -211,7 +211,7 @@ def test_a_request_that_fits_no_replica_is_a_400_naming_the_largest_window():
     error = pool.too_long(RequestShape(prompt_tokens=30000, max_tokens=4096))
     assert error is not None
     assert (error.status, error.code) == (400, "context_length_exceeded")
-    assert "largest window is 32768" in error.message and "lower max_tokens" in error.message
+    assert "pool serves is 32768 tokens" in error.message and "lower max_tokens" in error.message
 
 
 def burst_placement(policy, size: int) -> list[str]:

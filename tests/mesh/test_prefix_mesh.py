@@ -79,7 +79,7 @@ def test_a_prompt_too_long_for_every_window_is_a_400_naming_the_largest(pool):
     assert reply.status == 400
     error = reply.json()["error"]
     assert error["code"] == "context_length_exceeded"
-    assert "largest window is 262144" in error["message"]
+    assert "pool serves is 262144 tokens" in error["message"]
     assert reply.headers["x-lobes-route-reason"] == "none"
 
 

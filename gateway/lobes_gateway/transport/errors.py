@@ -29,12 +29,13 @@ def bad_request(message: str) -> ApiError:
 
 def context_length_exceeded(role: str, prompt_tokens: int, max_tokens: int | None,
                             largest_window: int) -> ApiError:
-    """No replica of a pool serves a window the request fits (vLLM's code for the case)."""
+    """No ready replica of a pool serves a window the request fits (vLLM's code for it)."""
     asked = f"~{prompt_tokens} prompt tokens" + (f" + max_tokens {max_tokens}"
                                                   if max_tokens is not None else "")
     return ApiError(400, "invalid_request_error", "context_length_exceeded",
-                    f"the {role} pool's largest window is {largest_window} tokens and the "
-                    f"request needs {asked}; shorten the prompt or lower max_tokens")
+                    f"the largest window a ready replica of the {role} pool serves is "
+                    f"{largest_window} tokens and the request needs {asked}; shorten the "
+                    "prompt or lower max_tokens")
 
 
 def invalid_json(detail: str) -> ApiError:
