@@ -153,13 +153,31 @@ def test_a_request_without_max_tokens_is_priced_at_the_learned_answer_length():
     assert placement.forecast.decode_s == pytest.approx(40 / p.rate(A))
 
 
-def test_the_rate_sample_leaves_out_the_forecast_prefill():
+def test_an_answer_that_is_all_decode_teaches_the_decode_rate_alone():
     p = placer(priors={A: 50.0, B: 50.0})
-    request = RequestShape(prompt_tokens=5000, max_tokens=100)
-    placement = p.place([Candidate(A, 2)], request=request)
-    prefill = 5000 / (50.0 * PREFILL_SPEEDUP)
-    placement.record_completion(tokens=100, elapsed_s=prefill + 4.0)
-    assert p.rate(A) == pytest.approx(25.0)  # 100 tokens in the 4 s of decode
+    placement = p.place([Candidate(A, 2)], request=RequestShape(0, 100))
+    placement.record_completion(tokens=100, elapsed_s=4.0)
+    assert p.rate(A) == pytest.approx(25.0)
+    assert p.prefill_rate(A) is None  # nothing was prefilled to learn from
+
+
+def test_prefill_and_decode_rates_are_learned_apart_from_answers_of_different_mixes():
+    # The replica decodes at 20 tok/s and prefills at 1,000: its prior (40) is twice too
+    # fast, and the default ratio (50x) prices its prefill at 2,000. Its answers mix long and
+    # short prompts and answers; the time each took is all the gateway sees.
+    p = placer(priors={A: 40.0, B: 40.0})
+    mixes = [RequestShape(0, 64), RequestShape(4000, 64), RequestShape(1000, 256),
+             RequestShape(8000, 32)]
+    for i in range(80):
+        request = mixes[i % len(mixes)]
+        placement = p.place([Candidate(A, 2)], request=request)
+        took = request.prompt_tokens / 1000 + (request.max_tokens or 0) / 20
+        placement.record_completion(tokens=request.max_tokens or 0, elapsed_s=took)
+        placement.release()
+    assert p.rate(A) == pytest.approx(20.0, rel=0.05)
+    assert p.prefill_rate(A) == pytest.approx(1000.0, rel=0.1)
+    long_prompt = p.place([Candidate(A, 2)], request=RequestShape(4000, 64))
+    assert long_prompt.forecast.prefill_s == pytest.approx(4.0, rel=0.1)
 
 
 def test_a_replica_with_a_pessimistic_prior_is_explored_once_and_then_priced_as_measured():

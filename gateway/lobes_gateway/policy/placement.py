@@ -53,9 +53,10 @@ DEFAULT_SMOOTHING = 0.3
 # burst's makespan. The margin is that error bound: a slower replica must win by more than the
 # spread between its rivals' solo and batched rates. Measured: docs/benchmarks.md.
 SLOWER_REPLICA_MARGIN = 0.1
-# Prefill runs this many times faster than one stream decodes: a GB10 prefills a 27B NVFP4
-# at ~2,575 tok/s and decodes it at 48.9 (docs/simulator.md). Prefill is compute-bound and
-# decode bandwidth-bound, so the ratio is the box's, not the request's: one figure for all.
+# Until a replica's prefill rate is learned, prefill is priced this many times faster than
+# one stream decodes: a GB10 prefills a 27B NVFP4 at ~2,575 tok/s and decodes it at 48.9
+# (docs/simulator.md). Boxes differ (compute-bound prefill against bandwidth-bound decode),
+# so each replica's own ratio is then learned from its answers (Placer.learn).
 PREFILL_SPEEDUP = 50.0
 # An in-flight request past its expected end still holds its slot: at least this share of
 # its expected work is taken as left.
@@ -104,6 +105,7 @@ class ReplicaView:
     # boxes' first, priced at the pool's typical request).
     work_s: tuple[float, ...] = ()
     cached_tokens: int = 0  # of this request's prompt, likely held there
+    prefill_rate: float = 0.0  # prompt tok/s; 0 while unknown: PREFILL_SPEEDUP x rate
 
     def expected_completion_s(self, expected_tokens: int) -> float:
         """Seconds until a request placed now would finish on this replica (waves)."""
@@ -122,16 +124,20 @@ class ReplicaView:
 
     def prefill_s(self, prompt_tokens: int) -> float:
         """Seconds of prefill for the part of the prompt the replica likely lacks."""
-        return max(0, prompt_tokens - self.cached_tokens) / (self.rate * PREFILL_SPEEDUP)
+        speed = self.prefill_rate or self.rate * PREFILL_SPEEDUP
+        return max(0, prompt_tokens - self.cached_tokens) / speed
 
 
 @dataclass(frozen=True)
 class Forecast:
-    """What the prefix policy expects of a request on one replica, in seconds."""
+    """What the prefix policy expects of a request on one replica, in seconds, and the
+    replica's rates it was priced at."""
 
     wait_s: float
     prefill_s: float
     decode_s: float
+    rate: float
+    prefill_rate: float
 
     @property
     def completion_s(self) -> float:
@@ -142,7 +148,8 @@ def forecast(view: ReplicaView, request: RequestShape) -> Forecast:
     """The request's wait, prefill and decode on the replica (max_tokens already resolved)."""
     tokens = request.max_tokens or DEFAULT_EXPECTED_TOKENS
     return Forecast(view.slot_wait_s(), view.prefill_s(request.prompt_tokens),
-                    tokens / view.rate)
+                    tokens / view.rate, view.rate,
+                    view.prefill_rate or view.rate * PREFILL_SPEEDUP)
 
 
 class Policy(Protocol):
@@ -342,6 +349,9 @@ class Placer:
         self._external: dict[str, int] = {origin: 0 for origin in priors}
         self._rates = {o: RateEstimate(prior, smoothing, policy.forecasts)
                        for o, prior in priors.items()}
+        # Prompt tok/s of each replica's prefill, learned apart from its decode (forecasting
+        # policies only); None until its first answer with a prefill to learn from.
+        self._prefill = {o: RateEstimate(None, smoothing) for o in priors}
         self._affinity = PrefixAffinity(priors)
         # The pool's typical answer, tokens: the size of a request that names no max_tokens.
         self._typical_answer = float(DEFAULT_EXPECTED_TOKENS)
@@ -407,6 +417,7 @@ class Placer:
                 rate=rate,
                 work_s=self._work_s(c.origin, rate, now),
                 cached_tokens=self._affinity.cached_tokens(c.origin, blocks),
+                prefill_rate=self._prefill[c.origin].value or 0.0,
             ))
         return views
 
@@ -465,16 +476,29 @@ class Placer:
         """A completed answer: the pool's typical answer length, and the replica's rate.
 
         The rate policy's sample is tokens x waves / elapsed (the elapsed time covered the
-        waves ahead); the prefix policy's takes the forecast wait and prefill out instead.
+        waves ahead). A forecasting policy's answer teaches the replica's decode and prefill
+        rates apart: the time it took past its forecast wait, against the forecast prefill
+        plus its tokens' decode, is a factor off, and each rate takes the part of that factor
+        its share of the forecast predicts. An answer that was nearly all decode teaches the
+        decode rate; a long uncached prompt mostly the prefill rate; over many answers of
+        different mixes both settle where the forecasts come true.
         """
         self._typical_answer += self._smoothing * (tokens - self._typical_answer)
-        if self.policy.forecasts:
-            predicted = placement.forecast.wait_s + placement.forecast.prefill_s
-            decode_s = max(elapsed_s - predicted, elapsed_s * MIN_DECODE_SHARE)
-            sample = tokens / decode_s
-        else:
-            sample = tokens * placement.waves_at_dispatch / elapsed_s
-        self.observe_rate(placement.origin, sample)
+        if not self.policy.forecasts:
+            self.observe_rate(placement.origin, tokens * placement.waves_at_dispatch / elapsed_s)
+            return
+        priced = placement.forecast
+        service_s = max(elapsed_s - priced.wait_s, elapsed_s * MIN_DECODE_SHARE)
+        expected_s = priced.prefill_s + tokens / priced.rate
+        factor = service_s / expected_s
+        prefill_share = priced.prefill_s / expected_s
+        self.observe_rate(placement.origin, priced.rate / factor ** (1 - prefill_share))
+        if priced.prefill_s > 0:
+            self._prefill[placement.origin].observe(priced.prefill_rate / factor ** prefill_share)
+
+    def prefill_rate(self, origin: str) -> float | None:
+        """The learned prompt tok/s of the replica's prefill; None before its first sample."""
+        return self._prefill[origin].value
 
     def observe_rate(self, origin: str, tokens_per_second: float) -> None:
         self._rates[origin].observe(tokens_per_second)
