@@ -10,8 +10,10 @@ Policies (GATEWAY_POOL_POLICY):
           the wait for a slot (the remaining work of what is in flight there, in seconds),
           its prefill (its prompt less the prefix the replica likely holds, learned from
           what this gateway sent where: policy/prefix.py) and its decode (its max_tokens,
-          or the pool's learned answer length). A replica whose rate was never measured
-          gets one request once it is idle (exploration), and that sample replaces its prior.
+          or the pool's learned answer length). Each replica's decode and prefill rates are
+          learned apart from its answers (Placer.learn). A replica whose rate was never
+          measured gets one request once it is idle (exploration); that sample replaces its
+          prior.
   rate    earliest expected completion: the waves of work queued ahead of the
           request on a replica's slots, plus its own, each taking expected tokens / rate.
           prefix and rate: a slower replica must beat the fastest by SLOWER_REPLICA_MARGIN.
