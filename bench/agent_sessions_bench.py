@@ -219,7 +219,7 @@ def table(title: str, results: list[Result]) -> list[str]:
 def write_docs(section: list[str]) -> None:
     text = DOCS.read_text()
     head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
+    tail = rest.split(END, 1)[1]
     DOCS.write_text(head + START + "\n" + "\n".join(section) + "\n" + END + tail)
 
 

@@ -125,7 +125,7 @@ def workload(count: int, per_s: float, seed: int) -> list[tuple[float, int]]:
     """(gap before it in seed seconds, answer tokens) of each request: 80/20 short/long."""
     rng = random.Random(seed)
     return [(rng.expovariate(per_s), SHORT if rng.random() < 0.8 else LONG)
-            for _ in range(count)]
+            for _request in range(count)]
 
 
 def replay(send, requests: list[tuple[float, int]], scale: float) -> list[Answer]:
@@ -207,7 +207,7 @@ def table(results: list[Result]) -> list[str]:
 def write_docs(section: list[str]) -> None:
     text = DOCS.read_text()
     head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
+    tail = rest.split(END, 1)[1]
     DOCS.write_text(head + START + "\n" + "\n".join(section) + "\n" + END + tail)
 
 
@@ -221,8 +221,8 @@ def main() -> None:
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     requests = workload(args.count, args.arrivals_per_s, args.seed)
-    sizes = Counter(tokens for _, tokens in requests)
-    offered = sum(tokens for _, tokens in requests) / sum(gap for gap, _ in requests)
+    sizes = Counter(tokens for _gap, tokens in requests)
+    offered = sum(tokens for _gap, tokens in requests) / sum(gap for gap, _tokens in requests)
     print(f"{args.count} requests: {sizes[SHORT]} short, {sizes[LONG]} long; offered "
           f"{offered:.1f} tok/s (seed time)", flush=True)
     results = [measure(name, requests, args) for name in ("rate", "prefix", "oracle")]

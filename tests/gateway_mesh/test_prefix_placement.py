@@ -144,7 +144,7 @@ def test_work_in_flight_counts_down_as_the_clock_runs():
 
 def test_a_request_without_max_tokens_is_priced_at_the_learned_answer_length():
     p = placer()
-    for _ in range(30):
+    for _answer in range(30):
         placement = p.place([Candidate(A, 2)], request=RequestShape(10, None))
         placement.record_completion(tokens=40, elapsed_s=1.0)
         placement.release()
@@ -182,7 +182,7 @@ def test_prefill_and_decode_rates_are_learned_apart_from_answers_of_different_mi
 
 def test_a_replica_with_a_pessimistic_prior_is_explored_once_and_then_priced_as_measured():
     p = placer(priors={A: 40.0, B: 1.0})  # B's prior is far too low: it is as fast as A
-    for _ in range(EXPLORE_AFTER):
+    for _warm_up in range(EXPLORE_AFTER):
         placement = p.place(PAIR, request=RequestShape(0, 100))
         assert placement.origin == A
         placement.record_completion(tokens=100, elapsed_s=2.5)
@@ -198,7 +198,7 @@ def test_a_replica_with_a_pessimistic_prior_is_explored_once_and_then_priced_as_
 def test_the_rate_policy_never_explores():
     p = placer(RatePolicy(), priors={A: 40.0, B: 1.0})
     origins = set()
-    for _ in range(3 * EXPLORE_AFTER):
+    for _request in range(3 * EXPLORE_AFTER):
         placement = p.place(PAIR, 100)
         origins.add(placement.origin)
         placement.record_completion(tokens=100, elapsed_s=2.5)
@@ -236,7 +236,7 @@ def burst_placement(policy, size: int) -> list[str]:
     p = Placer(policy, {"spark": 48.9, "thor": 11.0}, clock=Clock())
     candidates = [Candidate("spark", 2), Candidate("thor", 2)]
     return [p.place(candidates, request=RequestShape(8, SEED_TOKENS)).origin
-            for _ in range(size)]
+            for _request in range(size)]
 
 
 @pytest.mark.parametrize("size", range(1, 17))

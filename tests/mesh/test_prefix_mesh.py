@@ -66,7 +66,7 @@ def test_a_conversation_stays_on_the_replica_that_holds_its_prefix(pool):
 
 def test_a_prompt_too_long_for_the_small_window_goes_to_the_big_one(pool):
     long_prompt = "x" * (SMALL_WINDOW * 4)  # ~16k tokens: over the small window alone
-    for _ in range(3):
+    for _attempt in range(3):
         reply = chat(pool["orin"].url, {"model": "cortex", "max_tokens": 4,
                                         "messages": [{"role": "user", "content": long_prompt}]})
         assert reply.status == 200, reply.body

@@ -30,8 +30,8 @@ def bad_request(message: str) -> ApiError:
 def context_length_exceeded(role: str, prompt_tokens: int, max_tokens: int | None,
                             largest_window: int) -> ApiError:
     """No ready replica of a pool serves a window the request fits (vLLM's code for it)."""
-    asked = f"~{prompt_tokens} prompt tokens" + (f" + max_tokens {max_tokens}"
-                                                  if max_tokens is not None else "")
+    answer = f" + max_tokens {max_tokens}" if max_tokens is not None else ""
+    asked = f"~{prompt_tokens} prompt tokens{answer}"
     return ApiError(400, "invalid_request_error", "context_length_exceeded",
                     f"the largest window a ready replica of the {role} pool serves is "
                     f"{largest_window} tokens and the request needs {asked}; shorten the "
