@@ -70,6 +70,9 @@ LANES = {**POST_LANES, "/v1/models": "models", "/v1/models/supported": "models",
          "/v1/realtime": REALTIME, "/health": "health", "/status": "status",
          "/capabilities": "capabilities", "/metrics": "metrics"}
 _KEYLESS = ("/health", "/status", "/capabilities", "/metrics")
+# Keyless like /metrics: GEAR_METRICS + <role> relays the box's own gear's /metrics (vLLM serves
+# its own keyless too), so a Prometheus elsewhere scrapes gears that listen only inside the box.
+GEAR_METRICS = "/metrics/gears/"
 # Bodies are UTF-8 (RFC 8259); decoding them first spares json.loads its encoding sniffing.
 _JSON_DECODER = json.JSONDecoder()
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -169,6 +172,8 @@ class Gateway:
         method, path = req.method, req.path
         if method == "GET" and path in _KEYLESS:
             return await self._keyless(req, client)
+        if method == "GET" and path.startswith(GEAR_METRICS):
+            return await self._gear_metrics(req, client)
         caller = self.gate.identify(req.headers.get("authorization"))
         if caller is None and (method == "POST" or path.startswith("/v1/")):
             return self._refuse(req, client, errors.invalid_api_key())
@@ -204,6 +209,18 @@ class Gateway:
         else:
             body = await self.views.capabilities()
         client.write(response_bytes(200, body, keep_alive=req.keep_alive))
+        return req.keep_alive
+
+    async def _gear_metrics(self, req: Request, client: Channel) -> bool:
+        role = req.path[len(GEAR_METRICS):]
+        if req.trace is not None:
+            req.trace.lane = "metrics"
+        answer = await self.views.gear_metrics(role)
+        if answer is None:
+            return self._refuse(req, client, errors.no_gear_metrics(role, self.views.gear_roles()))
+        status, body = answer
+        client.write(response_bytes(status, body, content_type=CONTENT_TYPE,
+                                    keep_alive=req.keep_alive))
         return req.keep_alive
 
     async def _get(self, req: Request, caller: Caller, client: Channel) -> bool:

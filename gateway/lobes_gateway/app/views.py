@@ -245,6 +245,24 @@ class Views:
             pass
         return row
 
+    def gear_roles(self) -> list[str]:
+        """The roles whose own gear runs on this box (their /metrics are relayed)."""
+        return [backend.name for backend in self._backends if backend.task != "audio"]
+
+    async def gear_metrics(self, role: str) -> tuple[int, bytes] | None:
+        """The /metrics of this box's own gear for `role`, fetched now: (status, body), or
+        None when no such gear runs here. An unreachable gear is a 502 naming it."""
+        for backend in self._backends:
+            if backend.name == role and backend.task != "audio":
+                break
+        else:
+            return None
+        try:
+            return await fetch(self._connections, backend.origin, "/metrics", [],
+                               self._config.limits.probe_timeout_s)
+        except UpstreamError as exc:
+            return 502, f"gear {role} at {backend.origin.url} did not answer: {exc}\n".encode()
+
     def endpoints(self) -> list[str]:
         """The data-plane paths this box answers (not refusals)."""
         paths = ["/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/supported"]

@@ -43,6 +43,13 @@ def not_found(path: str) -> ApiError:
                     f"no route for {path}; see /v1/models and the gateway documentation")
 
 
+def no_gear_metrics(role: str, gears: list[str]) -> ApiError:
+    here = ", ".join(gears) if gears else "none"
+    return ApiError(404, "invalid_request_error", "not_found",
+                    f"no gear of role {role!r} runs on this box; its gears' metrics are at "
+                    f"/metrics/gears/<role> for: {here}")
+
+
 def method_not_allowed(method: str, path: str, allowed: str) -> ApiError:
     return ApiError(405, "invalid_request_error", "method_not_allowed",
                     f"{method} is not allowed on {path}; use {allowed}",
