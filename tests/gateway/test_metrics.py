@@ -4,6 +4,7 @@ parser, checked by promtool, label values bounded whatever model names callers s
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import pytest
@@ -230,3 +231,19 @@ def test_gear_metrics_of_a_gear_that_is_down_is_a_502_naming_it(box, gateway):
     reply = call(gateway.url, "GET", "/metrics/gears/cortex")
     assert reply.status == 502
     assert b"gear cortex" in reply.body and primary.url.encode() in reply.body
+
+
+def _started_per_proc(pid: int) -> float:
+    """A process's start time from /proc, computed here independently of the gateway."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        ticks = int(fh.read().split(") ", 1)[1].split()[19])
+    with open("/proc/stat", encoding="ascii") as fh:
+        boot = next(int(line.split()[1]) for line in fh if line.startswith("btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_process_start_time_is_the_process_s_own_from_proc(gateway):
+    """Not the moment the gateway object was built: that comes after seconds of imports on a
+    loaded host, and a restart seen by Prometheus must match the process's own start."""
+    started = Scrape.of(gateway.url).value("process_start_time_seconds")
+    assert started == pytest.approx(_started_per_proc(gateway.pid), abs=0.011)

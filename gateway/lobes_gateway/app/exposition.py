@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
@@ -152,6 +153,20 @@ def _pressure(out: Exposition, pressure: PressureMonitor) -> None:
     for name, text, value in (*readings, *optional):
         if value is not None:
             out.family(f"lobes_gateway_pressure_{name}", "gauge", text, [((), value)])
+
+
+def process_start_time(proc: str = "/proc") -> float:
+    """When this process started (unix seconds), as /proc tells it: boot time plus the
+    process's start in clock ticks since boot; now, where /proc has neither."""
+    try:
+        with open(f"{proc}/self/stat", encoding="ascii") as fh:
+            # Fields after the command name (which may hold spaces); starttime is field 22.
+            ticks = int(fh.read().rpartition(")")[2].split()[19])
+        with open(f"{proc}/stat", encoding="ascii") as fh:
+            boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _process(out: Exposition, started_at: float) -> None:

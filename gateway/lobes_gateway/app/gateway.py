@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 import traceback
 
 from ..mesh.peers import PeerWatch
@@ -48,7 +47,7 @@ from ..transport.upstream import Connections
 from ..transport.watchdog import Watchdog
 from .access_log import AccessLog
 from .dispatch import Dispatcher
-from .exposition import CONTENT_TYPE
+from .exposition import CONTENT_TYPE, process_start_time
 from .exposition import render as render_metrics
 from .metrics import SHED_KEY_LIMIT, Metrics
 from .realtime import tunnel
@@ -97,7 +96,7 @@ class Gateway:
         self.peers = PeerWatch(config, self.router, self.connections)
         self.access_log = AccessLog(config.access_log) if config.access_log else None
         self.metrics = Metrics(self.access_log)
-        self.started_at = time.time()
+        self.started_at = process_start_time()
         self.dispatcher = Dispatcher(config, self.connections, self.peers, self.pressure,
                                      self.metrics)
         self.views = Views(config, self.router, self.connections, self.pressure,
