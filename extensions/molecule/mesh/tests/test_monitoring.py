@@ -50,7 +50,7 @@ def expected_targets(mesh: Mesh) -> set[tuple[str, str, str]]:
 
 def test_every_gateway_and_every_gear_of_the_mesh_is_scraped(mesh: Mesh, prometheus: str) -> None:
     expected = expected_targets(mesh)
-    assert {job for job, _, _ in expected} == {"lobes-gateway", "lobes-gear"}
+    assert {key[0] for key in expected} == {"lobes-gateway", "lobes-gear"}
     wait_until(lambda: targets(prometheus) == dict.fromkeys(expected, "up"),
                message="every gateway and gear target up", timeout=SCRAPES_S, interval=0.5)
     # The gears' own series (the simulator's vLLM names) come from every box, by role.
