@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from .placement import DEFAULT_SMOOTHING, RateEstimate
 
@@ -50,13 +50,17 @@ class Ticket:
         self.waiter: object = None
 
 
+def _started(ticket: Ticket, now: float) -> float:
+    return now if ticket.started is None else ticket.started
+
+
 class _ClassQueue:
     """One class's waiting tickets: a queue per client key and each key's virtual time."""
 
     def __init__(self) -> None:
         self.waiting: dict[str, deque[Ticket]] = {}  # keys with tickets waiting
         self.virtual: dict[str, float] = {}  # tokens admitted per key, fair-queueing time
-        self.clock = 0.0  # the virtual time of the ticket admitted last
+        self.clock = 0.0  # where the ticket admitted last ended, in virtual time
 
     def __len__(self) -> int:
         return sum(len(tickets) for tickets in self.waiting.values())
@@ -64,11 +68,16 @@ class _ClassQueue:
     def push(self, ticket: Ticket) -> None:
         tickets = self.waiting.get(ticket.client)
         if tickets is None:
-            # A key that starts waiting joins at the current virtual time: it neither jumps
-            # ahead on credit saved while idle nor queues behind the others' backlogs.
-            self.virtual[ticket.client] = max(self.virtual.get(ticket.client, 0.0), self.clock)
+            self.virtual[ticket.client] = self._joining(ticket.client, self.waiting)
             tickets = self.waiting[ticket.client] = deque()
         tickets.append(ticket)
+
+    def _joining(self, client: str, waiting: Mapping[str, object]) -> float:
+        """The virtual time of a key that starts waiting: the least of the keys waiting (or
+        where the last admitted one ended), so it neither jumps ahead on credit saved while
+        idle nor queues behind the others' backlogs."""
+        now = min((self.virtual[name] for name in waiting), default=self.clock)
+        return max(self.virtual.get(client, 0.0), now)
 
     def pop(self) -> Ticket:
         client = min(self.waiting, key=lambda name: self.virtual[name])
@@ -76,8 +85,8 @@ class _ClassQueue:
         ticket = tickets.popleft()
         if not tickets:
             del self.waiting[client]
-        self.clock = self.virtual[client]
         self.virtual[client] += ticket.tokens
+        self.clock = self.virtual[client]
         return ticket
 
     def remove(self, ticket: Ticket) -> bool:
@@ -94,7 +103,7 @@ class _ClassQueue:
         virtual = dict(self.virtual)
         waiting = {client: list(tickets) for client, tickets in self.waiting.items()}
         if ticket.client not in waiting:
-            virtual[ticket.client] = max(virtual.get(ticket.client, 0.0), self.clock)
+            virtual[ticket.client] = self._joining(ticket.client, waiting)
         waiting.setdefault(ticket.client, []).append(ticket)
         while True:
             client = min(waiting, key=lambda name: virtual[name])
@@ -137,7 +146,7 @@ class AdmissionQueue:
         rate = self.rate.value
         if rate is None:
             return None
-        ends = sorted(max(now, (t.started or now) + t.tokens / rate) for t in self.running)
+        ends = sorted(max(now, _started(t, now) + t.tokens / rate) for t in self.running)
         # Slots free now count as ending now; beyond the slots (requests counted without
         # waiting), a slot frees only at the later ends.
         free = [now] * max(0, self.slots - len(ends)) + ends[max(0, len(ends) - self.slots):]
@@ -174,7 +183,7 @@ class AdmissionQueue:
         """A running request ended after `tokens` tokens: free its slot, learn the rate, and
         return the tickets admitted into the freed slots."""
         self.running.discard(ticket)
-        elapsed = now - (ticket.started or now)
+        elapsed = now - _started(ticket, now)
         if tokens > 0 and elapsed > 0:
             self.rate.observe(tokens / elapsed)
         return self.admit(now)
