@@ -189,6 +189,9 @@ ROUTE_MODES: tuple[str, ...] = (SERVE, POOL, PROXY, REFER, OWNERS, OFF)
 # Modes whose answers come from other boxes.
 PEER_MODES = frozenset({POOL, PROXY, OWNERS})
 
+# Priority classes of client requests, strongest first (GATEWAY_CLIENT_KEYS, X-Lobes-Priority).
+PRIORITY_CLASSES: tuple[str, ...] = ("interactive", "standard", "batch")
+
 # ---------------------------------------------------------------- environment names
 
 # Per role prefix P, the gateway reads P_<suffix>.

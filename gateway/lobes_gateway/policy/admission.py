@@ -20,12 +20,12 @@ import heapq
 from collections import deque
 from collections.abc import Iterator, Mapping
 
+from lobes_contract import PRIORITY_CLASSES
+
 from .placement import DEFAULT_SMOOTHING, RateEstimate
 
-INTERACTIVE = "interactive"
-STANDARD = "standard"
-BATCH = "batch"
-CLASSES = (INTERACTIVE, STANDARD, BATCH)  # strongest first
+CLASSES = PRIORITY_CLASSES  # strongest first
+INTERACTIVE, STANDARD, BATCH = CLASSES
 _RANK = {name: rank for rank, name in enumerate(CLASSES)}
 
 
