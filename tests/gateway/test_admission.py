@@ -21,6 +21,8 @@ from tests.support.metrics import Scrape
 from tests.support.sim_proc import start_sim
 from tests.support.wait import wait_until
 
+from .test_pressure_strict import wait_mode, write_proc
+
 BOX_KEY = "box-key"
 KEYS = {"box": BOX_KEY, "person": "k-person", "agents": "k-agents", "evals": "k-evals",
         "solo": "k-solo"}
@@ -35,8 +37,9 @@ def auth(name: str, **headers: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {KEYS[name]}", **headers}
 
 
-def ask(url: str, marker: str, name: str, tokens: int = 8, **headers: str) -> Reply:
-    payload = {"model": "main", "max_tokens": tokens, "ignore_eos": True,
+def ask(url: str, marker: str, name: str, tokens: int = 8, model: str = "main",
+        **headers: str) -> Reply:
+    payload = {"model": model, "max_tokens": tokens, "ignore_eos": True,
                "messages": [{"role": "user", "content": marker}]}
     return chat(url, payload, auth(name, **headers), timeout=60)
 
@@ -241,3 +244,29 @@ def test_a_named_key_has_its_own_in_flight_limit(gear):
     assert second.status == 429
     assert "GATEWAY_CLIENT_KEYS" in second.error["message"]
     assert call(gateway.url, "GET", "/health").status == 200
+
+
+def test_what_never_waits_minor_pressure_sheds_and_other_boxes_arrivals(gateway_factory,
+                                                                        sim_factory, tmp_path):
+    write_proc(tmp_path, 10)
+    sim = sim_factory("spark-cortex", time_scale=10, extra_args=["--max-num-seqs", "1"])
+    minor = sim_factory("instant", served_name="small")
+    gateway = gateway_factory({**wired(sim, served="unsloth/Qwen3.8-27B-NVFP4"),
+                               **wired(minor, "MINOR", "small"), "MINOR_MAX_ACTIVE": "1",
+                               "GATEWAY_API_KEY": BOX_KEY, "GATEWAY_CLIENT_KEYS": CLIENT_KEYS,
+                               "PRIMARY_MAX_ACTIVE": "1", "LOBES_PROC_ROOT": str(tmp_path),
+                               "LOBES_PRESSURE_SAMPLE_S": "0.02"})
+    sender = hold_then_queue(gateway, sim, [])
+    # Another box admitted this one: it takes a slot here without waiting again.
+    sender.send("from-a-peer", "person", **{"X-Lobes-Proxied": "cortex"})
+    wait_until(lambda: reached(sim) == ["holder", "from-a-peer"], timeout=10, interval=0.02,
+               message="the proxied arrival to reach the gear while the holder runs")
+    assert admission(gateway)["running"] == 2
+    assert ask(gateway.url, "small", "agents", model="minor").status == 200  # the floor
+    write_proc(tmp_path, 80)
+    wait_mode(gateway, "busy")
+    shed = ask(gateway.url, "shed", "person")
+    assert shed.status == 429 and shed.error["code"] == "busy"  # at once, not after waiting
+    assert sum(admission(gateway)["queued"].values()) == 0
+    assert all(reply.status == 200 for reply in sender.join().values())
+    assert "shed" not in reached(sim)
