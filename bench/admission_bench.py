@@ -198,7 +198,7 @@ def write_docs(section: list[str]) -> None:
         title = "## Admission: priority and fair share (`bench/admission_bench.py`)"
         text += f"\n{title}\n\n{START}\n{END}\n"
     head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
+    _old, tail = rest.split(END, 1)
     DOCS.write_text(head + START + "\n" + "\n".join(section) + "\n" + END + tail)
 
 

@@ -21,8 +21,8 @@ PERSON_KEY = "person-secret-key-1"
 AGENTS_KEY = "agents-secret-key-2"
 CLIENT_KEYS = {"person": {"key": PERSON_KEY, "class": "interactive"},
                "agents": {"key": AGENTS_KEY, "class": "batch", "inflight_limit": 8}}
-SECRETS = {"gateway_api_key": "spark-inbound", "client_keys": {"person": PERSON_KEY,
-                                                                "agents": AGENTS_KEY}}
+SECRETS = {"gateway_api_key": "spark-inbound",
+           "client_keys": {"person": PERSON_KEY, "agents": AGENTS_KEY}}
 
 
 def spark_plan(client_keys: dict | None = None) -> dict:
