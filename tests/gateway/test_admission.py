@@ -98,7 +98,8 @@ def hold_then_queue(gateway, sim, requests: list[tuple[str, str, dict[str, str]]
     in order, each once the queue shows it waiting."""
     sender = Sender(gateway.url)
     sender.send("holder", "agents", HOLD_TOKENS)
-    wait_until(lambda: reached(sim), timeout=10, interval=0.02, message="the holder to start")
+    wait_until(lambda: "holder" in reached(sim), timeout=10, interval=0.02,
+               message="the holder to start")
     for count, (marker, name, headers) in enumerate(requests, start=1):
         sender.send(marker, name, **headers)
         wait_until(lambda n=count: sum(admission(gateway)["queued"].values()) == n, timeout=10,
@@ -253,9 +254,12 @@ def test_what_never_waits_minor_pressure_sheds_and_other_boxes_arrivals(gateway_
     minor = sim_factory("instant", served_name="small")
     gateway = gateway_factory({**wired(sim, served="unsloth/Qwen3.8-27B-NVFP4"),
                                **wired(minor, "MINOR", "small"), "MINOR_MAX_ACTIVE": "1",
+                               **wired(minor, "EMBED", "small"), "EMBED_MAX_ACTIVE": "1",
                                "GATEWAY_API_KEY": BOX_KEY, "GATEWAY_CLIENT_KEYS": CLIENT_KEYS,
                                "PRIMARY_MAX_ACTIVE": "1", "LOBES_PROC_ROOT": str(tmp_path),
                                "LOBES_PRESSURE_SAMPLE_S": "0.02"})
+    # Only the generate roles served here wait; minor is the floor, embeddings never wait.
+    assert set(gateway.get_json("/status")["admission"]) == {ROLE}
     sender = hold_then_queue(gateway, sim, [])
     # Another box admitted this one: it takes a slot here without waiting again.
     sender.send("from-a-peer", "person", **{"X-Lobes-Proxied": "cortex"})

@@ -193,3 +193,18 @@ def test_each_key_is_limited_on_its_own():
     assert limits.acquire(box)  # the box key counts apart from both
     limits.release(alice)
     assert limits.acquire(alice)
+
+
+def test_once_nobody_waits_shares_start_over():
+    queue, running = full_queue(slots=1)
+    queue.arrive(Ticket("big", BATCH, 1000), 0.0)
+    for _n in range(3):
+        queue.arrive(Ticket("small", BATCH, 100), 0.0)
+    drain(queue, running, 4)  # big took 1000 tokens, small 300: then the class emptied
+    later = [Ticket("small", BATCH, 100), Ticket("big", BATCH, 100), Ticket("small", BATCH, 100),
+             Ticket("big", BATCH, 100)]
+    for ticket in later:
+        queue.arrive(ticket, 0.0)
+    order = drain(queue, running, 4)
+    # big's earlier 1000 tokens are not held against it in the next backlog.
+    assert [t.client for t in order] == ["small", "big", "small", "big"]

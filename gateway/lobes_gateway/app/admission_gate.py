@@ -20,6 +20,8 @@ import math
 import time
 from collections import defaultdict
 
+from lobes_contract import GENERATE
+
 from ..policy.admission import CLASSES, AdmissionQueue, Ticket, effective_class
 from ..policy.auth import Caller
 from ..policy.config import GatewayConfig
@@ -50,7 +52,8 @@ class AdmissionGate:
     def __init__(self, config: GatewayConfig, pressure: PressureMonitor) -> None:
         self.queues = {name: AdmissionQueue(rc.max_active)
                        for name, rc in config.roles.items()
-                       if rc.max_active and rc.wired and name != MINOR}
+                       if rc.max_active and rc.wired and rc.role.task == GENERATE
+                       and name != MINOR}
         self._pressure = pressure
         self._retry_after = config.pressure.retry_after_s
         self.outcomes: defaultdict[tuple[str, str, str], int] = defaultdict(int)

@@ -87,6 +87,11 @@ class _ClassQueue:
             del self.waiting[client]
         self.virtual[client] += ticket.tokens
         self.clock = self.virtual[client]
+        if not self.waiting:
+            # Nobody waits in the class: shares start over, so no key carries a debt from an
+            # earlier backlog into the next one.
+            self.virtual.clear()
+            self.clock = 0.0
         return ticket
 
     def remove(self, ticket: Ticket) -> bool:
