@@ -90,30 +90,35 @@ class AdmissionGate:
         if any(marker in req.headers for marker in _MARKERS):
             queue.occupy(ticket, now)
             return ticket
+        left = None
         if deadline is not None:
             # Seconds left of the deadline, which counts from the request's head.
             arrived = req.trace.started if req.trace is not None else now
-            deadline = max(0.0, deadline - (now - arrived))
+            left = max(0.0, deadline - (now - arrived))
             expected = queue.expected_wait_s(ticket, now)
-            if expected is not None and expected > deadline:
+            if expected is not None and expected > left:
                 self._count(route.role, klass, DEADLINE_UNMEETABLE)
                 return errors.deadline_unmeetable(route.role, deadline, expected,
-                                                  max(1, math.ceil(expected - deadline)))
-        return await self._wait(queue, ticket, route.role, deadline, client, now)
+                                                  max(1, math.ceil(expected - left)))
+        outcome = await self._wait(queue, ticket, route.role, left, client, now)
+        if outcome == DEADLINE_PASSED:
+            assert deadline is not None
+            return errors.deadline_unmeetable(route.role, deadline, None, self._retry_after)
+        return ticket if outcome in (STARTED, RELEASED) else False
 
     async def _wait(self, queue: AdmissionQueue, ticket: Ticket, role: str,
-                    deadline: float | None, client: Channel,
-                    now: float) -> Ticket | ApiError | bool:
-        """Queue the ticket and wait for a slot, its deadline or its client's leaving."""
+                    left: float | None, client: Channel, now: float) -> str:
+        """Queue the ticket and wait for a slot, the end of its deadline (`left` seconds) or
+        its client's leaving; how it left (an outcome)."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[str] = loop.create_future()
         ticket.waiter = waiter
         _wake(queue.arrive(ticket, now), skip=ticket)
         if ticket.started is not None:
             self._count(role, ticket.klass, STARTED)
-            return ticket
-        timer = (loop.call_later(deadline, _settle, waiter, DEADLINE_PASSED)
-                 if deadline is not None else None)
+            return STARTED
+        timer = (loop.call_later(left, _settle, waiter, DEADLINE_PASSED)
+                 if left is not None else None)
         if not client.watch_gone(lambda: _settle(waiter, CLIENT_GONE)):
             _settle(waiter, CLIENT_GONE)
         try:
@@ -123,13 +128,9 @@ class AdmissionGate:
                 timer.cancel()
             client.watch_gone(None)
         self._count(role, ticket.klass, outcome)
-        if outcome == RELEASED:
-            return ticket
-        self._give_up(queue, ticket)
-        if outcome == CLIENT_GONE:
-            return False
-        assert deadline is not None
-        return errors.deadline_unmeetable(role, deadline, None, self._retry_after)
+        if outcome != RELEASED:
+            self._give_up(queue, ticket)
+        return outcome
 
     def _give_up(self, queue: AdmissionQueue, ticket: Ticket) -> None:
         """A ticket that will not run: out of the queue, or (admitted in the same turn it gave
