@@ -24,7 +24,7 @@ STDOUT = "-"
 MAX_PENDING = 10_000
 FLUSH_INTERVAL_S = 0.25
 LINE_FIELDS = ("time", "request_id", "method", "path", "lane", "role", "route_reason",
-               "served_by", "status", "bytes", "duration_s", "ttfb_s", "tokens")
+               "served_by", "status", "bytes", "duration_s", "ttfb_s", "tokens", "client")
 
 
 def _open(destination: str) -> BinaryIO:
@@ -62,12 +62,14 @@ def _text(value: str) -> str:
 def line(trace: Trace, wall_offset: float) -> bytes:
     """One request's JSON line (keys in LINE_FIELDS order); `wall_offset` turns its monotonic
     times into wall-clock time (ISO 8601 UTC, milliseconds). Built as text: lane, role and route
-    reason come from closed vocabularies and the request id is safe by construction
-    (transport/trace.py), so only the method, the path and the replica need escaping."""
+    reason come from closed vocabularies, the request id is safe by construction
+    (transport/trace.py) and the client is a key's configured name, so only the method, the
+    path and the replica need escaping."""
     started = trace.started
     wall = started + wall_offset
     whole = int(wall)
     first_byte, tokens, served = trace.first_byte, trace.tokens, trace.served
+    client = f'"{trace.client}"' if trace.client else "null"
     ttfb = f"{first_byte - started:.6f}" if first_byte else "null"
     return (f'{{"time":"{_second(whole)}.{int((wall - whole) * 1000):03d}Z",'
             f'"request_id":"{trace.request_id}",'
@@ -75,7 +77,7 @@ def line(trace: Trace, wall_offset: float) -> bytes:
             f'"lane":"{trace.lane}","role":"{trace.role}","route_reason":"{trace.reason}",'
             f'"served_by":{_text(served) if served else "null"},"status":{trace.code},'
             f'"bytes":{trace.bytes},"duration_s":{trace.ended - started:.6f},"ttfb_s":{ttfb},'
-            f'"tokens":{"null" if tokens is None else tokens}}}\n').encode()
+            f'"tokens":{"null" if tokens is None else tokens},"client":{client}}}\n').encode()
 
 
 class AccessLog:

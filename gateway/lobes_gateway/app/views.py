@@ -81,8 +81,10 @@ class Views:
 
     def __init__(self, config: GatewayConfig, router: Router, connections: Connections,
                  pressure: PressureMonitor, peer_views: PeerViews,
-                 peer_in_flight: Mapping[str, int]) -> None:
+                 peer_in_flight: Mapping[str, int],
+                 admission: Callable[[], dict[str, dict[str, object]]]) -> None:
         self._config = config
+        self._admission = admission
         self._peer_in_flight = peer_in_flight
         self._router = router
         self._connections = connections
@@ -221,6 +223,7 @@ class Views:
             "busy": {"running": int(running), "waiting": int(waiting)},
             "backends": rows, "endpoints": self.endpoints(),
             "pressure": self._pressure.block(self._floor_model()),
+            "admission": self._admission(),
         }).encode()
 
     def _floor_model(self) -> str | None:
