@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import errors
-from .engine import ABORT, Sequence
+from .engine import ABORT, PRIORITY, Sequence
 from .httpio import Connection, Request, stop_watching
 from .prefix_cache import block_hashes
 from .state import ClientGone, SimState
@@ -42,6 +42,7 @@ class GenerateCall:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    priority: int = 0
     block_hashes: tuple[int, ...] = ()
 
 
@@ -94,6 +95,7 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
     if not body.get("ignore_eos"):
         natural = max(natural_length(seed, state.profile.natural_length), 1)
         natural = max(natural, int_field(body, "min_tokens", 0))
+    priority = _priority(state, body)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise errors.bad_request("'stream_options' must be an object.", "stream_options")
@@ -107,6 +109,7 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
         stream=bool(body.get("stream")),
         include_usage=bool(options.get("include_usage")),
         continuous_usage=bool(options.get("continuous_usage_stats")),
+        priority=priority,
         block_hashes=_prompt_blocks(body, chat),
     )
 
@@ -116,6 +119,18 @@ def _prompt_blocks(body: dict[str, Any], chat: bool) -> tuple[int, ...]:
     if chat:
         return block_hashes(chat_token_units(body["messages"]))
     return block_hashes(prompt_token_units(body["prompt"]))
+
+
+def _priority(state: SimState, body: dict[str, Any]) -> int:
+    """The request's `priority` (vLLM: an integer, lower runs first); like vLLM, a non-zero
+    one is refused unless the engine runs the priority scheduling policy."""
+    value = body.get("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise errors.bad_request(f"'priority' must be an integer, got {value!r}.", "priority")
+    if value != 0 and state.profile.scheduling_policy != PRIORITY:
+        raise errors.bad_request(f"Got priority {value} but Priority scheduling is not "
+                                 "enabled.", "priority")
+    return value
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
@@ -211,7 +226,8 @@ async def handle_generate(
 ) -> None:
     """Run one chat or text completion through the engine and answer it."""
     call = parse_call(state, request_json(request), chat)
-    sequence = Sequence(call.prompt_tokens, call.max_tokens, call.natural, call.block_hashes)
+    sequence = Sequence(call.prompt_tokens, call.max_tokens, call.natural, call.priority,
+                        call.block_hashes)
     state.engine.submit(sequence)
     watcher = asyncio.create_task(conn.watch_disconnect(lambda: state.engine.abort(sequence)))
     try:

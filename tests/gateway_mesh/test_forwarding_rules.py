@@ -17,6 +17,7 @@ from lobes_gateway.app.dispatch import (
     peer_headers,
 )
 from lobes_gateway.app.meter import completion_tokens
+from lobes_gateway.policy.placement import DEFAULT_EXPECTED_TOKENS, expected_tokens
 from lobes_gateway.policy.prefix import request_shape
 from lobes_gateway.transport.http import Request, parse_head
 
@@ -79,6 +80,7 @@ def test_local_forwarding_drops_hop_headers_and_the_callers_key():
      ({}, None), (None, None), ({"max_tokens": True}, None), ({"max_tokens": 0}, None)],
 )
 def test_the_answer_budget_comes_from_the_request(payload, tokens):
+    assert expected_tokens(payload) == (tokens or DEFAULT_EXPECTED_TOKENS)
     assert request_shape(payload, with_blocks=False).max_tokens == tokens
 
 

@@ -291,6 +291,15 @@ class RateEstimate:
         self.samples += 1
 
 
+def expected_tokens(payload: dict | None) -> int:
+    """The tokens a request asks for (max_tokens), the unit of expected completion time."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = payload.get(key) if payload else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return DEFAULT_EXPECTED_TOKENS
+
+
 class Placement:
     """One request counted in flight on one replica until released (a context manager).
 
