@@ -64,6 +64,7 @@ from .metrics import (
     Metrics,
 )
 from .relay import Outcome, read_whole
+from .resume import Replica, StreamResume, resumable_request
 
 LOCAL, LAST, PEER, REPLICA = range(4)
 _DECLINES = frozenset({401, 403, 404})
@@ -86,6 +87,7 @@ TO_PEER = header_names(prefixes=("x-lobes-proxied", "x-lobes-forwarded"))
 _DEFAULT_REASON = b"X-Lobes-Tier-Reason: default"
 _MANUAL_OVERRIDE = b"X-Lobes-Tier-Reason: manual_override"
 _NO_ROUTE_REASON = b"X-Lobes-Route-Reason: none"
+_CHAT_PATH = "/chat/completions"
 
 
 def forward_headers(req: Request) -> str:
@@ -149,10 +151,12 @@ def this_box(config: GatewayConfig) -> str:
 class Attempt:
     """One upstream try: where, what to send, the headers its answer carries, when to move on."""
 
-    __slots__ = ("body", "extra", "headers", "name", "origin", "placement", "rule", "strict")
+    __slots__ = ("body", "extra", "headers", "name", "origin", "placement", "resume", "rule",
+                 "strict")
 
     def __init__(self, origin: Origin, name: str, headers: str, body: bytes, extra: list[bytes],
-                 rule: int, placement: Placement | None = None, strict: bool = False) -> None:
+                 rule: int, placement: Placement | None = None, strict: bool = False,
+                 resume: StreamResume | None = None) -> None:
         self.origin = origin
         self.name = name
         self.headers = headers
@@ -161,6 +165,7 @@ class Attempt:
         self.rule = rule
         self.placement = placement
         self.strict = strict
+        self.resume = resume  # a pooled stream that may go on on another replica
 
 
 @dataclass(frozen=True)
@@ -232,6 +237,7 @@ class Dispatcher:
         self._peers = peers
         self._pressure = pressure
         self._timeout = config.limits.upstream_timeout_s
+        self._stall = config.limits.stream_stall_s
         self._retry_after = config.pressure.retry_after_s
         self._fleet_key = config.fleet_key
         self._me = this_box(config)
@@ -284,6 +290,7 @@ class Dispatcher:
                         trace.reason = placement.reason.value
                 if counted is not None:
                     judged.count(self.peer_in_flight, counted)
+                judged.resume = step.resume
                 handed = judged
                 return judged
             client.write(error_bytes(step.error, step.headers, keep_alive=req.keep_alive))
@@ -427,6 +434,7 @@ class Dispatcher:
         tried: set[str] = set()
         failures: list[Failure] = []
         want = expected_tokens(payload)
+        resume = self._resume(req, route, role, payload)
         while (placement := role.placer.place(role.candidates(tried), want)
                or (role.failover(tried) if failures else None)) is not None:
             tried.add(placement.origin)
@@ -441,7 +449,8 @@ class Dispatcher:
                               role.replicas.served_id if payload else None, False)
             extra = [b"X-Lobes-Proxied-By: " + spec.origin.encode(), reason]
             failures.append((yield Attempt(self._peers.origin(spec.origin), spec.origin,
-                                           headers, body, extra, REPLICA, placement)))
+                                           headers, body, extra, REPLICA, placement,
+                                           resume=resume)))
         if not tried:  # nothing selectable: the singular forward or the local path
             yield from self.plan(req, route.fall_through, requested_tier, payload,
                                  [_NO_ROUTE_REASON], None)
@@ -449,6 +458,26 @@ class Dispatcher:
         error = exhausted(f"every replica of the {route.role} pool", failures,
                           self._retry_after)
         yield Answer(error, (("X-Lobes-Route-Reason", "none"),))
+
+    def _resume(self, req: Request, route: PoolRoute, role: PooledRole,
+                payload: dict | None) -> StreamResume | None:
+        """A chat stream of a pool with P_STREAM_RESUME on: how to continue it elsewhere."""
+        if not (route.config.stream_resume and req.target.endswith(_CHAT_PATH)
+                and payload is not None and resumable_request(payload)):
+            return None
+        caller = TO_PEER.sub("", forward_headers(req))  # kept: req's own block is dropped
+        local = route.config
+
+        def replica(origin: str) -> Replica:
+            if origin == role.local_origin and local.base_url is not None:
+                return Replica(local.base_url, caller, local.served_name)
+            spec = role.spec(origin)
+            key = f"Authorization: Bearer {spec.api_key}\r\n" if spec.api_key else ""
+            return Replica(self._peers.origin(origin),
+                           caller + key + header_block([("X-Lobes-Proxied", role.role)]),
+                           role.replicas.served_id)
+
+        return StreamResume(role, payload, req.target, replica, self._timeout, self._stall)
 
     def _pooled_arrival(self, req: Request, route: PoolRoute, role: PooledRole, arrived: str,
                         requested_tier: str | None, payload: dict | None) -> Plan:
