@@ -86,7 +86,7 @@ def test_stream_resume_is_per_role_and_off_unless_set():
     assert not config.roles["minor"].stream_resume
     assert config.limits.stream_stall_s == 2.5
     assert load_config({}).limits.stream_stall_s == 30.0
-    with pytest.raises(ConfigError, match="PRIMARY_STREAM_RESUME.*true or false"):
+    with pytest.raises(ConfigError, match=r"PRIMARY_STREAM_RESUME.*true or false"):
         load_config({"PRIMARY_STREAM_RESUME": "sometimes"})
 
 

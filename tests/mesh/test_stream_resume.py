@@ -14,10 +14,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from tests.support.gateway_proc import start_gateway
+from tests.support.ports import free_port
 from tests.support.sim_proc import start_sim
 from tests.support.sse import Streamed, stream_chat
 from tests.support.wait import wait_until
@@ -154,6 +159,117 @@ def test_a_stopped_replica_is_cut_off_after_the_stall_timeout_and_its_stream_con
                 os.kill(pid, signal.SIGCONT)
     assert_one_unbroken_stream(streamed, reference, [first.url, second.url])
     assert streamed.largest_gap() >= 0.5  # the stall it waited out before moving on
+
+
+def hosted_box(local_sim, order: list[str | None]) -> tuple[str, object]:
+    """A box that serves cortex on `local_sim` and pools it with peers; None in `order` is
+    this box's own slot."""
+    port = free_port()
+    me = f"http://127.0.0.1:{port}"
+    env = {**peer_env(local_sim), **pool_env([origin or me for origin in order]),
+           "PRIMARY_FEASIBLE": "true", "GATEWAY_SELF_ORIGIN": me}
+    return me, start_gateway(env, port=port)
+
+
+def test_a_hosted_pool_continues_its_own_gears_broken_stream_on_the_peer(pair, reference,
+                                                                        faults):
+    faults.set_faults({"die_after_chunks": BROKEN_AFTER})
+    me, box = hosted_box(pair["first_sim"], [None, pair["second"].url])
+    with box:
+        ready(box)
+        streamed = stream_chat(box.url, ASK)
+    assert streamed.headers["x-lobes-served-by"] == me
+    assert_one_unbroken_stream(streamed, reference, [me, pair["second"].url])
+
+
+def test_a_hosted_pool_continues_a_peers_broken_stream_on_its_own_gear(pair, reference, faults):
+    faults.set_faults({"die_after_chunks": BROKEN_AFTER})
+    me, box = hosted_box(pair["second_sim"], [pair["first"].url, None])
+    with box:
+        ready(box)
+        streamed = stream_chat(box.url, ASK)
+    assert streamed.headers["x-lobes-proxied-by"] == pair["first"].url
+    assert_one_unbroken_stream(streamed, reference, [pair["first"].url, me])
+    [continuation] = posts(pair["second_sim"])
+    assert json.loads(continuation["body"])["continue_final_message"] is True
+
+
+TOOL_CALL = {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                             "function": {"name": "look_up", "arguments": ""}}]}
+
+
+@contextmanager
+def breaking_gear(deltas: list[dict]) -> Iterator[str]:
+    """A vLLM stand-in that lists the served model and streams `deltas` (after the role
+    delta), then drops the connection mid-stream; yields its origin."""
+
+    class Gear(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _send(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+        def do_GET(self) -> None:
+            body = json.dumps({"object": "list", "data": [
+                {"id": SERVED, "object": "model", "max_model_len": 262144}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for delta in [{"role": "assistant", "content": ""}, *deltas]:
+                chunk = {"id": "chatcmpl-gear", "object": "chat.completion.chunk", "created": 1,
+                         "model": SERVED, "choices": [{"index": 0, "delta": delta,
+                                                       "finish_reason": None}]}
+                self._send(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.flush()
+            self.close_connection = True  # dropped: no last chunk, no [DONE]
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Gear)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(("deltas", "resumed"), [
+    ([{"content": "Let"}, {"content": " me"}], True),
+    ([{"content": "Let"}, {"content": " me"}, TOOL_CALL], False),
+], ids=["text-only", "after-a-tool-call"])
+def test_a_stream_is_continued_until_it_carries_a_tool_call(pair, deltas, resumed):
+    """A final assistant message cannot hold a tool call: once one has been streamed, a broken
+    stream ends as an unpooled one does (documented), and no continuation is sent."""
+    pair["second_sim"].clear_requests()
+    with breaking_gear(deltas) as gear:
+        port = free_port()
+        me = f"http://127.0.0.1:{port}"
+        env = {**pool_env([me, pair["second"].url]), "PRIMARY_BASE_URL": gear,
+               "PRIMARY_SERVED_NAME": SERVED, "PRIMARY_MAX_MODEL_LEN": "262144",
+               "PRIMARY_FEASIBLE": "true", "GATEWAY_SELF_ORIGIN": me}
+        with start_gateway(env, port=port) as box:
+            ready(box)
+            streamed = stream_chat(box.url, ASK)
+    assert streamed.text.startswith("Let me")
+    if resumed:
+        assert streamed.done and streamed.finish["lobes_resumed"]["resumes"] == 1
+        assert len(posts(pair["second_sim"])) == 1
+    else:
+        assert interrupted(streamed)
+        assert posts(pair["second_sim"]) == []
+        assert streamed.events[-2]["choices"][0]["delta"] == TOOL_CALL
 
 
 def interrupted(streamed: Streamed) -> bool:

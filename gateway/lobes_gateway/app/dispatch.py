@@ -335,11 +335,12 @@ class Dispatcher:
         return Outcome(response, attempt.extra, attempt.placement, started, body)
 
     def plan(self, req: Request, route: Route, requested_tier: str | None,
-             payload: dict | None, tail: list[bytes], placement: Placement | None) -> Plan:
+             payload: dict | None, tail: list[bytes], placement: Placement | None,
+             resume: StreamResume | None = None) -> Plan:
         """The attempts of a route; `tail` headers join each answer, `placement` counts the
-        local ones on the pool replica they serve as."""
+        local ones on the pool replica they serve as (whose stream `resume` may continue)."""
         if isinstance(route, LocalRoute):
-            return self._local(req, route, requested_tier, payload, tail, placement)
+            return self._local(req, route, requested_tier, payload, tail, placement, resume)
         if isinstance(route, ProxyRoute):
             return self._proxy(req, route, payload, tail)
         if isinstance(route, PoolRoute):
@@ -350,7 +351,8 @@ class Dispatcher:
         return _answer_only(Answer(route.error))
 
     def _local(self, req: Request, route: LocalRoute, requested_tier: str | None,
-               payload: dict | None, tail: list[bytes], placement: Placement | None) -> Plan:
+               payload: dict | None, tail: list[bytes], placement: Placement | None,
+               resume: StreamResume | None = None) -> Plan:
         """This box's gear, then the fallback; pressure sheds the full tiers first."""
         override = False
         if route.tier is not None:
@@ -376,14 +378,17 @@ class Dispatcher:
         for index, target in enumerate(route.targets):
             model = target.served_name if route.rewrite_model else None
             rule = LOCAL if index < last else LAST
+            # A pool replica's own gear only: the fallback serves another model.
+            own = resume if target.name == route.role else None
             if strict is not None:
                 failure = yield Attempt(target.origin, target.name, headers,
                                         encode_for(req.body, strict, model, True), extra, rule,
-                                        placement, strict=True)
+                                        placement, strict=True, resume=own)
                 if not failure.compile_failure:
                     continue
             yield Attempt(target.origin, target.name, headers,
-                          encode_for(req.body, payload, model, False), extra, rule, placement)
+                          encode_for(req.body, payload, model, False), extra, rule, placement,
+                          resume=own)
         if last == 0:
             yield Answer(errors.backend_unavailable(f"the {route.role} backend",
                                                     self._retry_after))
@@ -441,7 +446,7 @@ class Dispatcher:
             reason = b"X-Lobes-Route-Reason: " + placement.reason.value.encode()
             if placement.origin == role.local_origin:  # the local path: pressure, tiers
                 yield from self.plan(req, route.fall_through, requested_tier, payload,
-                                     [reason], placement)
+                                     [reason], placement, resume)
                 return
             spec = role.spec(placement.origin)
             headers = peer_headers(req, spec.api_key, [("X-Lobes-Proxied", role.role)])

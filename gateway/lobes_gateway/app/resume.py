@@ -143,7 +143,9 @@ class StreamResume:
         events = _Events(response.chunked)
         try:
             while not events.ended:
-                conn.watchdog.arm(self._stall, conn.abort)
+                # Before its first event a stream may wait in the replica's queue and prefill:
+                # only the response timeout bounds that; a stream under way must not stall.
+                conn.watchdog.arm(self._stall if events.seen else self._timeout, conn.abort)
                 data = await conn.channel.read(_READ)
                 if not data:
                     break
@@ -332,7 +334,7 @@ def _end_interrupted(client: Channel, error_sent: bool) -> None:
 class _Events:
     """An upstream body (chunked or close-delimited) cut into SSE events."""
 
-    __slots__ = ("_chunked", "_frames", "_text", "clean", "ended")
+    __slots__ = ("_chunked", "_frames", "_text", "clean", "ended", "seen")
 
     def __init__(self, chunked: bool) -> None:
         self._chunked = chunked
@@ -340,6 +342,7 @@ class _Events:
         self._text = b""
         self.ended = False  # the last chunk came
         self.clean = True  # nothing followed it but its (empty) trailers
+        self.seen = False  # an event came
 
     def feed(self, data: bytes) -> list[bytes]:
         """The whole events `data` completes, in order."""
@@ -347,7 +350,9 @@ class _Events:
             data = self._dechunk(data)
         self._text += data.replace(b"\r\n", b"\n")
         *events, self._text = self._text.split(b"\n\n")
-        return [event for event in events if event]
+        events = [event for event in events if event]
+        self.seen = self.seen or bool(events)
+        return events
 
     def _dechunk(self, data: bytes) -> bytes:
         buffer = self._frames + data
