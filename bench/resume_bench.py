@@ -53,6 +53,7 @@ class Verdict:
     lost: int
     duplicated: int
     stall_s: float | None  # the switch's added stall, for a resumed stream
+    failure: str  # how a stream that is not whole ended ("" for a whole one)
 
 
 def ask(index: int) -> dict:
@@ -76,7 +77,10 @@ def judge(streamed: Streamed, reference: str) -> Verdict:
         gaps = [b - a for a, b in zip(streamed.arrivals[1:], streamed.arrivals[2:],
                                       strict=False)]
         stall = max(gaps) - statistics.median(gaps)
-    return Verdict(streamed.done and streamed.text == reference, resumed, lost, duplicated, stall)
+    whole = streamed.done and streamed.text == reference
+    failure = "" if whole else (f"HTTP {streamed.status}, {len(streamed.events)} events, "
+                                f"done={streamed.done}, errors={streamed.errors}")
+    return Verdict(whole, resumed, lost, duplicated, stall, failure)
 
 
 @dataclass(frozen=True)
@@ -182,9 +186,9 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=5.0)
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
-    rows = [row(f"resume {'on' if on else 'off'}",
-                run(on, args.streams, args.concurrency, args.time_scale), args.time_scale)
-            for on in (False, True)]
+    results = [run(on, args.streams, args.concurrency, args.time_scale) for on in (False, True)]
+    rows = [row(f"resume {mode}", result, args.time_scale)
+            for mode, result in zip(("off", "on"), results, strict=True)]
     section = [
         f"{args.streams} chat streams (max_tokens {MAX_TOKENS}, {args.concurrency} at a time) "
         "through a pool of two spark-cortex replicas (queue placement, "
@@ -199,6 +203,9 @@ def main() -> None:
         *rows,
     ]
     print("\n".join(section))
+    for mode, result in zip(("off", "on"), results, strict=True):
+        for failure in sorted({v.failure for v in result.verdicts if v.failure}):
+            print(f"resume {mode}: not whole: {failure}", file=sys.stderr)
     if args.write_docs:
         write_docs(section)
 

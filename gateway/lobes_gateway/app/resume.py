@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..mesh.peers import PooledRole
-from ..policy.placement import Placement
+from ..policy.placement import Placement, expected_tokens
 from ..transport.channel import Channel
 from ..transport.upstream import (
     Connections,
@@ -80,7 +80,7 @@ class Replica:
 class _Stream:
     """What the client has been sent so far, across the parts of one stream."""
 
-    text: str = ""
+    pieces: list[str] = field(default_factory=list)  # the text streamed, delta by delta
     produced: int = 0  # completion tokens of the parts before the current one
     part_tokens: int = 0  # completion tokens of the current part
     ids: dict[str, object] = field(default_factory=dict)
@@ -94,6 +94,10 @@ class _Stream:
     @property
     def tokens(self) -> int:
         return self.produced + self.part_tokens
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
 
 
 class StreamResume:
@@ -222,7 +226,7 @@ class StreamResume:
                 stream.resumable = False
             content = delta.get("content")
             if content:
-                stream.text += content
+                stream.pieces.append(content)
                 stream.part_tokens += 1
             if choice.get("finish_reason") is not None:
                 stream.finished = True
@@ -248,7 +252,9 @@ class StreamResume:
         body = continuation_body(self._payload, stream.text, stream.produced)
         if body is None:
             return None
-        while (placement := self._role.failover(tried)) is not None:
+        role, want = self._role, expected_tokens(body)
+        while (placement := role.placer.place(role.candidates(tried), want)
+               or role.failover(tried)) is not None:
             tried.add(placement.origin)
             held.append(placement)
             replica = self._replica(placement.origin)
