@@ -48,6 +48,10 @@ _READ = 65536
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
 # Delta keys a final assistant message holds; any other non-empty one ends resumability.
 _TEXT_DELTA = frozenset({"role", "content"})
+# Byte patterns that tell a plain text-token event from one that must be parsed.
+_NOT_FINISHED = b'"finish_reason":null'
+_NOT_PLAIN = (b'"error"', b'"usage"', b'"tool_calls"', b'"function_call"', b'"reasoning')
+_TEXT, _EMPTY_TEXT = b'"content":"', b'"content":""'
 # The ids a continuation's events take from the first part's, so the client sees one stream.
 _IDS = ("id", "created", "model")
 
@@ -80,7 +84,9 @@ class Replica:
 class _Stream:
     """What the client has been sent so far, across the parts of one stream."""
 
-    pieces: list[str] = field(default_factory=list)  # the text streamed, delta by delta
+    # The text streamed, delta by delta: a str, or a plain event's JSON, decoded only when a
+    # continuation needs the text.
+    pieces: list[str | bytes] = field(default_factory=list)
     produced: int = 0  # completion tokens of the parts before the current one
     part_tokens: int = 0  # completion tokens of the current part
     ids: dict[str, object] = field(default_factory=dict)
@@ -97,7 +103,8 @@ class _Stream:
 
     @property
     def text(self) -> str:
-        return "".join(self.pieces)
+        return "".join(piece if isinstance(piece, str) else _content(piece)
+                       for piece in self.pieces)
 
 
 class StreamResume:
@@ -198,6 +205,12 @@ class StreamResume:
         data = event[5:].strip()
         if data == _DONE:
             stream.done = True
+            return as_is
+        if stream.ids and not stream.continuing and _is_plain(data):
+            # The usual event, one text token: kept as it is, parsed only if a resume needs it.
+            if _TEXT in data and _EMPTY_TEXT not in data:
+                stream.pieces.append(data)
+                stream.part_tokens += 1
             return as_is
         try:
             chunk = json.loads(data)
@@ -301,6 +314,19 @@ def continuation_body(payload: dict, text: str, produced: int) -> dict | None:
         messages.append({"role": "assistant", "content": text})
     body["messages"] = messages
     return body
+
+
+def _is_plain(data: bytes) -> bool:
+    """A chunk with no finish, usage, error or delta other than text (compact JSON, as vLLM
+    writes it; any other spelling is parsed)."""
+    return _NOT_FINISHED in data and not any(marker in data for marker in _NOT_PLAIN)
+
+
+def _content(data: bytes) -> str:
+    """The text of a plain event kept unparsed."""
+    chunk = json.loads(data)
+    return "".join((choice.get("delta") or {}).get("content") or ""
+                   for choice in chunk.get("choices") or ())
 
 
 def _count_once(usage: dict, produced: int) -> None:
