@@ -79,7 +79,8 @@ def judge(streamed: Streamed, reference: str) -> Verdict:
         stall = max(gaps) - statistics.median(gaps)
     whole = streamed.done and streamed.text == reference
     failure = "" if whole else (f"HTTP {streamed.status}, {len(streamed.events)} events, "
-                                f"done={streamed.done}, errors={streamed.errors}")
+                                f"done={streamed.done}, errors={streamed.errors}"
+                                f"{', body=' + streamed.body.decode() if streamed.body else ''}")
     return Verdict(whole, resumed, lost, duplicated, stall, failure)
 
 

@@ -20,6 +20,7 @@ class Streamed:
     events: list[dict] = field(default_factory=list)  # the JSON events, in order
     arrivals: list[float] = field(default_factory=list)  # monotonic time of each event
     done: bool = False  # ended with data: [DONE]
+    body: bytes = b""  # the body of an answer that is not a stream (an error)
 
     @property
     def text(self) -> str:
@@ -62,6 +63,9 @@ def stream_chat(url: str, payload: dict, headers: dict[str, str] | None = None,
                      {"Content-Type": "application/json", **(headers or {})})
         response = conn.getresponse()
         streamed = Streamed(response.status, {k.lower(): v for k, v in response.getheaders()})
+        if not streamed.headers.get("content-type", "").startswith("text/event-stream"):
+            streamed.body = response.read()
+            return streamed
         try:
             for line in response:
                 if not line.startswith(b"data: "):
