@@ -65,8 +65,8 @@ def ask(index: int) -> dict:
 def judge(streamed: Streamed, reference: str) -> Verdict:
     got, want = _TOKEN.findall(streamed.text), _TOKEN.findall(reference)
     lost = duplicated = 0
-    for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(None, want, got,
-                                                         autojunk=False).get_opcodes():
+    matcher = difflib.SequenceMatcher(None, want, got, autojunk=False)
+    for tag, a0, a1, b0, b1 in matcher.get_opcodes():
         if tag in ("delete", "replace"):
             lost += a1 - a0
         if tag in ("insert", "replace"):
@@ -105,7 +105,7 @@ def run(resume: bool, streams: int, concurrency: int, time_scale: float) -> Pass
         # queue on the survivor.
         sims = [stack.enter_context(start_sim("spark-cortex", time_scale=time_scale,
                                               extra_args=["--max-num-seqs", str(concurrency)]))
-                for _ in range(2)]
+                for _replica in range(2)]
         peers = [stack.enter_context(start_gateway({
             "PRIMARY_BASE_URL": sim.url, "PRIMARY_SERVED_NAME": SERVED,
             "PRIMARY_MAX_MODEL_LEN": "262144", "PRIMARY_MAX_ACTIVE": str(concurrency)}))
@@ -138,7 +138,7 @@ def run(resume: bool, streams: int, concurrency: int, time_scale: float) -> Pass
 
 def _kill_when(started: threading.Semaphore, count: int, pid: int) -> None:
     """SIGKILL `pid` once `count` streams have started (and their replica holds some)."""
-    for _ in range(count):
+    for _started in range(count):
         started.acquire()
     time.sleep(0.3)
     os.kill(pid, signal.SIGKILL)
@@ -176,12 +176,12 @@ def write_docs(section: list[str]) -> None:
     if START not in text:
         text += f"\n{START}\n{END}\n"
     head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
+    tail = rest.split(END, 1)[1]
     DOCS.write_text(head + START + "\n" + "\n".join(section) + "\n" + END + tail)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--streams", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--time-scale", type=float, default=5.0)

@@ -171,8 +171,8 @@ def hosted_box(local_sim, order: list[str | None]) -> tuple[str, object]:
     return me, start_gateway(env, port=port)
 
 
-def test_a_hosted_pool_continues_its_own_gears_broken_stream_on_the_peer(pair, reference,
-                                                                        faults):
+def test_a_hosted_pool_continues_its_own_gears_broken_stream_on_the_peer(
+        pair, reference, faults):
     faults.set_faults({"die_after_chunks": BROKEN_AFTER})
     me, box = hosted_box(pair["first_sim"], [None, pair["second"].url])
     with box:
