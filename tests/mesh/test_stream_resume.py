@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.support.gateway_proc import start_gateway
+from tests.support.metrics import Scrape
 from tests.support.ports import free_port
 from tests.support.sim_proc import start_sim
 from tests.support.sse import Streamed, stream_chat
@@ -32,6 +33,7 @@ TIME_SCALE = 4
 ASK = {"model": "cortex", "messages": [{"role": "user", "content": "Tell me of pools."}],
        "max_tokens": 120, "stream_options": {"include_usage": True}}
 BROKEN_AFTER = 12  # events of the first part
+RESUMES = "lobes_gateway_stream_resumes_total"
 
 
 def peer_env(sim) -> dict[str, str]:
@@ -106,8 +108,10 @@ def test_a_stream_its_replica_breaks_off_goes_on_on_the_other(pair, reference, f
     with start_gateway(pool_env([first.url, second.url])) as pool:
         ready(pool)
         streamed = stream_chat(pool.url, ASK)
+        scrape = Scrape.of(pool.url)
     assert streamed.headers["x-lobes-proxied-by"] == first.url
     assert_one_unbroken_stream(streamed, reference, [first.url, second.url])
+    assert scrape.value(RESUMES, role="cortex", outcome="resumed") == 1
     [continuation] = posts(pair["second_sim"])
     body = json.loads(continuation["body"])
     produced = BROKEN_AFTER - 1  # the role delta was one of the chunks
@@ -262,7 +266,11 @@ def test_a_stream_is_continued_until_it_carries_a_tool_call(pair, deltas, resume
         with start_gateway(env, port=port) as box:
             ready(box)
             streamed = stream_chat(box.url, ASK)
+            scrape = Scrape.of(box.url)
     assert streamed.text.startswith("Let me")
+    outcome = "resumed" if resumed else "not_resumable"
+    assert scrape.value(RESUMES, role="cortex", outcome=outcome) == 1
+    assert scrape.value(RESUMES) == 1
     if resumed:
         assert streamed.done and streamed.finish["lobes_resumed"]["resumes"] == 1
         assert len(posts(pair["second_sim"])) == 1
@@ -276,6 +284,26 @@ def interrupted(streamed: Streamed) -> bool:
     """Ended as an unresumed stream does: cleanly, its last event a stream_interrupted error."""
     return (streamed.status == 200 and not streamed.done
             and [e["code"] for e in streamed.errors] == ["stream_interrupted"])
+
+
+def test_when_every_replica_breaks_off_the_stream_ends_cleanly_with_what_it_had(
+        pair, reference, faults):
+    first, second = pair["first"], pair["second"]
+    faults.set_faults({"die_after_chunks": BROKEN_AFTER})
+    pair["second_sim"].set_faults({"die_after_chunks": BROKEN_AFTER})
+    try:
+        with start_gateway(pool_env([first.url, second.url])) as pool:
+            ready(pool)
+            streamed = stream_chat(pool.url, ASK)
+            scrape = Scrape.of(pool.url)
+    finally:
+        pair["second_sim"].set_faults({})
+    assert interrupted(streamed)
+    # Both parts' tokens, none lost or repeated at the switch: the reference's start.
+    assert streamed.content_events == 2 * (BROKEN_AFTER - 1)
+    assert reference.text.startswith(streamed.text)
+    assert scrape.value(RESUMES, role="cortex", outcome="resumed") == 1
+    assert scrape.value(RESUMES, role="cortex", outcome="no_replica") == 1
 
 
 def test_a_lone_backend_still_ends_a_broken_stream_cleanly(pair, reference, faults):

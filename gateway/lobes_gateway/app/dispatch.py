@@ -482,7 +482,8 @@ class Dispatcher:
                            caller + key + header_block([("X-Lobes-Proxied", role.role)]),
                            role.replicas.served_id)
 
-        return StreamResume(role, payload, req.target, replica, self._timeout, self._stall)
+        return StreamResume(role, payload, req.target, replica, self._timeout, self._stall,
+                            self._metrics.resumes)
 
     def _pooled_arrival(self, req: Request, route: PoolRoute, role: PooledRole, arrived: str,
                         requested_tier: str | None, payload: dict | None) -> Plan:

@@ -24,6 +24,7 @@ in one chunk (speculative decoding) has its continuation's budget counted short.
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,6 +42,8 @@ from ..transport.upstream import (
 )
 from .relay import HIGH_WATER, head_bytes, interrupted_event, is_event_stream
 
+# How a broken-off stream ended, as lobes_gateway_stream_resumes_total counts it.
+RESUMED, NOT_RESUMABLE, NO_REPLICA = "resumed", "not_resumable", "no_replica"
 _DONE = b"[DONE]"
 _STREAM_END = b"0\r\n\r\n"
 _READ = 65536
@@ -95,6 +98,7 @@ class _Stream:
     finished: bool = False  # a finish_reason was sent
     done: bool = False  # data: [DONE] was sent
     error_sent: bool = False  # an upstream error event was relayed (not continued)
+    spent: bool = False  # the token budget was spent: nothing to continue
     replicas: list[str] = field(default_factory=list)
 
     @property
@@ -108,11 +112,14 @@ class _Stream:
 
 
 class StreamResume:
-    """The relay of one resumable pooled stream, and the continuations it may need."""
+    """The relay of one resumable pooled stream, and the continuations it may need; each
+    break is counted in `outcomes` by (role, RESUMED | NOT_RESUMABLE | NO_REPLICA)."""
 
     def __init__(self, role: PooledRole, payload: dict, target: str,
-                 replica: Callable[[str], Replica], timeout_s: float, stall_s: float) -> None:
+                 replica: Callable[[str], Replica], timeout_s: float, stall_s: float,
+                 outcomes: defaultdict[tuple[str, str], int]) -> None:
         self._role = role
+        self._outcomes = outcomes
         self._payload = payload
         self._target = target
         self._replica = replica
@@ -257,13 +264,26 @@ class StreamResume:
 
     async def _continuation(self, connections: Connections, stream: _Stream, tried: set[str],
                             held: list[Placement]) -> Response | None:
-        """The continuation's response, from the first replica not tried yet that answers
-        with a stream; None when the stream cannot or need not go on."""
+        """The continuation's response, from a replica not tried yet that answers with a
+        stream; None when the stream cannot or need not go on (counted by why)."""
+        response = await self._continue_on(connections, stream, tried, held)
+        if response is not None:
+            outcome = RESUMED
+        elif not stream.resumable or stream.finished or stream.spent:
+            outcome = NOT_RESUMABLE
+        else:
+            outcome = NO_REPLICA
+        self._outcomes[self._role.role, outcome] += 1
+        return response
+
+    async def _continue_on(self, connections: Connections, stream: _Stream, tried: set[str],
+                           held: list[Placement]) -> Response | None:
         if not stream.resumable or stream.finished:
             return None
         stream.produced, stream.part_tokens = stream.tokens, 0
         body = continuation_body(self._payload, stream.text, stream.produced)
         if body is None:
+            stream.spent = True
             return None
         role, want = self._role, expected_tokens(body)
         while (placement := role.placer.place(role.candidates(tried), want)
