@@ -23,6 +23,7 @@ in one chunk (speculative decoding) has its continuation's budget counted short.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import defaultdict
 from collections.abc import Callable
@@ -40,19 +41,18 @@ from ..transport.upstream import (
     finish,
     request_head,
 )
-from .relay import HIGH_WATER, head_bytes, interrupted_event, is_event_stream
+from .relay import HIGH_WATER, _scan_chunks, head_bytes, interrupted_event, is_event_stream
 
 # How a broken-off stream ended, as lobes_gateway_stream_resumes_total counts it.
 RESUMED, NOT_RESUMABLE, NO_REPLICA = "resumed", "not_resumable", "no_replica"
 _DONE = b"[DONE]"
 _STREAM_END = b"0\r\n\r\n"
-_READ = 65536
 # Request fields whose meaning a continuation cannot keep (a grammar restarts at its first token).
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
 # Delta keys a final assistant message holds; any other non-empty one ends resumability.
 _TEXT_DELTA = frozenset({"role", "content"})
 # Byte patterns that tell a plain text-token event from one that must be parsed.
-_NOT_FINISHED = b'"finish_reason":null'
+_NOT_FINISHED, _FINISH = b'"finish_reason":null', b'"finish_reason"'
 _NOT_PLAIN = (b'"error"', b'"usage"', b'"tool_calls"', b'"function_call"', b'"reasoning')
 _TEXT, _EMPTY_TEXT = b'"content":"', b'"content":""'
 # The ids a continuation's events take from the first part's, so the client sees one stream.
@@ -87,9 +87,9 @@ class Replica:
 class _Stream:
     """What the client has been sent so far, across the parts of one stream."""
 
-    # The text streamed, delta by delta: a str, or a plain event's JSON, decoded only when a
-    # continuation needs the text.
-    pieces: list[str | bytes] = field(default_factory=list)
+    # The text streamed, delta by delta: a str, a plain event's JSON or a block of plain
+    # events as they came, decoded only when a continuation needs the text.
+    pieces: list[str | bytes | _Block] = field(default_factory=list)
     produced: int = 0  # completion tokens of the parts before the current one
     part_tokens: int = 0  # completion tokens of the current part
     ids: dict[str, object] = field(default_factory=dict)
@@ -109,6 +109,10 @@ class _Stream:
     def text(self) -> str:
         return "".join(piece if isinstance(piece, str) else _content(piece)
                        for piece in self.pieces)
+
+
+class _Block(bytes):
+    """Whole chunks of plain text-token events, as the replica framed them."""
 
 
 class StreamResume:
@@ -159,24 +163,24 @@ class StreamResume:
         """Relay one part's events; True when the stream ended whole ([DONE] sent)."""
         conn = response.conn
         events = _Events(response.chunked)
+        pipe = _EventPipe(lambda data: self._relay_data(data, events, stream), events,
+                          client, conn.channel.transport,
+                          lambda: conn.watchdog.arm(self._stall if events.seen else self._timeout,
+                                                    conn.abort))
+        held = conn.channel.divert(pipe)
         try:
-            while not events.ended:
-                # Before its first event a stream may wait in the replica's queue and prefill:
-                # only the response timeout bounds that; a stream under way must not stall.
-                conn.watchdog.arm(self._stall if events.seen else self._timeout, conn.abort)
-                data = await conn.channel.read(_READ)
-                if not data:
-                    break
-                out, broke = self._relay_events(events.feed(data), stream)
-                if out and not client.transport.is_closing():
-                    client.write(b"".join(out))
-                if broke or client.transport.is_closing():
-                    break
-                if client.transport.get_write_buffer_size() > HIGH_WATER:
-                    await client.drain()
-        except (ConnectionError, ValueError):
-            pass  # a reset, a stall (the watchdog aborted it) or broken framing: broke off
+            pipe.arm()
+            if held:  # bytes that came with the response head go first
+                pipe.data_received(held)
+            if conn.channel.at_eof():
+                pipe.connection_lost(None)
+            while not await pipe.wait():  # paused for the client to drain
+                await client.drain()
+                pipe.resume()
+        except ConnectionError:
+            pass  # the client went away while the relay waited for it to drain
         finally:
+            conn.channel.divert(None)
             conn.watchdog.disarm()
         if stream.done and events.ended and events.clean:
             finish(connections, response)
@@ -187,6 +191,19 @@ class StreamResume:
             client.write(_chunk(b"data: [DONE]\n\n"))
             stream.done = True
         return stream.done
+
+    def _relay_data(self, data: bytes, events: _Events,
+                    stream: _Stream) -> tuple[list[bytes], bool]:
+        """The client's bytes for what arrived, and whether the part broke off there."""
+        if stream.ids and not stream.continuing:
+            block = events.plain_block(data)
+            if block is not None:
+                # The usual read: whole chunks of text tokens, relayed as they came and kept
+                # unparsed until a continuation needs their text.
+                stream.pieces.append(_Block(block))
+                stream.part_tokens += block.count(_TEXT) - block.count(_EMPTY_TEXT)
+                return [block], False
+        return self._relay_events(events.feed(data), stream)
 
     def _relay_events(self, events: list[bytes], stream: _Stream) -> tuple[list[bytes], bool]:
         """The client's bytes for a run of events, and whether an error event broke the part
@@ -343,7 +360,9 @@ def _is_plain(data: bytes) -> bool:
 
 
 def _content(data: bytes) -> str:
-    """The text of a plain event kept unparsed."""
+    """The text of a plain event, or of a block of them, kept unparsed."""
+    if isinstance(data, _Block):
+        return "".join(_content(event[5:].strip()) for event in _Events(True).feed(data))
     chunk = json.loads(data)
     return "".join((choice.get("delta") or {}).get("content") or ""
                    for choice in chunk.get("choices") or ())
@@ -383,6 +402,69 @@ def _end_interrupted(client: Channel, error_sent: bool) -> None:
         client.transport.close()
 
 
+class _EventPipe(asyncio.Protocol):
+    """The upstream socket's protocol while one part of a resumable stream passes through it:
+    events are relayed from the socket's own callback, with no future or wake-up per read."""
+
+    __slots__ = ("_client", "_events", "_relay", "_upstream", "_waiter", "arm", "ended",
+                 "paused")
+
+    def __init__(self, relay: Callable[[bytes], tuple[list[bytes], bool]], events: _Events,
+                 client: Channel, upstream: asyncio.Transport, arm: Callable[[], None]) -> None:
+        self._relay = relay  # data in, (the client's bytes, whether the part broke off) out
+        self._events = events
+        self._client = client
+        self._upstream = upstream
+        self._waiter: asyncio.Future | None = None
+        self.arm = arm  # (re)starts the part's deadline: the watchdog aborts a stalled replica
+        self.ended = False  # the part ended: whole, broken off, or its client gone
+        self.paused = False  # upstream reads wait for the client to drain
+
+    async def wait(self) -> bool:
+        """True once the part ended; False when paused for the client to drain."""
+        if self.ended or self.paused:
+            return self.ended
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            return await self._waiter
+        finally:
+            self._waiter = None
+
+    def resume(self) -> None:
+        self.paused = False
+        self._upstream.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.ended:
+            return
+        self.arm()
+        client = self._client.transport
+        try:
+            out, broke = self._relay(data)
+        except ValueError:  # broken chunk framing
+            out, broke = [], True
+        if out and not client.is_closing():
+            self._client.write(b"".join(out))
+        if broke or self._events.ended or client.is_closing():
+            self._end()
+        elif client.get_write_buffer_size() > HIGH_WATER:
+            self._upstream.pause_reading()
+            self.paused = True
+            self._wake(False)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        self.ended = True
+        self._wake(True)
+
+    def _wake(self, ended: bool) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(ended)
+
+
 class _Events:
     """An upstream body (chunked or close-delimited) cut into SSE events."""
 
@@ -395,6 +477,19 @@ class _Events:
         self.ended = False  # the last chunk came
         self.clean = True  # nothing followed it but its (empty) trailers
         self.seen = False  # an event came
+
+    def plain_block(self, data: bytes) -> bytes | None:
+        """`data` when it is whole chunks of plain text-token events and nothing is held from
+        before (else None: it is cut into events and read one by one)."""
+        if (not self._chunked or self._frames or self._text or not data.endswith(b"\n\n\r\n")
+                or any(marker in data for marker in _NOT_PLAIN) or _DONE in data
+                or data.count(_NOT_FINISHED) != data.count(_FINISH)):
+            return None
+        end, last, _missing = _scan_chunks(data)
+        if last or end != len(data):
+            return None
+        self.seen = True
+        return data
 
     def feed(self, data: bytes) -> list[bytes]:
         """The whole events `data` completes, in order."""
