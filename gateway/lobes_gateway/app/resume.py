@@ -1,8 +1,10 @@
 """Streams that survive their replica: a pooled chat stream whose replica dies, or stops sending
 for GATEWAY_STREAM_STALL_S, goes on on another replica of the pool (P_STREAM_RESUME=true).
 
-The relay reads the stream's SSE events instead of passing its chunks through, and keeps what
-a continuation needs: the text streamed so far and the tokens it took. When the stream breaks
+The relay reads the stream as it passes (from the upstream socket's callback, as relay.py's
+chunk pipe does) and keeps what a continuation needs: the text streamed so far and the tokens
+it took. Whole chunks of plain text-token events pass as they came, recognised by byte scans
+and kept unparsed; anything else is cut into events and parsed. When the stream breaks
 off before `data: [DONE]` (a reset, an end without [DONE], an `error` event, a stall), the
 request is sent again to a replica not tried yet, with the text so far as a final assistant
 message to continue (vLLM's `continue_final_message: true`, `add_generation_prompt: false`)
@@ -18,7 +20,8 @@ guided-decoding request (a grammar restarts at the continuation's first token), 
 once it carries a delta other than text (tool calls, reasoning), which a final assistant
 message cannot hold. Tokens are counted one per content chunk unless the stream reports
 usage per chunk (stream_options.continuous_usage_stats): a replica that sends several tokens
-in one chunk (speculative decoding) has its continuation's budget counted short.
+in one chunk (speculative decoding) has its tokens counted short, and its continuation's
+max_tokens too large by the difference.
 """
 
 from __future__ import annotations
