@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -278,6 +279,32 @@ def test_a_stream_is_continued_until_it_carries_a_tool_call(pair, deltas, resume
         assert interrupted(streamed)
         assert posts(pair["second_sim"]) == []
         assert streamed.events[-2]["choices"][0]["delta"] == TOOL_CALL
+
+
+def test_a_client_that_reads_slowly_is_no_stalled_replica():
+    """Backpressure pauses the replica's stream while the client does not read: the stall
+    timeout does not count that pause, so the stream is not moved."""
+    long = {"model": "cortex", "messages": [{"role": "user", "content": "go on"}],
+            "max_tokens": 40000, "ignore_eos": True}
+    with start_sim("instant", served_name=SERVED) as first_sim, \
+            start_sim("instant", served_name=SERVED) as second_sim, \
+            start_gateway({**peer_env(first_sim), "PRIMARY_MAX_MODEL_LEN": "131072"}) as first, \
+            start_gateway({**peer_env(second_sim), "PRIMARY_MAX_MODEL_LEN": "131072"}) as second, \
+            start_gateway(pool_env([first.url, second.url],
+                                   GATEWAY_STREAM_STALL_S="0.3")) as pool:
+        ready(pool)
+        napped: list[bool] = []
+
+        def nap_once(streamed: Streamed) -> None:
+            if not napped:  # stop reading while the stream fills every buffer on its way
+                napped.append(True)
+                time.sleep(1.5)
+
+        streamed = stream_chat(pool.url, long, after_event=nap_once)
+        scrape = Scrape.of(pool.url)
+    assert streamed.done and streamed.content_events == long["max_tokens"]
+    assert "lobes_resumed" not in streamed.finish
+    assert scrape.value(RESUMES) == 0
 
 
 def interrupted(streamed: Streamed) -> bool:

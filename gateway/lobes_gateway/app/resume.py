@@ -178,7 +178,9 @@ class StreamResume:
             if conn.channel.at_eof():
                 pipe.connection_lost(None)
             while not await pipe.wait():  # paused for the client to drain
+                conn.watchdog.disarm()  # a slow client is no stalled replica
                 await client.drain()
+                pipe.arm()
                 pipe.resume()
         except ConnectionError:
             pass  # the client went away while the relay waited for it to drain
