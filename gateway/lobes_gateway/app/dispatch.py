@@ -64,7 +64,7 @@ from .metrics import (
     Metrics,
 )
 from .relay import Outcome, read_whole
-from .resume import Replica, StreamResume, resumable_request
+from .resume import ContinuationTarget, StreamResume, resumable_request
 
 LOCAL, LAST, PEER, REPLICA = range(4)
 _DECLINES = frozenset({401, 403, 404})
@@ -473,16 +473,16 @@ class Dispatcher:
         caller = TO_PEER.sub("", forward_headers(req))  # kept: req's own block is dropped
         local = route.config
 
-        def replica(origin: str) -> Replica:
+        def target(origin: str) -> ContinuationTarget:
             if origin == role.local_origin and local.base_url is not None:
-                return Replica(local.base_url, caller, local.served_name)
+                return ContinuationTarget(local.base_url, caller, local.served_name)
             spec = role.spec(origin)
             key = f"Authorization: Bearer {spec.api_key}\r\n" if spec.api_key else ""
-            return Replica(self._peers.origin(origin),
-                           caller + key + header_block([("X-Lobes-Proxied", role.role)]),
-                           role.replicas.served_id)
+            marker = header_block([("X-Lobes-Proxied", role.role)])
+            return ContinuationTarget(self._peers.origin(origin), caller + key + marker,
+                                      role.replicas.served_id)
 
-        return StreamResume(role, payload, req.target, replica, self._timeout, self._stall,
+        return StreamResume(role, payload, req.target, target, self._timeout, self._stall,
                             self._metrics.resumes)
 
     def _pooled_arrival(self, req: Request, route: PoolRoute, role: PooledRole, arrived: str,

@@ -78,7 +78,7 @@ def resumable_request(payload: dict | None) -> bool:
 
 
 @dataclass(frozen=True)
-class Replica:
+class ContinuationTarget:
     """Where a continuation goes: the origin dialled, the headers sent, the model named."""
 
     origin: Origin
@@ -122,14 +122,14 @@ class StreamResume:
     """The relay of one resumable pooled stream, and the continuations it may need; each
     break is counted in `outcomes` by (role, RESUMED | NOT_RESUMABLE | NO_REPLICA)."""
 
-    def __init__(self, role: PooledRole, payload: dict, target: str,
-                 replica: Callable[[str], Replica], timeout_s: float, stall_s: float,
-                 outcomes: defaultdict[tuple[str, str], int]) -> None:
+    def __init__(self, role: PooledRole, payload: dict, path: str,
+                 target_of: Callable[[str], ContinuationTarget], timeout_s: float,
+                 stall_s: float, outcomes: defaultdict[tuple[str, str], int]) -> None:
         self._role = role
         self._outcomes = outcomes
         self._payload = payload
-        self._target = target
-        self._replica = replica
+        self._path = path  # the request target: /v1/chat/completions
+        self._target_of = target_of  # a replica's origin -> where and how to send it
         self._timeout = timeout_s
         self._stall = stall_s
         self.resumes = 0  # continuations this stream needed
@@ -312,13 +312,13 @@ class StreamResume:
                or role.failover(tried)) is not None:
             tried.add(placement.origin)
             held.append(placement)
-            replica = self._replica(placement.origin)
-            encoded = json.dumps({**body, "model": replica.model} if replica.model else body,
+            target = self._target_of(placement.origin)
+            encoded = json.dumps({**body, "model": target.model} if target.model else body,
                                  ensure_ascii=False, separators=(",", ":")).encode()
-            head = request_head("POST", self._target, replica.origin, replica.headers,
+            head = request_head("POST", self._path, target.origin, target.headers,
                                 len(encoded))
             try:
-                response = await exchange(connections, replica.origin, head, encoded,
+                response = await exchange(connections, target.origin, head, encoded,
                                           self._timeout)
             except UpstreamError:
                 placement.release()
