@@ -1,4 +1,4 @@
-"""Gateway benchmark: direct-to-backend vs nginx vs lobes_gateway, side by side, one run.
+"""Gateway benchmark: direct-to-backend vs nginx vs lobes_gateway (access log off and on), one run.
 
 Prints a markdown table (requests/s and added p50/p99 latency at c=1/64/256, CPU per request
 and per SSE chunk as a ratio to nginx, time-to-first-chunk overhead, RSS per stream with 4,000
@@ -37,7 +37,8 @@ CLIENT_CORE, PROXY_CORE = 0, 1
 SERVED_NAME = "bench-model"
 API_KEY = "bench-key"
 CONCURRENCIES = (1, 64, 256)
-TARGETS = ("direct", "nginx", "gateway")
+# "logged" is the gateway with its JSON access log on (a file): on and off side by side.
+TARGETS = ("direct", "nginx", "gateway", "logged")
 OWN_SESSION_ENV = "LOBES_BENCH_OWN_SESSION"
 
 
@@ -96,6 +97,7 @@ def start_gateway(
     workdir: Path,
     argv: list[str] | None = None,
     extra_env: dict[str, str] | None = None,
+    name: str = "gateway",
 ) -> procs.Service:
     """The gateway with auth on and the in-flight cap above the stream count.
 
@@ -116,7 +118,7 @@ def start_gateway(
         **(extra_env or {}),
     }
     command = argv or [sys.executable, "-m", "lobes_gateway"]
-    return procs.spawn("gateway", command, port, PROXY_CORE, workdir, env)
+    return procs.spawn(name, command, port, PROXY_CORE, workdir, env)
 
 
 async def measure_window(target: Target, request: bytes, concurrency: int, window_s: float):
@@ -257,6 +259,13 @@ async def run(cfg: Settings, workdir: Path, log) -> dict:
         starters = {
             "nginx": lambda: procs.start_nginx(backend_port, PROXY_CORE, workdir, nofile),
             "gateway": lambda: start_gateway(backend_port, cfg.gateway_dir, workdir),
+            "logged": lambda: start_gateway(
+                backend_port,
+                cfg.gateway_dir,
+                workdir,
+                extra_env={"GATEWAY_ACCESS_LOG": str(workdir / "access.log")},
+                name="logged",
+            ),
         }
         # Streams first: each proxy is fresh, so its idle RSS is the start-up footprint.
         for name in cfg.targets:

@@ -2,6 +2,7 @@
 
     python3 bench/profile_gateway.py                 # non-streaming, c=64, 5 s
     python3 bench/profile_gateway.py --sse --top 40  # SSE chunks, c=16
+    python3 bench/profile_gateway.py --concurrency 256 --access-log
 
 Profiling slows the gateway several-fold, so read the shares, not the absolute times. The
 profiler's clock is the gateway's own CPU time, so other work on a shared host does not land
@@ -50,6 +51,7 @@ async def profile(args: argparse.Namespace, workdir: Path) -> Path:
         args.gateway_dir.resolve(),
         workdir,
         argv=[sys.executable, "-c", PROFILED_GATEWAY, str(stats_path)],
+        extra_env={"GATEWAY_ACCESS_LOG": str(workdir / "access.log")} if args.access_log else None,
     )
     try:
         if args.sse:
@@ -79,6 +81,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sort", default="tottime", help="pstats sort key (default tottime)")
     parser.add_argument("--gateway-dir", type=Path, default=gateway_bench.REPO / "gateway")
     parser.add_argument("--save", type=Path, help="also keep the raw pstats file here")
+    parser.add_argument("--access-log", action="store_true", help="with the access log on (a file)")
     args = parser.parse_args(argv)
     args.concurrency = args.concurrency or (16 if args.sse else 64)
     with tempfile.TemporaryDirectory(prefix="gateway-profile-") as tmp:

@@ -7,11 +7,15 @@ from pathlib import Path
 
 START_MARKER = "<!-- gateway-bench:start -->"
 END_MARKER = "<!-- gateway-bench:end -->"
-COLUMNS = ("direct", "nginx", "gateway")
+COLUMNS = ("direct", "nginx", "gateway", "logged")
+# The gateway's columns, each also given as a ratio to nginx: access log off, then on.
+GATEWAYS = ("gateway", "logged")
 
 # The bar from issue 2, checked against the gateway's figures of the same run.
 MAX_ADDED_P50_MS_C1 = 0.35
 MAX_CPU_PER_REQUEST_X_NGINX = 3.0
+# Issue 13's bar at high concurrency, with issue 2's still holding.
+MAX_CPU_PER_REQUEST_X_NGINX_C256 = 3.0
 MAX_CPU_PER_CHUNK_X_NGINX = 2.5
 MAX_KIB_PER_STREAM = 16.0
 
@@ -38,8 +42,14 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
-def _row(label: str, cells: list[str], ratio: float | None) -> str:
-    return f"| {label} | " + " | ".join(cells) + f" | {_fmt(ratio, '{:.2f}x')} |"
+def _row(label: str, cells: list[str], ratios: dict[str, float | None] | None) -> str:
+    """A figure's cells, then each gateway's ratio to nginx ('-' where none applies)."""
+    shown = [_fmt((ratios or {}).get(t), "{:.2f}x") for t in GATEWAYS]
+    return f"| {label} | " + " | ".join(cells + shown) + " |"
+
+
+def _to_nginx(values: dict[str, float | None]) -> dict[str, float | None]:
+    return {t: _ratio(values.get(t), values.get("nginx")) for t in GATEWAYS}
 
 
 def _latency_rows(results: dict, concurrency: int) -> list[str]:
@@ -50,7 +60,7 @@ def _latency_rows(results: dict, concurrency: int) -> list[str]:
         added = {t: _added(results, phase, t, key) for t in COLUMNS[1:]}
         cells += [_fmt(added[t], "{:+.3f} ms") for t in COLUMNS[1:]]
         label = f"{key} latency, c={concurrency}: direct / added by proxy"
-        rows.append(_row(label, cells, _ratio(added["gateway"], added["nginx"])))
+        rows.append(_row(label, cells, _to_nginx(added)))
     return rows
 
 
@@ -65,7 +75,7 @@ def _per_concurrency_rows(
             _row(
                 f"{label}, c={concurrency}",
                 [_fmt(values[t], pattern) for t in COLUMNS],
-                _ratio(values["gateway"], values["nginx"]),
+                _to_nginx(values),
             )
         )
     return rows
@@ -97,13 +107,13 @@ def _stream_rows(results: dict, streams: int) -> list[str]:
         _row(
             "proxy CPU per SSE chunk",
             [_fmt(cpu[t], "{:.0f} us") for t in COLUMNS],
-            _ratio(cpu["gateway"], cpu["nginx"]),
+            _to_nginx(cpu),
         ),
         _row(
             "time to first chunk p50, c=1: direct / added",
             [_fmt(_get(results, "ttfc", "direct", "ttfc_p50"), "{:.3f} ms (base)")]
             + [_fmt(ttfc_added[t], "{:+.3f} ms") for t in COLUMNS[1:]],
-            _ratio(ttfc_added["gateway"], ttfc_added["nginx"]),
+            _to_nginx(ttfc_added),
         ),
         _row(
             f"{streams:,} SSE streams: live at once / failed",
@@ -113,25 +123,32 @@ def _stream_rows(results: dict, streams: int) -> list[str]:
         _row(
             "RSS per held stream",
             [_fmt(kib[t], "{:.1f} KiB") for t in COLUMNS],
-            _ratio(kib["gateway"], kib["nginx"]),
+            _to_nginx(kib),
         ),
     ]
 
 
-def targets(results: dict, streams: int) -> list[tuple[str, str, bool]]:
-    """(target, measured, met) for each of issue 2's bars."""
-    added_p50 = _added(results, "c1", "gateway", "p50")
-    req_x = _ratio(
-        _get(results, "c64", "gateway", "cpu_per_req_us"),
-        _get(results, "c64", "nginx", "cpu_per_req_us"),
+def _cpu_per_request_x_nginx(results: dict, target: str, concurrency: int) -> float | None:
+    phase = f"c{concurrency}"
+    return _ratio(
+        _get(results, phase, target, "cpu_per_req_us"),
+        _get(results, phase, "nginx", "cpu_per_req_us"),
     )
+
+
+def targets(results: dict, streams: int, target: str = "gateway") -> list[tuple[str, str, bool]]:
+    """(bar, measured, met) for each of issue 2's bars and issue 13's c=256 one, for `target`
+    (the gateway with its access log off, or on)."""
+    added_p50 = _added(results, "c1", target, "p50")
+    req_x = _cpu_per_request_x_nginx(results, target, 64)
+    req_x_256 = _cpu_per_request_x_nginx(results, target, 256)
     chunk_x = _ratio(
-        _get(results, "sse", "gateway", "cpu_per_event_us"),
+        _get(results, "sse", target, "cpu_per_event_us"),
         _get(results, "sse", "nginx", "cpu_per_event_us"),
     )
-    failed = _get(results, "streams", "gateway", "failed")
-    held = _get(results, "streams", "gateway", "live_at_sample")
-    kib = _get(results, "streams", "gateway", "kib_per_stream")
+    failed = _get(results, "streams", target, "failed")
+    held = _get(results, "streams", target, "live_at_sample")
+    kib = _get(results, "streams", target, "kib_per_stream")
     streams_ok = failed == 0 and held == streams and kib is not None and kib <= MAX_KIB_PER_STREAM
     return [
         (
@@ -145,6 +162,11 @@ def targets(results: dict, streams: int) -> list[tuple[str, str, bool]]:
             req_x is not None and req_x <= MAX_CPU_PER_REQUEST_X_NGINX,
         ),
         (
+            f"CPU per request (c=256) <= {MAX_CPU_PER_REQUEST_X_NGINX_C256:g}x nginx (issue 13)",
+            _fmt(req_x_256, "{:.2f}x"),
+            req_x_256 is not None and req_x_256 <= MAX_CPU_PER_REQUEST_X_NGINX_C256,
+        ),
+        (
             f"CPU per SSE chunk <= {MAX_CPU_PER_CHUNK_X_NGINX:g}x nginx",
             _fmt(chunk_x, "{:.2f}x"),
             chunk_x is not None and chunk_x <= MAX_CPU_PER_CHUNK_X_NGINX,
@@ -155,6 +177,18 @@ def targets(results: dict, streams: int) -> list[tuple[str, str, bool]]:
             f"{_fmt(kib, '{:.1f}')} KiB",
             streams_ok,
         ),
+    ]
+
+
+def _target_rows(results: dict, streams: int) -> list[str]:
+    """The bars, with the gateway's verdict with its access log off and on side by side."""
+    measured = results.get("streams", {})
+    off = targets(results, streams, "gateway")
+    on = targets(results, streams, "logged")
+    return [
+        f"| {name} | {value_off} ({_verdict(met_off, 'gateway' in measured)}) | "
+        f"{value_on} ({_verdict(met_on, 'logged' in measured)}) |"
+        for (name, value_off, met_off), (_same, value_on, met_on) in zip(off, on, strict=True)
     ]
 
 
@@ -213,8 +247,9 @@ def render(results: dict, info: dict) -> str:
             else ""
         ),
         "",
-        "| figure | direct | nginx | gateway | gateway / nginx |",
-        "|---|---|---|---|---|",
+        "| figure | direct | nginx | gateway | gateway, access log on | gateway / nginx "
+        "| access log on / nginx |",
+        "|---|---|---|---|---|---|---|",
         *_throughput_and_cpu_rows(results, concurrencies),
         *(row for c in concurrencies for row in _latency_rows(results, c)),
         *_stream_rows(results, cfg.streams),
@@ -222,12 +257,9 @@ def render(results: dict, info: dict) -> str:
         _error_note(results),
         _streams_note(results),
         "",
-        "| target (issue 2) | gateway | result |",
+        "| target (issues 2, 12, 13) | gateway | gateway, access log on |",
         "|---|---|---|",
-        *(
-            f"| {name} | {measured} | {_verdict(met, 'gateway' in results.get('streams', {}))} |"
-            for name, measured, met in targets(results, cfg.streams)
-        ),
+        *_target_rows(results, cfg.streams),
         "",
         "Where the gateway spends its CPU: `python3 bench/profile_gateway.py [--sse]` (cProfile "
         "on the gateway's own CPU clock, same load and pinning).",

@@ -27,6 +27,8 @@ install_packages() {
   command -v dockerd >/dev/null || missing+=(docker.io)
   command -v debootstrap >/dev/null || missing+=(debootstrap)
   command -v ssh >/dev/null || missing+=(openssh-client)
+  # The mesh scenario's monitoring box runs the host's Prometheus (mounted into its container).
+  command -v prometheus >/dev/null || missing+=(prometheus)
   if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]}"
     apt-get update -qq

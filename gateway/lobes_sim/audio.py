@@ -82,10 +82,13 @@ async def handle_realtime(state: SimState, conn: Connection, request: Request) -
         await conn.send_bytes(426, body, "application/json", request.keep_alive,
                               {"upgrade": "websocket"})
         return
+    # Echoed as vLLM's --enable-request-id-headers does.
+    request_id = request.headers.get("x-request-id")
+    echoed = f"X-Request-Id: {request_id}\r\n" if request_id else ""
     conn.writer.write(
         (
             "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"Sec-WebSocket-Accept: {websocket_accept(key)}\r\n\r\n"
+            f"Sec-WebSocket-Accept: {websocket_accept(key)}\r\n{echoed}\r\n"
         ).encode()
     )
     await conn.writer.drain()

@@ -41,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-model-len", type=int, help="context window in tokens")
     parser.add_argument("--max-num-seqs", type=int, help="running slots of the engine")
     parser.add_argument(
+        "--scheduling-policy", choices=("fcfs", "priority"),
+        help="vLLM's scheduling policy: fcfs (default; a non-zero priority is refused) or "
+             "priority (waiting requests by their priority field, lower first)",
+    )
+    parser.add_argument(
         "--time-scale", type=float, default=1.0,
         help="run the same schedule this many times faster (default 1: real time)",
     )
@@ -84,6 +89,7 @@ def profile_from_args(args: argparse.Namespace) -> Profile:
         served_name=args.served_name,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
+        scheduling_policy=args.scheduling_policy,
         embed_dim=args.embed_dim,
         quantization=args.quantization,
     )

@@ -19,6 +19,7 @@ from .profiles import Profile
 # stall does not turn into a burst of zero-length steps.
 MAX_CATCH_UP_S = 0.25
 
+PRIORITY = "priority"  # the scheduling policy that orders the waiting queue
 STOP = "stop"
 LENGTH = "length"
 ABORT = "abort"
@@ -32,12 +33,15 @@ class Sequence:
         "finish_reason",
         "generated",
         "max_tokens",
+        "priority",
         "prompt_tokens",
         "stop_at",
         "stops_naturally",
     )
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, natural: int | None) -> None:
+    def __init__(self, prompt_tokens: int, max_tokens: int, natural: int | None,
+                 priority: int = 0) -> None:
+        self.priority = priority
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         # natural=None: generate until max_tokens (ignore_eos, or a pooling request with 0).
@@ -84,8 +88,13 @@ class Engine:
         self.finished_total: Counter[str] = Counter()
 
     def submit(self, sequence: Sequence) -> None:
-        """Queue a sequence; the loop admits it when a slot is free."""
-        self.waiting.append(sequence)
+        """Queue a sequence; the loop admits it when a slot is free. Under the priority
+        policy it goes after every waiting sequence of a lower or equal priority value."""
+        if self.profile.scheduling_policy == PRIORITY:
+            after = sum(1 for waiting in self.waiting if waiting.priority <= sequence.priority)
+            self.waiting.insert(after, sequence)
+        else:
+            self.waiting.append(sequence)
         self._wake.set()
 
     def abort(self, sequence: Sequence) -> None:

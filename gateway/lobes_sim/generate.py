@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import errors
-from .engine import ABORT, Sequence
+from .engine import ABORT, PRIORITY, Sequence
 from .httpio import Connection, Request, stop_watching
 from .state import ClientGone, SimState
 from .textgen import (
@@ -47,6 +47,7 @@ class GenerateCall:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    priority: int = 0
 
 
 def _has_strict_tool(body: dict[str, Any]) -> bool:
@@ -125,6 +126,7 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
         # Where the whole answer would stop, less what the continued prefix holds already.
         natural = max(natural_length(seed, state.profile.natural_length) - offset, 1)
         natural = max(natural, int_field(body, "min_tokens", 0))
+    priority = _priority(state, body)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise errors.bad_request("'stream_options' must be an object.", "stream_options")
@@ -139,6 +141,7 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
         stream=bool(body.get("stream")),
         include_usage=bool(options.get("include_usage")),
         continuous_usage=bool(options.get("continuous_usage_stats")),
+        priority=priority,
     )
 
 
@@ -153,6 +156,18 @@ def _continue_at(seed: int, prefix: str) -> tuple[int | None, int]:
     if text == prefix:
         return count, count
     return None, count_text_tokens(prefix)
+
+
+def _priority(state: SimState, body: dict[str, Any]) -> int:
+    """The request's `priority` (vLLM: an integer, lower runs first); like vLLM, a non-zero
+    one is refused unless the engine runs the priority scheduling policy."""
+    value = body.get("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise errors.bad_request(f"'priority' must be an integer, got {value!r}.", "priority")
+    if value != 0 and state.profile.scheduling_policy != PRIORITY:
+        raise errors.bad_request(f"Got priority {value} but Priority scheduling is not "
+                                 "enabled.", "priority")
+    return value
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
@@ -248,7 +263,7 @@ async def handle_generate(
 ) -> None:
     """Run one chat or text completion through the engine and answer it."""
     call = parse_call(state, request_json(request), chat)
-    sequence = Sequence(call.prompt_tokens, call.max_tokens, call.natural)
+    sequence = Sequence(call.prompt_tokens, call.max_tokens, call.natural, call.priority)
     state.engine.submit(sequence)
     watcher = asyncio.create_task(conn.watch_disconnect(lambda: state.engine.abort(sequence)))
     try:

@@ -32,6 +32,9 @@ class Profile:
     kv_cache_tokens: int
     embed_dim: int = 0
     quantization: str | None = None
+    # vLLM's --scheduling-policy: fcfs (its default) or priority (waiting requests ordered by
+    # their `priority` field, lower first, then by arrival; running ones are not preempted).
+    scheduling_policy: str = "fcfs"
 
     def step_seconds(self, batch: int) -> float:
         """Decode time of one engine step that advances ``batch`` sequences by one token."""

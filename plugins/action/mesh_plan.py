@@ -11,7 +11,17 @@ from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetErr
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 
 SECRET_VARS = ("fleet_gateway_api_key", "fleet_mesh_key")
+# Variables holding secrets inside: fleet_client_keys' entries carry a `key` each.
+CLIENT_KEYS_VAR = "fleet_client_keys"
 READ_VARS = ("ansible_host",)
+
+
+def _without_keys(client_keys):
+    """fleet_client_keys with each entry's key reduced to whether it is set."""
+    if not isinstance(client_keys, dict):
+        return client_keys
+    return {name: ({**entry, "key": bool(entry.get("key"))} if isinstance(entry, dict) else entry)
+            for name, entry in client_keys.items()}
 
 
 def fleet_vars(hostvars) -> dict:
@@ -20,6 +30,8 @@ def fleet_vars(hostvars) -> dict:
     for name in hostvars:
         if name in SECRET_VARS:
             picked[name] = bool(hostvars[name])
+        elif name == CLIENT_KEYS_VAR:
+            picked[name] = _without_keys(hostvars[name])
         elif name.startswith("fleet_") or name in READ_VARS:
             picked[name] = hostvars[name]
     return picked

@@ -22,6 +22,9 @@ def secrets_for(plan: dict, task_vars: dict) -> dict:
         "fleet_key": _value(task_vars, "fleet_mesh_key"),
         "peer_keys": {peer: _value(hostvars[peer], "fleet_gateway_api_key")
                       for peer in plan.get("key_hosts", []) if peer in hostvars},
+        "client_keys": {str(name): _value(entry, "key")
+                        for name, entry in (task_vars.get("fleet_client_keys") or {}).items()
+                        if isinstance(entry, dict)},
     }
 
 

@@ -189,6 +189,9 @@ ROUTE_MODES: tuple[str, ...] = (SERVE, POOL, PROXY, REFER, OWNERS, OFF)
 # Modes whose answers come from other boxes.
 PEER_MODES = frozenset({POOL, PROXY, OWNERS})
 
+# Priority classes of client requests, strongest first (GATEWAY_CLIENT_KEYS, X-Lobes-Priority).
+PRIORITY_CLASSES: tuple[str, ...] = ("interactive", "standard", "batch")
+
 # ---------------------------------------------------------------- environment names
 
 # Per role prefix P, the gateway reads P_<suffix>.
@@ -205,7 +208,7 @@ GATEWAY_ENV: tuple[str, ...] = (
     "GATEWAY_MAX_BODY_BYTES", "GATEWAY_MAX_INFLIGHT_PER_KEY", "GATEWAY_HEADER_TIMEOUT_S",
     "GATEWAY_BODY_TIMEOUT_S", "GATEWAY_CONNECT_TIMEOUT_S", "GATEWAY_UPSTREAM_TIMEOUT_S",
     "GATEWAY_PROBE_INTERVAL_S", "GATEWAY_PROBE_TIMEOUT_S", "GATEWAY_ACCESS_LOG",
-    "GATEWAY_STREAM_STALL_S",
+    "GATEWAY_STREAM_STALL_S", "GATEWAY_CLIENT_KEYS",
     # Seed 004's names, kept so an existing fleet's .env still starts.
     "CULTURE_VLLM_API_KEY", "FALLBACK_URL", "AUDIO_URL",
 )
@@ -224,7 +227,8 @@ TUNABLE_ENV: tuple[str, ...] = (
     "LOBES_PSI_MEMORY_FULL_THRESHOLD", "GATEWAY_MAX_BODY_BYTES", "GATEWAY_MAX_INFLIGHT_PER_KEY",
 )
 # Environment values that are secrets: masked in diffs, never logged.
-SECRET_ENV = ("GATEWAY_API_KEY", "GATEWAY_FLEET_KEY", "CULTURE_VLLM_API_KEY")
+SECRET_ENV = ("GATEWAY_API_KEY", "GATEWAY_FLEET_KEY", "CULTURE_VLLM_API_KEY",
+              "GATEWAY_CLIENT_KEYS")
 SECRET_ENV_SUFFIXES = ("_API_KEY", "_API_KEYS")
 
 

@@ -5,11 +5,13 @@ Only syntax and types are checked here; whether the mesh can work is plan.py's q
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     OWNERS,
     POOL,
+    PRIORITY_CLASSES,
     PROXY,
     REFER,
     ROLES_BY_NAME,
@@ -31,6 +33,11 @@ ROLE_FIELDS = (
     "quantization", "sim_profile", "engine", "referral", "proxy", "pool", "owners", "rates",
 )
 
+
+CLIENT_KEY_FIELDS = ("key", "class", "inflight_limit")
+# The gateway's own callers: a named client key may not take their names.
+RESERVED_CLIENT_NAMES = ("anonymous", "client", "fleet")
+_CLIENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 _BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
@@ -86,6 +93,15 @@ class RoleDecl:
 
 
 @dataclass(frozen=True)
+class ClientKeyDecl:
+    """One named client key of a box's gateway; the key itself stays in the vault."""
+
+    name: str
+    priority: str
+    inflight_limit: int | None = None
+
+
+@dataclass(frozen=True)
 class BoxDecl:
     """One host's fleet_* variables, typed."""
 
@@ -113,6 +129,7 @@ class BoxDecl:
     gear_engine: str | None = None
     sim_image: str | None = None
     proc_root: str | None = None  # a fake /proc (tests): sim gears hold their shares in it
+    client_keys: tuple = ()  # ClientKeyDecl, by name
 
     def role(self, name: str) -> RoleDecl | None:
         for decl in self.roles:
@@ -214,6 +231,7 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
         gear_engine=_engine(read, "fleet_gear_engine"),
         sim_image=read.get("fleet_sim_image", str),
         proc_root=_proc_root(read),
+        client_keys=_parse_client_keys(read, bool(hostvars.get("fleet_gateway_api_key"))),
     )
 
 
@@ -238,6 +256,38 @@ def _parse_aliases(read: _Reader) -> tuple:
             raise read.fail("fleet_gateway_aliases",
                             f"alias {alias!r} must map a plain name to a model name")
     return tuple(sorted((str(alias), target) for alias, target in aliases.items()))
+
+
+def _parse_client_keys(read: _Reader, has_api_key: bool) -> tuple:
+    """fleet_client_keys: name -> {key (vault), class, inflight_limit}; the key is only checked
+    for presence (the plan action hands it over reduced to that)."""
+    field = "fleet_client_keys"
+    entries = read.get(field, dict, {})
+    if entries and not has_api_key:
+        raise read.fail(field, "named client keys need the box's own key: set "
+                        "fleet_gateway_api_key too")
+    decls = []
+    for name, values in sorted(entries.items()):
+        where = f"{field}.{name}"
+        if not isinstance(name, str) or not _CLIENT_NAME.match(name):
+            raise read.fail(field, f"{name!r} is not a key name (letters, digits, . _ -)")
+        if name in RESERVED_CLIENT_NAMES:
+            raise read.fail(where, "is a name of the gateway's own callers; rename it")
+        entry = _Reader(read.host, None, values if isinstance(values, dict) else {}, where + ".")
+        unknown = sorted(set(entry.values) - set(CLIENT_KEY_FIELDS))
+        if not isinstance(values, dict) or unknown:
+            raise read.fail(where, "must be a mapping of " + ", ".join(CLIENT_KEY_FIELDS))
+        if not values.get("key"):
+            raise read.fail(where + ".key", "is required (the client's key, from vault)")
+        priority = entry.get("class", str, "standard")
+        if priority not in PRIORITY_CLASSES:
+            raise entry.fail("class", "must be one of " + ", ".join(PRIORITY_CLASSES))
+        limit = entry.get("inflight_limit", int)
+        if limit is not None and limit < 1:
+            raise entry.fail("inflight_limit", "must be at least 1 (leave it out for the "
+                             "gateway's GATEWAY_MAX_INFLIGHT_PER_KEY)")
+        decls.append(ClientKeyDecl(name, priority, limit))
+    return tuple(decls)
 
 
 def _parse_tuning(read: _Reader) -> tuple:

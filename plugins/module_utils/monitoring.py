@@ -2,11 +2,10 @@
 
 Every box's gateway is scraped at its origin (the address its peers use) on /metrics, which the
 gateway serves keyless whether or not its inbound gate is on: no key ever enters prometheus.yml.
-A gear's own /metrics (vLLM's, or lobes_sim's stand-in) is reachable only where the gear listens:
-the process runtime binds it to 127.0.0.1 of its own box and compose does not publish it at all.
-So the gears scraped are those of the monitoring box itself, and only in the process runtime;
-the other boxes' gears are seen through their gateways (requests, latency, tokens and pool
-replica health by replica). docs/operations.md states the gap.
+A gear's own /metrics (vLLM's, or lobes_sim's stand-in) listens only inside its box (127.0.0.1
+in the process runtime, unpublished under compose), so every gear is scraped through its box's
+gateway, which relays it at /metrics/gears/<role> (keyless, as vLLM serves its own): one target
+per gear, at its box's origin, its path set by the target's __metrics_path__ label.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from urllib.parse import urlsplit
 GATEWAY_JOB = "lobes-gateway"
 GEAR_JOB = "lobes-gear"
 METRICS_PATH = "/metrics"
+GEAR_METRICS_PATH = "/metrics/gears/{role}"
 HTTP_PORT = 80
 
 
@@ -42,31 +42,34 @@ def gateway_targets(plan: dict) -> list:
     return targets
 
 
-def gear_targets(plan: dict, monitoring_host: str) -> list:
-    """The gears Prometheus on `monitoring_host` can reach: its own, in the process runtime."""
-    box = plan["boxes"].get(monitoring_host)
-    if box is None or box["runtime"] != "process":
-        return []
-    return [{"job": GEAR_JOB, "address": f"127.0.0.1:{role['gear']['port']}",
-             "labels": {"box": monitoring_host, "role": name}}
-            for name, role in box["roles"].items() if role["gear"]]
+def gear_targets(plan: dict) -> list:
+    """One target per gear of the mesh: its /metrics as its box's gateway relays it."""
+    targets = []
+    for host, box in sorted(plan["boxes"].items()):
+        address = origin_address(host, box["origin"])
+        for name, role in sorted(box["roles"].items()):
+            if role["gear"]:
+                labels = {"box": host, "role": name,
+                          "__metrics_path__": GEAR_METRICS_PATH.format(role=name)}
+                targets.append({"job": GEAR_JOB, "address": address, "labels": labels})
+    return targets
 
 
-def scrape_targets(plan: dict, monitoring_host: str) -> list:
-    """Every target of the monitoring box's Prometheus: the gateways, then the gears it reaches."""
-    return gateway_targets(plan) + gear_targets(plan, monitoring_host)
+def scrape_targets(plan: dict) -> list:
+    """Every target of the monitoring box's Prometheus: the gateways, then the gears."""
+    return gateway_targets(plan) + gear_targets(plan)
 
 
 def _static_config(target: dict) -> dict:
     return {"targets": [target["address"]], "labels": dict(target["labels"])}
 
 
-def prometheus_config(plan: dict, monitoring_host: str, settings: dict) -> dict:
+def prometheus_config(plan: dict, settings: dict) -> dict:
     """prometheus.yml: global intervals, the rule files, one scrape job per kind of target.
 
     settings: scrape_interval, evaluation_interval (Prometheus durations), rule_files (paths
     relative to prometheus.yml)."""
-    targets = scrape_targets(plan, monitoring_host)
+    targets = scrape_targets(plan)
     jobs = []
     for job in (GATEWAY_JOB, GEAR_JOB):
         configs = [_static_config(target) for target in targets if target["job"] == job]

@@ -407,6 +407,8 @@ def _box_plan(box: BoxDecl, boxes: dict, local: dict) -> dict:
             "aliases": dict(box.aliases),
             "force_strict_tools": box.force_strict_tools,
             "tuning": dict(box.tuning),
+            "client_keys": [{"name": k.name, "class": k.priority,
+                             "inflight_limit": k.inflight_limit} for k in box.client_keys],
         },
         "gears": {
             "image": box.gear_image or hardware.gear_image,

@@ -64,6 +64,8 @@ def _global_env(plan: dict, secrets: dict) -> list:
         env.append(("GATEWAY_API_KEY", key))
     if gateway.get("fleet_key"):
         env.append(("GATEWAY_FLEET_KEY", _secret(plan, secrets, "fleet_key", "fleet_mesh_key")))
+    if gateway.get("client_keys"):
+        env.append(("GATEWAY_CLIENT_KEYS", _client_keys(plan, gateway["client_keys"], secrets)))
     env.append(("GATEWAY_SELF_ORIGIN", plan["origin"]))
     env.append(("GATEWAY_ACCESS_LOG",
                 f"{LOG_MOUNT}/{ACCESS_LOG}" if compose else f"state/log/{ACCESS_LOG}"))
@@ -84,6 +86,26 @@ def _secret(plan: dict, secrets: dict, name: str, variable: str) -> str:
         raise RenderError(f"host {plan['host']}, field {variable}: the plan needs this key but "
                           "none was given; set it (from vault) in the host's variables")
     return value
+
+
+def _client_keys(plan: dict, declared: list, secrets: dict) -> str:
+    """GATEWAY_CLIENT_KEYS: name=key:class[:inflight_limit], each key from the vault."""
+    keys = secrets.get("client_keys") or {}
+    entries = []
+    for client in declared:
+        name = client["name"]
+        key = keys.get(name)
+        field = f"fleet_client_keys.{name}.key"
+        if not key:
+            raise RenderError(f"host {plan['host']}, field {field}: the plan names this client "
+                              "key but none was given; set it (from vault) in the host's "
+                              "variables")
+        if re.search(r"[\s,:]", key):
+            raise RenderError(f"host {plan['host']}, field {field}: a client key may not hold "
+                              "whitespace, commas or colons; generate another")
+        limit = client.get("inflight_limit")
+        entries.append(f"{name}={key}:{client['class']}" + (f":{limit}" if limit else ""))
+    return ",".join(entries)
 
 
 def _peer_key(plan: dict, role: dict, peer: dict, secrets: dict) -> str:

@@ -138,7 +138,7 @@ def rendered_files(params: dict) -> list:
     settings = {key: params[key] for key in ("scrape_interval", "evaluation_interval",
                                              "listen_address", "retention")}
     settings["rule_files"] = rule_files
-    config = monitoring.prometheus_config(params["plan"], params["host"], settings)
+    config = monitoring.prometheus_config(params["plan"], settings)
     services = monitoring.services_file(params["host"], params["prometheus"], settings)
     files = [("prometheus.yml", to_yaml(config))]
     files += [(path, _text(params["rules"][path.split("/", 1)[1]])) for path in rule_files]
@@ -184,7 +184,7 @@ def run(module: AnsibleModule) -> dict:
     dest = params["dest"]
     try:
         files = rendered_files(params)
-        targets = monitoring.scrape_targets(params["plan"], params["host"])
+        targets = monitoring.scrape_targets(params["plan"])
         local_url = "http://" + monitoring.local_address(params["listen_address"])
     except (monitoring.MonitoringError, KeyError, TypeError) as error:
         module.fail_json(msg=f"cannot render the monitoring configuration: {error}")

@@ -48,8 +48,9 @@ options:
   secrets:
     description:
       - The keys the plan needs. Filled by the action from the variables
-        C(fleet_gateway_api_key) and C(fleet_mesh_key) of this host and
-        C(fleet_gateway_api_key) of each peer in the plan's C(key_hosts) when omitted.
+        C(fleet_gateway_api_key), C(fleet_mesh_key) and the C(key) of each C(fleet_client_keys)
+        entry of this host and C(fleet_gateway_api_key) of each peer in the plan's
+        C(key_hosts) when omitted.
     type: dict
     suboptions:
       gateway_api_key:
@@ -60,6 +61,11 @@ options:
         type: str
       peer_keys:
         description: Inbound key of each peer this box dials, by inventory hostname.
+        type: dict
+      client_keys:
+        description:
+          - Each named client key of the plan's C(gateway.client_keys), by name
+            (rendered into C(GATEWAY_CLIENT_KEYS)).
         type: dict
   gateway_dir:
     description:
@@ -195,6 +201,7 @@ def main() -> None:
                 "gateway_api_key": {"type": "str", "no_log": True},
                 "fleet_key": {"type": "str", "no_log": True},
                 "peer_keys": {"type": "dict", "no_log": True},
+                "client_keys": {"type": "dict", "no_log": True},
             }},
             "gateway_dir": {"type": "str", "default": "gateway"},
         },

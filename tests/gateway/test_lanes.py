@@ -84,7 +84,7 @@ def test_realtime_tunnels_bytes_both_ways(lanes):
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=5) as sock:
         sock.sendall((f"GET /v1/realtime?model=x HTTP/1.1\r\nHost: g\r\nUpgrade: websocket\r\n"
                       f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-                      "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+                      "X-Request-Id: rt-7\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
         head = b""
         while b"\r\n\r\n" not in head:
             head += sock.recv(4096)
@@ -93,6 +93,9 @@ def test_realtime_tunnels_bytes_both_ways(lanes):
         accept = base64.b64encode(hashlib.sha1(
             (key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
         assert f"Sec-WebSocket-Accept: {accept}".encode() in head
+        # The bridge echoes the id it was sent; the client sees the request's id once.
+        assert [line for line in head.lower().split(b"\r\n")
+                if line.startswith(b"x-request-id")] == [b"x-request-id: rt-7"]
         for payload in (b"\x81\x05hello", os.urandom(100_000)):
             sock.sendall(payload)
             echoed = rest

@@ -4,6 +4,7 @@ parser, checked by promtool, label values bounded whatever model names callers s
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import pytest
@@ -198,3 +199,51 @@ def test_the_key_in_flight_limit_is_a_counted_shed():
             held.join()
     assert scrape.value("lobes_gateway_shed_requests_total", reason="key_in_flight_limit") == 1
     assert scrape.value("lobes_gateway_requests_total", role="none", code="429") == 1
+
+
+def test_a_gear_s_own_metrics_are_relayed_keyless(box, gateway):
+    """/metrics/gears/<role> is the box's own gear's /metrics, fetched now (a Prometheus on
+    another box scrapes gears that listen only inside this one)."""
+    _, primary, _, _ = box
+    chat(gateway.url, {"model": "main"}, AUTH)
+    relayed = call(gateway.url, "GET", "/metrics/gears/cortex")
+    direct = call(primary.url, "GET", "/metrics")
+    assert relayed.status == 200
+    assert relayed.headers["content-type"].startswith("text/plain")
+    relayed_counts = [line for line in relayed.body.decode().splitlines()
+                      if line.startswith("vllm:request_success_total")]
+    assert relayed_counts
+    assert relayed_counts == [line for line in direct.body.decode().splitlines()
+                              if line.startswith("vllm:request_success_total")]
+
+
+def test_gear_metrics_of_a_role_without_a_gear_here_is_a_404_naming_those_with_one(gateway):
+    reply = call(gateway.url, "GET", "/metrics/gears/embedder")
+    assert reply.status == 404
+    assert reply.error["code"] == "not_found"
+    assert "embedder" in reply.error["message"]
+    assert "cortex" in reply.error["message"]
+
+
+def test_gear_metrics_of_a_gear_that_is_down_is_a_502_naming_it(box, gateway):
+    _, primary, _, _ = box
+    primary.set_faults({"refuse": True})
+    reply = call(gateway.url, "GET", "/metrics/gears/cortex")
+    assert reply.status == 502
+    assert b"gear cortex" in reply.body and primary.url.encode() in reply.body
+
+
+def _started_per_proc(pid: int) -> float:
+    """A process's start time from /proc, computed here independently of the gateway."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        ticks = int(fh.read().split(") ", 1)[1].split()[19])
+    with open("/proc/stat", encoding="ascii") as fh:
+        boot = next(int(line.split()[1]) for line in fh if line.startswith("btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_process_start_time_is_the_process_s_own_from_proc(gateway):
+    """Not the moment the gateway object was built: that comes after seconds of imports on a
+    loaded host, and a restart seen by Prometheus must match the process's own start."""
+    started = Scrape.of(gateway.url).value("process_start_time_seconds")
+    assert started == pytest.approx(_started_per_proc(gateway.pid), abs=0.011)

@@ -33,7 +33,7 @@ def _addresses(targets: list, job: str) -> dict:
 
 
 def test_every_gateway_is_scraped_at_its_origin_labelled_by_box() -> None:
-    targets = monitoring.scrape_targets(_plan(), "spark")
+    targets = monitoring.scrape_targets(_plan())
     assert _addresses(targets, monitoring.GATEWAY_JOB) == {
         "spark.tail0be7e0.ts.net:8001": {"box": "spark"},
         "orin.tail0be7e0.ts.net:8000": {"box": "orin"},
@@ -41,29 +41,37 @@ def test_every_gateway_is_scraped_at_its_origin_labelled_by_box() -> None:
     }
 
 
-def test_compose_gears_are_unpublished_so_none_is_scraped() -> None:
-    assert _addresses(monitoring.scrape_targets(_plan(), "spark"), monitoring.GEAR_JOB) == {}
+@pytest.mark.parametrize("runtime", ["compose", "process"])
+def test_every_gear_is_scraped_through_its_box_s_gateway(runtime: str) -> None:
+    """Gears listen only inside their box (loopback, or unpublished under compose): each is
+    one target at its box's gateway origin, on the path the gateway relays it at."""
+    plan = _plan(fleet_runtime=runtime)
+    gears = [target for target in monitoring.scrape_targets(plan)
+             if target["job"] == monitoring.GEAR_JOB]
+    expected = []
+    for host, box in sorted(plan["boxes"].items()):
+        address = monitoring.origin_address(host, box["origin"])
+        expected += [(address, {"box": host, "role": name,
+                                "__metrics_path__": f"/metrics/gears/{name}"})
+                     for name, role in sorted(box["roles"].items()) if role["gear"]]
+    assert expected and [(t["address"], t["labels"]) for t in gears] == expected
+    cortex = {"box": "spark", "role": "cortex", "__metrics_path__": "/metrics/gears/cortex"}
+    assert ("spark.tail0be7e0.ts.net:8001", cortex) in expected
 
 
-def test_a_process_monitoring_box_scrapes_its_own_gears_on_loopback_only() -> None:
-    plan = _plan(fleet_runtime="process", fleet_gear_port_base=18100)
-    gears = _addresses(monitoring.scrape_targets(plan, "spark"), monitoring.GEAR_JOB)
-    ports = {name: role["gear"]["port"] for name, role in plan["boxes"]["spark"]["roles"].items()}
-    assert gears == {f"127.0.0.1:{port}": {"box": "spark", "role": name}
-                     for name, port in ports.items()}
-    # From another box the same loopback gears are out of reach: gateways only.
-    assert _addresses(monitoring.scrape_targets(plan, "orin"), monitoring.GEAR_JOB) == {}
-
-
-def test_a_monitoring_host_outside_the_mesh_scrapes_the_gateways() -> None:
-    targets = monitoring.scrape_targets(_plan(), "watchtower")
-    assert {target["job"] for target in targets} == {monitoring.GATEWAY_JOB}
-    assert len(targets) == 3
+def test_a_box_without_gears_adds_only_its_gateway() -> None:
+    plan = _plan()
+    for role in plan["boxes"]["orin"]["roles"].values():
+        role["gear"] = None
+    targets = monitoring.scrape_targets(plan)
+    boxes = {job: {t["labels"]["box"] for t in targets if t["job"] == job}
+             for job in (monitoring.GATEWAY_JOB, monitoring.GEAR_JOB)}
+    assert "orin" in boxes[monitoring.GATEWAY_JOB]
+    assert "orin" not in boxes[monitoring.GEAR_JOB] and "spark" in boxes[monitoring.GEAR_JOB]
 
 
 def test_an_origin_without_a_port_is_scraped_on_port_80() -> None:
-    config = monitoring.prometheus_config(_plan(fleet_origin="http://spark.example"), "thor",
-                                          SETTINGS)
+    config = monitoring.prometheus_config(_plan(fleet_origin="http://spark.example"), SETTINGS)
     static = config["scrape_configs"][0]["static_configs"]
     assert {"targets": ["spark.example:80"], "labels": {"box": "spark"}} in static
 
@@ -76,7 +84,7 @@ def test_an_origin_with_a_path_is_refused_naming_host_and_field() -> None:
 def test_the_config_has_no_credentials_though_boxes_are_gated() -> None:
     plan = _plan()
     assert plan["boxes"]["spark"]["gateway"]["auth"] and plan["boxes"]["orin"]["gateway"]["auth"]
-    config = monitoring.prometheus_config(plan, "spark", SETTINGS)
+    config = monitoring.prometheus_config(plan, SETTINGS)
     text = yaml.safe_dump(config)
     for word in ("authorization", "bearer", "basic_auth", "credentials"):
         assert word not in text.lower()

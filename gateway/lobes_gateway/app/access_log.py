@@ -24,7 +24,7 @@ STDOUT = "-"
 MAX_PENDING = 10_000
 FLUSH_INTERVAL_S = 0.25
 LINE_FIELDS = ("time", "request_id", "method", "path", "lane", "role", "route_reason",
-               "served_by", "status", "bytes", "duration_s", "ttfb_s", "tokens")
+               "served_by", "status", "bytes", "duration_s", "ttfb_s", "tokens", "client")
 
 
 def _open(destination: str) -> BinaryIO:
@@ -44,30 +44,40 @@ def _second(whole: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
 
 
-def _timestamp(wall: float) -> str:
-    """ISO 8601 UTC with milliseconds."""
-    whole = int(wall)
-    return f"{_second(whole)}.{int((wall - whole) * 1000):03d}Z"
+# JSON strings already escaped: the first methods, paths and replicas seen (the writer thread
+# alone fills it; bounded, as callers' paths are not).
+_ESCAPED: dict[str, str] = {}
+MAX_ESCAPED = 256
 
 
-def _or_null(value: float | None) -> str:
-    return "null" if value is None else str(value)
+def _text(value: str) -> str:
+    escaped = _ESCAPED.get(value)
+    if escaped is None:
+        escaped = quoted(value)
+        if len(_ESCAPED) < MAX_ESCAPED:
+            _ESCAPED[value] = escaped
+    return escaped
 
 
 def line(trace: Trace, wall_offset: float) -> bytes:
     """One request's JSON line (keys in LINE_FIELDS order); `wall_offset` turns its monotonic
-    times into wall-clock time. Built as text: lane, role and route reason come from closed
-    vocabularies and the request id is safe by construction (transport/trace.py), so only the
-    caller's method and path need escaping."""
+    times into wall-clock time (ISO 8601 UTC, milliseconds). Built as text: lane, role and route
+    reason come from closed vocabularies, the request id is safe by construction
+    (transport/trace.py) and the client is a key's configured name, so only the method, the
+    path and the replica need escaping."""
     started = trace.started
-    first_byte = round(trace.first_byte - started, 6) if trace.first_byte else None
-    served = quoted(trace.served) if trace.served else "null"
-    return (f'{{"time":"{_timestamp(started + wall_offset)}","request_id":"{trace.request_id}",'
-            f'"method":{quoted(trace.method)},"path":{quoted(trace.path)},'
+    wall = started + wall_offset
+    whole = int(wall)
+    first_byte, tokens, served = trace.first_byte, trace.tokens, trace.served
+    client = f'"{trace.client}"' if trace.client else "null"
+    ttfb = f"{first_byte - started:.6f}" if first_byte else "null"
+    return (f'{{"time":"{_second(whole)}.{int((wall - whole) * 1000):03d}Z",'
+            f'"request_id":"{trace.request_id}",'
+            f'"method":{_text(trace.method)},"path":{_text(trace.path)},'
             f'"lane":"{trace.lane}","role":"{trace.role}","route_reason":"{trace.reason}",'
-            f'"served_by":{served},"status":{trace.code},"bytes":{trace.bytes},'
-            f'"duration_s":{round(trace.ended - started, 6)},"ttfb_s":{_or_null(first_byte)},'
-            f'"tokens":{_or_null(trace.tokens)}}}\n').encode()
+            f'"served_by":{_text(served) if served else "null"},"status":{trace.code},'
+            f'"bytes":{trace.bytes},"duration_s":{trace.ended - started:.6f},"ttfb_s":{ttfb},'
+            f'"tokens":{"null" if tokens is None else tokens},"client":{client}}}\n').encode()
 
 
 class AccessLog:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from .. import __version__
 from ..mesh.peers import PooledRole
+from ..policy.admission import CLASSES
 from ..policy.pressure import PressureMonitor
+from .admission_gate import OUTCOMES, AdmissionGate
 from .metrics import BUCKETS, Histogram, Metrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -101,6 +104,10 @@ def _traffic(out: Exposition, metrics: Metrics) -> None:
                "Completion tokens of generate-lane answers, by role and the replica that "
                "served them.",
                _keyed(metrics.tokens, ("role", "replica")))
+    out.family("lobes_gateway_client_requests_total", "counter",
+               "Requests by the caller's key name (anonymous, client, fleet or a named key) "
+               "and status code.",
+               _keyed(metrics.clients, ("client", "code")))
     in_flight = Counter(trace.role for trace in metrics.live)
     out.family("lobes_gateway_in_flight_requests", "gauge",
                "Requests being answered now, by role (none: not routed to a role).",
@@ -131,6 +138,29 @@ def _pools(out: Exposition, pooled: Mapping[str, PooledRole]) -> None:
                 for role, origin, rate in rates if rate is not None])
 
 
+def _admission(out: Exposition, gate: AdmissionGate) -> None:
+    """Queue depths by class and by client key name, and how requests left admission."""
+    queues = sorted(gate.queues.items())
+    out.family("lobes_gateway_admission_queue_depth", "gauge",
+               "Requests waiting at the gateway for a slot of the role's gear, by class.",
+               [((("role", role), ("class", name)), depth)
+                for role, queue in queues for name, depth in queue.depth_by_class().items()])
+    out.family("lobes_gateway_admission_queue_depth_by_client", "gauge",
+               "Requests waiting at the gateway for a slot of the role's gear, by client key "
+               "name (keys with none waiting are left out).",
+               [((("role", role), ("client", client)), depth) for role, queue in queues
+                for client, depth in sorted(queue.depth_by_client().items())])
+    out.family("lobes_gateway_admission_running", "gauge",
+               "Requests admitted to the role's gear and not yet finished.",
+               [((("role", role),), len(queue.running)) for role, queue in queues])
+    counts = {(role, name, outcome): gate.outcomes.get((role, name, outcome), 0)
+              for role, _queue in queues for name in CLASSES for outcome in OUTCOMES}
+    out.family("lobes_gateway_admission_total", "counter",
+               "Generate requests that met the admission queue, by role, class and how they "
+               "left it (started, released, deadline_unmeetable, deadline_passed, client_gone).",
+               _keyed(counts, ("role", "class", "outcome")))
+
+
 def _pressure(out: Exposition, pressure: PressureMonitor) -> None:
     sample, config = pressure.sample, pressure.config
     readings = (("swap_used_ratio", "Swap used, 0-1, at the latest sample.",
@@ -158,6 +188,20 @@ def _pressure(out: Exposition, pressure: PressureMonitor) -> None:
             out.family(f"lobes_gateway_pressure_{name}", "gauge", text, [((), value)])
 
 
+def process_start_time(proc: str = "/proc") -> float:
+    """When this process started (unix seconds), as /proc tells it: boot time plus the
+    process's start in clock ticks since boot; now, where /proc has neither."""
+    try:
+        with open(f"{proc}/self/stat", encoding="ascii") as fh:
+            # Fields after the command name (which may hold spaces); starttime is field 22.
+            ticks = int(fh.read().rpartition(")")[2].split()[19])
+        with open(f"{proc}/stat", encoding="ascii") as fh:
+            boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _process(out: Exposition, started_at: float) -> None:
     """The standard process_* metrics (resident memory and descriptors where /proc has them)."""
     times = os.times()
@@ -181,13 +225,14 @@ def _process(out: Exposition, started_at: float) -> None:
 
 
 def render(metrics: Metrics, pooled: Mapping[str, PooledRole], pressure: PressureMonitor,
-           started_at: float) -> bytes:
+           started_at: float, admission: AdmissionGate) -> bytes:
     """The whole /metrics body."""
     out = Exposition()
     out.family("lobes_gateway_build_info", "gauge", "The gateway's version (always 1).",
                [((("version", __version__),), 1)])
     _traffic(out, metrics)
     _pools(out, pooled)
+    _admission(out, admission)
     _pressure(out, pressure)
     log = metrics.access_log
     out.family("lobes_gateway_access_log_dropped_lines_total", "counter",

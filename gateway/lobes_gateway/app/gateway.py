@@ -1,8 +1,9 @@
 """Wires the rooms: the connection loop, the auth gate, routing, dispatch and the relay.
 
 A request walks one way: transport (Channel, parse_head) -> auth (Gate, InflightLimits) ->
-routing (Router: lane and model to a Route) -> dispatch (the route's attempts, with pressure
-and placement on the way) -> upstream (exchange) -> relay (the Outcome, then settled).
+routing (Router: lane and model to a Route) -> admission (a generate request waits while its
+gear is at its slots) -> dispatch (the route's attempts, with pressure and placement on the
+way) -> upstream (exchange) -> relay (the Outcome, then settled).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 import traceback
 
 from ..mesh.peers import PeerWatch
@@ -28,6 +28,7 @@ from ..policy.routing import (
     TRANSCRIPTION,
     LocalRoute,
     Refusal,
+    Route,
     Router,
 )
 from ..transport import errors
@@ -47,8 +48,9 @@ from ..transport.http import (
 from ..transport.upstream import Connections
 from ..transport.watchdog import Watchdog
 from .access_log import AccessLog
+from .admission_gate import AdmissionGate
 from .dispatch import Dispatcher
-from .exposition import CONTENT_TYPE
+from .exposition import CONTENT_TYPE, process_start_time
 from .exposition import render as render_metrics
 from .metrics import SHED_KEY_LIMIT, Metrics
 from .realtime import tunnel
@@ -70,6 +72,9 @@ LANES = {**POST_LANES, "/v1/models": "models", "/v1/models/supported": "models",
          "/v1/realtime": REALTIME, "/health": "health", "/status": "status",
          "/capabilities": "capabilities", "/metrics": "metrics"}
 _KEYLESS = ("/health", "/status", "/capabilities", "/metrics")
+# Keyless like /metrics: GEAR_METRICS + <role> relays the box's own gear's /metrics (vLLM serves
+# its own keyless too), so a Prometheus elsewhere scrapes gears that listen only inside the box.
+GEAR_METRICS = "/metrics/gears/"
 # Bodies are UTF-8 (RFC 8259); decoding them first spares json.loads its encoding sniffing.
 _JSON_DECODER = json.JSONDecoder()
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -88,17 +93,19 @@ class Gateway:
         self.config = config
         self.router = Router(config)
         self.connections = Connections(config.limits.connect_timeout_s)
-        self.gate = Gate(config.api_key, config.fleet_key)
+        self.gate = Gate(config.api_key, config.fleet_key, config.client_keys)
         self.inflight = InflightLimits(config.limits.max_inflight_per_key)
         self.pressure = PressureMonitor(config.pressure)
+        self.admission = AdmissionGate(config, self.pressure)
         self.peers = PeerWatch(config, self.router, self.connections)
         self.access_log = AccessLog(config.access_log) if config.access_log else None
         self.metrics = Metrics(self.access_log)
-        self.started_at = time.time()
+        self.started_at = process_start_time()
         self.dispatcher = Dispatcher(config, self.connections, self.peers, self.pressure,
                                      self.metrics)
         self.views = Views(config, self.router, self.connections, self.pressure,
-                           self.peers.views.get, self.dispatcher.peer_in_flight)
+                           self.peers.views.get, self.dispatcher.peer_in_flight,
+                           self.admission.status)
         self._background: list[asyncio.Task] = []
         # Open client connections, ended at shutdown.
         self._clients: set[Channel] = set()
@@ -169,11 +176,15 @@ class Gateway:
         method, path = req.method, req.path
         if method == "GET" and path in _KEYLESS:
             return await self._keyless(req, client)
+        if method == "GET" and path.startswith(GEAR_METRICS):
+            return await self._gear_metrics(req, client)
         caller = self.gate.identify(req.headers.get("authorization"))
         if caller is None and (method == "POST" or path.startswith("/v1/")):
             return self._refuse(req, client, errors.invalid_api_key())
         if caller is None:
             return self._refuse(req, client, errors.not_found(path))
+        if req.trace is not None:
+            req.trace.client = caller.key_id
         if method == "POST":
             lane = POST_LANES.get(path)
             if lane is None:
@@ -195,7 +206,8 @@ class Gateway:
         if req.path == "/health":
             body = self.views.health_body
         elif req.path == "/metrics":
-            body = render_metrics(self.metrics, self.peers.pooled, self.pressure, self.started_at)
+            body = render_metrics(self.metrics, self.peers.pooled, self.pressure, self.started_at,
+                                  self.admission)
             client.write(response_bytes(200, body, content_type=CONTENT_TYPE,
                                         keep_alive=req.keep_alive))
             return req.keep_alive
@@ -204,6 +216,18 @@ class Gateway:
         else:
             body = await self.views.capabilities()
         client.write(response_bytes(200, body, keep_alive=req.keep_alive))
+        return req.keep_alive
+
+    async def _gear_metrics(self, req: Request, client: Channel) -> bool:
+        role = req.path[len(GEAR_METRICS):]
+        if req.trace is not None:
+            req.trace.lane = "metrics"
+        answer = await self.views.gear_metrics(role)
+        if answer is None:
+            return self._refuse(req, client, errors.no_gear_metrics(role, self.views.gear_roles()))
+        status, body = answer
+        client.write(response_bytes(status, body, content_type=CONTENT_TYPE,
+                                    keep_alive=req.keep_alive))
         return req.keep_alive
 
     async def _get(self, req: Request, caller: Caller, client: Channel) -> bool:
@@ -255,7 +279,10 @@ class Gateway:
     async def _post(self, req: Request, lane: str, caller: Caller, client: Channel) -> bool:
         if not self.inflight.acquire(caller):
             self.metrics.shed[SHED_KEY_LIMIT] += 1
-            return self._refuse(req, client, errors.rate_limited(self.inflight.limit))
+            source = ("GATEWAY_CLIENT_KEYS" if caller.inflight_limit is not None
+                      else "GATEWAY_MAX_INFLIGHT_PER_KEY")
+            return self._refuse(req, client,
+                                errors.rate_limited(self.inflight.limit_of(caller), source))
         try:
             try:
                 body = buffered_body(client, req.headers, self.config.limits.max_body_bytes)
@@ -267,22 +294,32 @@ class Gateway:
                 client.write(error_bytes(exc.error, keep_alive=False))
                 return False
             req.body = body
-            outcome = await self._dispatch(req, lane, client)
-            if isinstance(outcome, Outcome):
-                keep_alive = req.keep_alive
-                # A stream may be held for minutes: keep only what the relay needs.
-                req.body, req.headers, req.header_block = b"", {}, ""
-                kept = await relay(self.connections, outcome, client, keep_alive,
-                                   lane in GENERATE_LANES)
+            routed = self._route(req, lane, client)
+            if isinstance(routed, bool):
+                return routed
+            route, requested_tier, payload = routed
+            admitted = await self.admission.enter(req, caller, route, requested_tier, payload,
+                                                  client)
+            if isinstance(admitted, ApiError):
+                return self._answer(req, client, admitted)
+            if admitted is True:
+                return await self._dispatch(req, lane, route, requested_tier, payload, client)
+            if admitted is False:  # the client left while it waited
+                return False
+            tokens = 0
+            try:
+                return await self._dispatch(req, lane, route, requested_tier, payload, client)
+            finally:
                 if req.trace is not None:
-                    req.trace.tokens = outcome.tokens
-                return kept
-            return outcome
+                    tokens = req.trace.tokens or 0
+                self.admission.leave(route, admitted, tokens)
         finally:
             self.inflight.release(caller)
 
-    async def _dispatch(self, req: Request, lane: str, client: Channel) -> bool | Outcome:
-        """Parse a JSON body, route the request, and run the route's attempts."""
+    def _route(self, req: Request, lane: str,
+               client: Channel) -> bool | tuple[Route, str | None, dict | None]:
+        """Parse a JSON body and route the request: its route, the tier it asked for and its
+        payload, or whether the connection stays usable after an error answered here."""
         payload = None
         if lane in _JSON_LANES:
             try:
@@ -293,10 +330,24 @@ class Gateway:
                 return self._answer(req, client, errors.invalid_json("expected a JSON object"))
         if lane in GENERATE_LANES:
             resolved = self.router.resolve(lane, payload.get("model"))
-            return await self.dispatcher.run(req, resolved.route, resolved.requested_tier,
-                                             payload, client)
-        return await self.dispatcher.run(req, self.router.lane_routes[lane], None, payload,
-                                         client)
+            return resolved.route, resolved.requested_tier, payload
+        return self.router.lane_routes[lane], None, payload
+
+    async def _dispatch(self, req: Request, lane: str, route: Route, requested_tier: str | None,
+                        payload: dict | None, client: Channel) -> bool:
+        """Run the route's attempts and relay the outcome; whether the connection may serve
+        another request."""
+        outcome = await self.dispatcher.run(req, route, requested_tier, payload, client)
+        if not isinstance(outcome, Outcome):
+            return outcome
+        keep_alive = req.keep_alive
+        # A stream may be held for minutes: keep only what the relay needs.
+        req.body, req.headers, req.header_block = b"", {}, ""
+        kept = await relay(self.connections, outcome, client, keep_alive,
+                           lane in GENERATE_LANES)
+        if req.trace is not None:
+            req.trace.tokens = outcome.tokens
+        return kept
 
     def _answer(self, req: Request, client: Channel, error: ApiError) -> bool:
         client.write(error_bytes(error, keep_alive=req.keep_alive))

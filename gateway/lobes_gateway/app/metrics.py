@@ -4,7 +4,8 @@ A request is traced from its head to its end (transport/trace.py); `end` adds it
 counters in one step. The dispatcher counts attempts, failovers and sheds where they happen.
 Nothing here formats text: app/exposition.py builds /metrics from these only when scraped.
 Label values are bounded by construction: roles, lanes, route reasons, status codes, the
-configured targets and replicas; never a caller's model name or path.
+configured targets and replicas, the configured client key names; never a caller's model name,
+path or key.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ class Metrics:
         # Every reason from zero: an alert on rate() sees the first shed too.
         self.shed: dict[str, int] = dict.fromkeys(SHED_REASONS, 0)
         self.tokens: defaultdict[tuple[str, str], int] = defaultdict(int)
+        # Requests by the caller's key name (bounded: the configured names) and status code.
+        self.clients: defaultdict[tuple[str, int], int] = defaultdict(int)
         self.live: set[Trace] = set()
         self.access_log = access_log
         # Request ids: unique per process run without a random read per request.
@@ -100,5 +103,7 @@ class Metrics:
             latency.first_byte.observe(trace.first_byte - started)
         if trace.tokens:
             self.tokens[role, trace.served] += trace.tokens
+        if trace.client:
+            self.clients[trace.client, trace.code] += 1
         if self.access_log is not None:
             self.access_log.push(trace)

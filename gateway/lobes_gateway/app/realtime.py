@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 
 from ..transport import errors
 from ..transport.channel import Channel
@@ -19,6 +20,8 @@ from ..transport.upstream import (
 
 # The caller's key opens this gateway only: the bridge sees no key.
 _SKIP = frozenset({"host", "content-length", "authorization"})
+# A bridge's own X-Request-Id line: the gateway's trace gives the answer the request's id.
+_REQUEST_ID_LINE = re.compile(rb"^x-request-id[ \t]*:[^\r\n]*\r\n", re.I | re.M)
 
 
 async def tunnel(connections: Connections, origin: Origin, req: Request, client: Channel,
@@ -34,7 +37,8 @@ async def tunnel(connections: Connections, origin: Origin, req: Request, client:
         client.write(error_bytes(error, keep_alive=False))
         return
     conn = response.conn  # the upgraded socket: never back in the pool
-    head = response.raw[:-2]  # its status line and every header line, upgrade ones included
+    # Its status line and every header line, upgrade ones included, but its request id.
+    head = _REQUEST_ID_LINE.sub(b"", response.raw[:-2])
     if response.status != 101:
         try:
             body = await read_body(response)

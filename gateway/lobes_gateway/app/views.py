@@ -81,8 +81,10 @@ class Views:
 
     def __init__(self, config: GatewayConfig, router: Router, connections: Connections,
                  pressure: PressureMonitor, peer_views: PeerViews,
-                 peer_in_flight: Mapping[str, int]) -> None:
+                 peer_in_flight: Mapping[str, int],
+                 admission: Callable[[], dict[str, dict[str, object]]]) -> None:
         self._config = config
+        self._admission = admission
         self._peer_in_flight = peer_in_flight
         self._router = router
         self._connections = connections
@@ -221,6 +223,7 @@ class Views:
             "busy": {"running": int(running), "waiting": int(waiting)},
             "backends": rows, "endpoints": self.endpoints(),
             "pressure": self._pressure.block(self._floor_model()),
+            "admission": self._admission(),
         }).encode()
 
     def _floor_model(self) -> str | None:
@@ -244,6 +247,24 @@ class Views:
         except UpstreamError:
             pass
         return row
+
+    def gear_roles(self) -> list[str]:
+        """The roles whose own gear runs on this box (their /metrics are relayed)."""
+        return [backend.name for backend in self._backends if backend.task != "audio"]
+
+    async def gear_metrics(self, role: str) -> tuple[int, bytes] | None:
+        """The /metrics of this box's own gear for `role`, fetched now: (status, body), or
+        None when no such gear runs here. An unreachable gear is a 502 naming it."""
+        for backend in self._backends:
+            if backend.name == role and backend.task != "audio":
+                break
+        else:
+            return None
+        try:
+            return await fetch(self._connections, backend.origin, "/metrics", [],
+                               self._config.limits.probe_timeout_s)
+        except UpstreamError as exc:
+            return 502, f"gear {role} at {backend.origin.url} did not answer: {exc}\n".encode()
 
     def endpoints(self) -> list[str]:
         """The data-plane paths this box answers (not refusals)."""

@@ -1,9 +1,13 @@
-"""The bearer gate, the fleet key, and per-key in-flight limits."""
+"""The bearer gate, the fleet key, named client keys, and per-key in-flight limits."""
 
 from __future__ import annotations
 
 import hmac
+from collections import Counter
 from dataclasses import dataclass
+
+from .admission import STANDARD
+from .config import ClientKey
 
 ANONYMOUS = "anonymous"
 CLIENT = "client"
@@ -12,9 +16,12 @@ FLEET = "fleet"
 
 @dataclass(frozen=True)
 class Caller:
-    """Who sent a request, as far as keys tell: anonymous, the client key, or the fleet key."""
+    """Who sent a request, as far as keys tell: anonymous, the box's client key, the fleet key,
+    or a named client key (key_id is then its name, never the key)."""
 
     key_id: str
+    priority: str = STANDARD  # the class its requests run in unless they ask for a weaker one
+    inflight_limit: int | None = None  # a named key's own limit; None: the gateway's
 
     @property
     def is_fleet(self) -> bool:
@@ -29,9 +36,12 @@ _FLEET = Caller(FLEET)
 class Gate:
     """Identifies callers; with no GATEWAY_API_KEY there is no gate at all."""
 
-    def __init__(self, api_key: str | None, fleet_key: str | None) -> None:
+    def __init__(self, api_key: str | None, fleet_key: str | None,
+                 client_keys: tuple[ClientKey, ...] = ()) -> None:
         self._key = api_key.encode() if api_key else None
         self._fleet = fleet_key.encode() if fleet_key else None
+        self._named = [(c.key.encode(), Caller(c.name, c.priority, c.inflight_limit))
+                       for c in client_keys]
 
     @property
     def enabled(self) -> bool:
@@ -49,33 +59,45 @@ class Gate:
             return _FLEET
         if self._key is None:
             return _ANONYMOUS
-        if token is not None and hmac.compare_digest(token, self._key):
+        if token is None:
+            return None
+        if hmac.compare_digest(token, self._key):
             return _CLIENT
-        return None
+        # Every named key is compared, so the time taken does not tell which one matched.
+        found = None
+        for key, caller in self._named:
+            if hmac.compare_digest(token, key):
+                found = caller
+        return found
 
 
 class InflightLimits:
-    """Counts requests in flight per client key; the fleet key and the ungated are exempt.
-
-    One key is counted (the client key), so its count is one integer.
-    """
+    """Counts requests in flight per client key (the box's and each named one); the fleet key
+    and the ungated are exempt. A named key's own limit replaces the gateway's."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._client_count = 0
+        self._counts: Counter[str] = Counter()
+
+    def limit_of(self, caller: Caller) -> int:
+        """The caller's limit; 0 means none."""
+        if caller.key_id in (FLEET, ANONYMOUS):
+            return 0
+        return caller.inflight_limit if caller.inflight_limit is not None else self.limit
 
     def acquire(self, caller: Caller) -> bool:
         """Count one more request for `caller`; False when its limit is reached."""
-        if caller.key_id != CLIENT or self.limit <= 0:
+        limit = self.limit_of(caller)
+        if limit <= 0:
             return True
-        if self._client_count >= self.limit:
+        if self._counts[caller.key_id] >= limit:
             return False
-        self._client_count += 1
+        self._counts[caller.key_id] += 1
         return True
 
     def release(self, caller: Caller) -> None:
-        if caller.key_id == CLIENT and self.limit > 0:
-            self._client_count -= 1
+        if self.limit_of(caller) > 0:
+            self._counts[caller.key_id] -= 1
 
     def in_flight(self, caller: Caller) -> int:
-        return self._client_count if caller.key_id == CLIENT else 0
+        return self._counts[caller.key_id]

@@ -23,11 +23,15 @@ from lobes_contract import (
 )
 
 from ..transport.upstream import Origin
+from .admission import CLASSES
 
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_INFLIGHT_PER_KEY = 32
 POOL_POLICIES = ("rate", "queue", "pinned")
+# Names a named client key may not take: the gateway's own callers (policy/auth.py).
+RESERVED_CLIENT_NAMES = frozenset({"anonymous", "client", "fleet"})
+_CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -47,6 +51,18 @@ class PeerSpec:
     origin: str
     api_key: str | None
     rate: float | None
+
+
+@dataclass(frozen=True)
+class ClientKey:
+    """One named client key (GATEWAY_CLIENT_KEYS): the name that labels its traffic, the key,
+    its default priority class and its own in-flight limit (None: GATEWAY_MAX_INFLIGHT_PER_KEY).
+    """
+
+    name: str
+    key: str = field(repr=False)
+    priority: str
+    inflight_limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +144,7 @@ class GatewayConfig:
     pool_policy: str = "rate"
     # GATEWAY_ACCESS_LOG: None (off), "-" (stdout) or a file path.
     access_log: str | None = None
+    client_keys: tuple[ClientKey, ...] = ()
     roles: Mapping[str, RoleConfig] = field(default_factory=dict)
     pressure: PressureConfig = field(default_factory=PressureConfig)
     limits: Limits = field(default_factory=Limits)
@@ -375,6 +392,58 @@ def _limits(env: _Env) -> Limits:
     )
 
 
+def _client_key(entry: str) -> ClientKey:
+    """One `name=key:class[:inflight_limit]` entry; a message never repeats the key."""
+    var = "GATEWAY_CLIENT_KEYS"
+    name, sep, rest = entry.partition("=")
+    name = name.strip()
+    fields = rest.split(":")
+    if not sep or not _CLIENT_NAME.fullmatch(name) or len(fields) not in (2, 3):
+        shown = name if _CLIENT_NAME.fullmatch(name) else "an entry"
+        raise ConfigError(var, f"{shown} is not name=key:class[:inflight_limit]",
+                          "write comma-separated name=key:class[:inflight_limit] entries, "
+                          "names of letters, digits, . _ -")
+    if name in RESERVED_CLIENT_NAMES:
+        raise ConfigError(var, f"the name {name!r} is the gateway's own",
+                          f"rename it (not {', '.join(sorted(RESERVED_CLIENT_NAMES))})")
+    key, priority = fields[0].strip(), fields[1].strip().lower()
+    if not key or any(c.isspace() for c in key):
+        raise ConfigError(var, f"the key of {name} is empty or holds whitespace",
+                          "give each name a key without spaces, commas or colons")
+    if priority not in CLASSES:
+        raise ConfigError(var, f"{name}'s class {priority!r} is not a priority class",
+                          f"use one of {', '.join(CLASSES)}")
+    limit = None
+    if len(fields) == 3:
+        if not fields[2].strip().isdigit() or int(fields[2]) < 1:
+            raise ConfigError(var, f"{name}'s in-flight limit {fields[2]!r} is not a whole "
+                              "number >= 1", "give a limit of 1 or more, or leave it out")
+        limit = int(fields[2])
+    return ClientKey(name, key, priority, limit)
+
+
+def _client_keys(env: _Env, api_key: str | None,
+                 fleet_key: str | None) -> tuple[ClientKey, ...]:
+    """GATEWAY_CLIENT_KEYS: distinct names and keys, none equal to the box's or fleet's key."""
+    var = "GATEWAY_CLIENT_KEYS"
+    entries = [entry for entry in env.list(var) or [] if entry]
+    if entries and api_key is None:
+        raise ConfigError(var, "is set but GATEWAY_API_KEY is not",
+                          "set GATEWAY_API_KEY too (named keys open a gated gateway)")
+    keys = tuple(_client_key(entry) for entry in entries)
+    names = [k.name for k in keys]
+    for name in names:
+        if names.count(name) > 1:
+            raise ConfigError(var, f"names {name} twice", "give each client key one entry")
+    secrets = [k.key for k in keys]
+    for client in keys:
+        if secrets.count(client.key) > 1 or client.key in (api_key, fleet_key):
+            raise ConfigError(var, f"the key of {client.name} is not unique",
+                              "give each name its own key, distinct from GATEWAY_API_KEY and "
+                              "GATEWAY_FLEET_KEY")
+    return keys
+
+
 def _refuse_unknown(environ: Mapping[str, str]) -> None:
     """A GATEWAY_* or role-prefixed name the contract does not define is a typo: stop."""
     unknown = unknown_env(environ)
@@ -398,6 +467,7 @@ def load_config(environ: Mapping[str, str]) -> GatewayConfig:
     env = _Env(environ)
     self_origin = env.str("GATEWAY_SELF_ORIGIN")
     fleet_key = env.str("GATEWAY_FLEET_KEY")
+    api_key = env.str("GATEWAY_API_KEY") or env.str("CULTURE_VLLM_API_KEY")
     policy = (env.str("GATEWAY_POOL_POLICY") or "rate").lower()
     if policy not in POOL_POLICIES:
         raise ConfigError("GATEWAY_POOL_POLICY", f"{policy!r} is not a policy",
@@ -407,13 +477,14 @@ def load_config(environ: Mapping[str, str]) -> GatewayConfig:
         port=env.int("GATEWAY_PORT", DEFAULT_PORT) or 0,
         default_model=env.str("GATEWAY_DEFAULT_MODEL"),
         aliases=_aliases(env),
-        api_key=env.str("GATEWAY_API_KEY") or env.str("CULTURE_VLLM_API_KEY"),
+        api_key=api_key,
         fleet_key=fleet_key,
         self_origin=_canonical_origin("GATEWAY_SELF_ORIGIN", self_origin) if self_origin else None,
         force_strict_tools=bool(env.bool("GATEWAY_FORCE_STRICT_TOOLS", False)),
         audio_url=env.origin("AUDIO_URL"),
         pool_policy=policy,
         access_log=_access_log(env),
+        client_keys=_client_keys(env, api_key, fleet_key),
         roles={role.name: _role(env, role, fleet_key) for role in ROLES},
         pressure=_pressure(env),
         limits=_limits(env),

@@ -34,7 +34,8 @@ class Channel(asyncio.Protocol):
     """
 
     __slots__ = ("_buffer", "_drain_waiter", "_eof", "_fiber", "_loop", "_lost", "_on_connect",
-                 "_read_paused", "_receiver", "_waiter", "_write_paused", "transport", "write")
+                 "_on_gone", "_read_paused", "_receiver", "_waiter", "_write_paused", "transport",
+                 "write")
 
     def __init__(self, on_connect: Callable[[Channel], object] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -49,6 +50,7 @@ class Channel(asyncio.Protocol):
         self._read_paused = False
         self._write_paused = False
         self._receiver: asyncio.Protocol | None = None
+        self._on_gone: Callable[[], None] | None = None
         self.transport: asyncio.Transport
         # transport.write itself, bound once: a write costs no frame of ours (set on connect).
         self.write: Callable[[bytes], None]
@@ -79,6 +81,7 @@ class Channel(asyncio.Protocol):
             return self._receiver.eof_received()
         self._eof = True
         self._wake()
+        self._gone()
         return True  # keep the socket open for writing: an answer may still be owed
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -86,6 +89,7 @@ class Channel(asyncio.Protocol):
         if self._receiver is not None:
             self._receiver.connection_lost(exc)
         self._wake()
+        self._gone()
         drain_waiter = self._drain_waiter
         if drain_waiter is not None and not drain_waiter.done():
             drain_waiter.set_exception(ConnectionResetError("connection lost"))
@@ -165,6 +169,20 @@ class Channel(asyncio.Protocol):
         waiter = self._waiter = asyncio.Future(loop=self._loop)
         self._fiber = claim(waiter)
         return waiter
+
+    def watch_gone(self, callback: Callable[[], None] | None) -> bool:
+        """Call `callback` once when the client ends its side or the socket is lost, while
+        nothing reads (a request waiting its turn); None stops watching. False when it is
+        already gone (the callback is not kept)."""
+        if callback is not None and (self._eof or self.transport.is_closing()):
+            return False
+        self._on_gone = callback
+        return True
+
+    def _gone(self) -> None:
+        callback, self._on_gone = self._on_gone, None
+        if callback is not None:
+            callback()
 
     def _wake(self) -> None:
         waiter = self._waiter

@@ -43,6 +43,13 @@ def not_found(path: str) -> ApiError:
                     f"no route for {path}; see /v1/models and the gateway documentation")
 
 
+def no_gear_metrics(role: str, gears: list[str]) -> ApiError:
+    here = ", ".join(gears) if gears else "none"
+    return ApiError(404, "invalid_request_error", "not_found",
+                    f"no gear of role {role!r} runs on this box; its gears' metrics are at "
+                    f"/metrics/gears/<role> for: {here}")
+
+
 def method_not_allowed(method: str, path: str, allowed: str) -> ApiError:
     return ApiError(405, "invalid_request_error", "method_not_allowed",
                     f"{method} is not allowed on {path}; use {allowed}",
@@ -109,11 +116,30 @@ def server_busy(retry_after: int, tier: str, reason: str = "busy") -> ApiError:
                     (("Retry-After", str(retry_after)), ("X-Lobes-Tier-Reason", reason)))
 
 
-def rate_limited(limit: int) -> ApiError:
+def rate_limited(limit: int, source: str = "GATEWAY_MAX_INFLIGHT_PER_KEY") -> ApiError:
+    """429 for a key at its in-flight limit; `source` names the setting that limits it."""
     return ApiError(429, "rate_limit_exceeded", "rate_limit_exceeded",
                     f"this key already has {limit} requests in flight "
-                    "(GATEWAY_MAX_INFLIGHT_PER_KEY); wait for one to finish",
+                    f"({source}); wait for one to finish",
                     (("Retry-After", "1"),))
+
+
+def deadline_unmeetable(role: str, deadline_s: float, expected_s: float | None,
+                        retry_after: int) -> ApiError:
+    """429 for a request that would not start before its X-Lobes-Deadline-S; never started."""
+    expected = ("" if expected_s is None
+                else f" (the queue expects it to start in {expected_s:.1f}s)")
+    return ApiError(429, "rate_limit_exceeded", "deadline_unmeetable",
+                    f"the {role} gear cannot start this request within its deadline of "
+                    f"{deadline_s:g}s{expected}; retry after {retry_after}s, raise "
+                    "X-Lobes-Deadline-S, or send it with a stronger X-Lobes-Priority key",
+                    (("Retry-After", str(retry_after)),))
+
+
+def invalid_admission_header(header: str, value: str, fix: str) -> ApiError:
+    """400 for an X-Lobes-Priority or X-Lobes-Deadline-S the gateway cannot read."""
+    return ApiError(400, "invalid_request_error", "invalid_header",
+                    f"{header}: {value[:64]!r} is not valid; {fix}")
 
 
 def upstream_unavailable(role: str) -> ApiError:

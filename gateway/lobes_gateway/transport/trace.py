@@ -29,7 +29,7 @@ UNROUTED = "none"
 class Trace:
     """What metrics and the access log learn of one request."""
 
-    __slots__ = ("bytes", "ended", "first_byte", "lane", "method", "path", "reason",
+    __slots__ = ("bytes", "client", "ended", "first_byte", "lane", "method", "path", "reason",
                  "request_id", "role", "served", "sink", "started", "status", "tokens")
 
     def __init__(self, write: Callable[[bytes], None], started: float, request_id: str) -> None:
@@ -40,6 +40,9 @@ class Trace:
         self.status = 0
         self.bytes = 0
         self.method = self.path = self.served = ""
+        # The caller's key by name (anonymous, client, fleet or a named key), never the key;
+        # empty until the gate has identified it.
+        self.client = ""
         self.lane = "other"
         self.role = UNROUTED
         self.reason = UNROUTED  # the pool's route reason (X-Lobes-Route-Reason), else none

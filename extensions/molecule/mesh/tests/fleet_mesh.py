@@ -90,6 +90,7 @@ class Box:
 class Mesh:
     boxes: dict[str, Box]
     fleet_key: str
+    monitoring_host: str | None
 
     def __getitem__(self, name: str) -> Box:
         return self.boxes[name]
@@ -104,7 +105,8 @@ def load_mesh(path: Path) -> Mesh:
         name: Box(name=name, plan=described["plan"]["boxes"][name], **fields)
         for name, fields in described["boxes"].items()
     }
-    return Mesh(boxes=boxes, fleet_key=described["fleet_key"])
+    return Mesh(boxes=boxes, fleet_key=described["fleet_key"],
+                monitoring_host=described["monitoring_host"])
 
 
 def mesh_file() -> Path:

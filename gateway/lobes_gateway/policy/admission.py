@@ -1,0 +1,206 @@
+"""Admission: the gateway's own queue in front of a role's gear or a pool, when it is at its slots.
+
+A saturated gear would otherwise queue requests in arrival order inside vLLM, so one client's
+burst makes everyone else wait behind all of it. Here requests wait at the gateway and are
+released as slots free:
+
+  by class   interactive, then standard, then batch (strict priority between classes);
+  by key     within a class, fair across client keys: start-time fair queueing on expected
+             tokens, so a key with many queued requests takes its share and no more, and a
+             key that just arrived is not stuck behind another key's backlog.
+
+Deadlines are judged by the queue's own estimate of when a request would start: the running
+requests' expected ends and the requests ahead of it, each taking expected tokens / the learned
+per-stream rate. Pure bookkeeping: no I/O and no clock of its own (callers pass `now`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterator, Mapping
+
+from lobes_contract import PRIORITY_CLASSES
+
+from .placement import DEFAULT_SMOOTHING, RateEstimate
+
+CLASSES = PRIORITY_CLASSES  # strongest first
+INTERACTIVE, STANDARD, BATCH = CLASSES
+_RANK = {name: rank for rank, name in enumerate(CLASSES)}
+
+
+def effective_class(key_class: str, requested: str | None) -> str:
+    """The class a request runs in: its key's, or a weaker one it asked for; never stronger."""
+    if requested is None or _RANK[requested] < _RANK[key_class]:
+        return key_class
+    return requested
+
+
+class Ticket:
+    """One request before the queue: who sent it, its class and expected tokens, and once
+    admitted, when it started. `waiter` belongs to whoever waits for the admission."""
+
+    __slots__ = ("client", "klass", "started", "tokens", "waiter")
+
+    def __init__(self, client: str, klass: str, tokens: int) -> None:
+        self.client = client
+        self.klass = klass
+        self.tokens = max(1, tokens)
+        self.started: float | None = None
+        self.waiter: object = None
+
+
+def _started(ticket: Ticket, now: float) -> float:
+    return now if ticket.started is None else ticket.started
+
+
+class _ClassQueue:
+    """One class's waiting tickets: a queue per client key and each key's virtual time."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, deque[Ticket]] = {}  # keys with tickets waiting
+        self.virtual: dict[str, float] = {}  # tokens admitted per key, fair-queueing time
+        self.clock = 0.0  # where the ticket admitted last ended, in virtual time
+
+    def __len__(self) -> int:
+        return sum(len(tickets) for tickets in self.waiting.values())
+
+    def push(self, ticket: Ticket) -> None:
+        tickets = self.waiting.get(ticket.client)
+        if tickets is None:
+            self.virtual[ticket.client] = self._joining(ticket.client, self.waiting)
+            tickets = self.waiting[ticket.client] = deque()
+        tickets.append(ticket)
+
+    def _joining(self, client: str, waiting: Mapping[str, object]) -> float:
+        """The virtual time of a key that starts waiting: the least of the keys waiting (or
+        where the last admitted one ended), so it neither jumps ahead on credit saved while
+        idle nor queues behind the others' backlogs."""
+        now = min((self.virtual[name] for name in waiting), default=self.clock)
+        return max(self.virtual.get(client, 0.0), now)
+
+    def pop(self) -> Ticket:
+        client = min(self.waiting, key=lambda name: self.virtual[name])
+        tickets = self.waiting[client]
+        ticket = tickets.popleft()
+        if not tickets:
+            del self.waiting[client]
+        self.virtual[client] += ticket.tokens
+        self.clock = self.virtual[client]
+        if not self.waiting:
+            # Nobody waits in the class: shares start over, so no key carries a debt from an
+            # earlier backlog into the next one.
+            self.virtual.clear()
+            self.clock = 0.0
+        return ticket
+
+    def remove(self, ticket: Ticket) -> bool:
+        tickets = self.waiting.get(ticket.client)
+        if tickets is None or ticket not in tickets:
+            return False
+        tickets.remove(ticket)
+        if not tickets:
+            del self.waiting[ticket.client]
+        return True
+
+    def order_until(self, ticket: Ticket) -> Iterator[Ticket]:
+        """The tickets this class would admit before `ticket` (not queued yet), in order."""
+        virtual = dict(self.virtual)
+        waiting = {client: list(tickets) for client, tickets in self.waiting.items()}
+        if ticket.client not in waiting:
+            virtual[ticket.client] = self._joining(ticket.client, waiting)
+        waiting.setdefault(ticket.client, []).append(ticket)
+        while True:
+            client = min(waiting, key=lambda name: virtual[name])
+            head = waiting[client].pop(0)
+            if head is ticket:
+                return
+            if not waiting[client]:
+                del waiting[client]
+            virtual[client] += head.tokens
+            yield head
+
+
+class AdmissionQueue:
+    """The slots of one role's gear (or one pool) and the requests waiting for them."""
+
+    def __init__(self, slots: int, smoothing: float = DEFAULT_SMOOTHING) -> None:
+        self.slots = slots
+        self.running: set[Ticket] = set()
+        self.rate = RateEstimate(None, smoothing)  # tokens/s per stream, learned
+        self._classes = {name: _ClassQueue() for name in CLASSES}
+
+    def queued(self) -> int:
+        return sum(len(queue) for queue in self._classes.values())
+
+    def depth_by_class(self) -> dict[str, int]:
+        return {name: len(queue) for name, queue in self._classes.items()}
+
+    def depth_by_client(self) -> dict[str, int]:
+        depth: dict[str, int] = {}
+        for queue in self._classes.values():
+            for client, tickets in queue.waiting.items():
+                depth[client] = depth.get(client, 0) + len(tickets)
+        return depth
+
+    def expected_wait_s(self, ticket: Ticket, now: float) -> float | None:
+        """Seconds until `ticket` would start if it arrived now: 0 when a slot is free and
+        nobody waits, None when it must wait and no rate has been learned yet."""
+        if len(self.running) < self.slots and not self.queued():
+            return 0.0
+        rate = self.rate.value
+        if rate is None:
+            return None
+        ends = sorted(max(now, _started(t, now) + t.tokens / rate) for t in self.running)
+        # Slots free now count as ending now; beyond the slots (requests counted without
+        # waiting), a slot frees only at the later ends.
+        free = [now] * max(0, self.slots - len(ends)) + ends[max(0, len(ends) - self.slots):]
+        heapq.heapify(free)
+        for ahead in self._ahead_of(ticket):
+            heapq.heappush(free, heapq.heappop(free) + ahead.tokens / rate)
+        return max(0.0, free[0] - now) if free else None
+
+    def _ahead_of(self, ticket: Ticket) -> Iterator[Ticket]:
+        for name in CLASSES:
+            queue = self._classes[name]
+            if name == ticket.klass:
+                yield from queue.order_until(ticket)
+                return
+            for tickets in queue.waiting.values():
+                yield from tickets
+
+    def arrive(self, ticket: Ticket, now: float) -> list[Ticket]:
+        """Queue a ticket and admit what the free slots allow; the tickets admitted now (this
+        one among them when it need not wait)."""
+        self._classes[ticket.klass].push(ticket)
+        return self.admit(now)
+
+    def occupy(self, ticket: Ticket, now: float) -> None:
+        """Count a request that does not wait (one another box already admitted)."""
+        ticket.started = now
+        self.running.add(ticket)
+
+    def withdraw(self, ticket: Ticket) -> bool:
+        """Take a waiting ticket out (its client left, or its deadline passed)."""
+        return self._classes[ticket.klass].remove(ticket)
+
+    def finish(self, ticket: Ticket, now: float, tokens: int) -> list[Ticket]:
+        """A running request ended after `tokens` tokens: free its slot, learn the rate, and
+        return the tickets admitted into the freed slots."""
+        self.running.discard(ticket)
+        elapsed = now - _started(ticket, now)
+        if tokens > 0 and elapsed > 0:
+            self.rate.observe(tokens / elapsed)
+        return self.admit(now)
+
+    def admit(self, now: float) -> list[Ticket]:
+        """Admit waiting tickets, strongest class first, while slots are free."""
+        admitted = []
+        while len(self.running) < self.slots:
+            queue = next((q for q in self._classes.values() if q.waiting), None)
+            if queue is None:
+                break
+            ticket = queue.pop()
+            self.occupy(ticket, now)
+            admitted.append(ticket)
+        return admitted
