@@ -19,6 +19,7 @@ from .textgen import (
     chat_token_units,
     count_chat_tokens,
     count_prompt_tokens,
+    count_text_tokens,
     digest_seed,
     natural_length,
     prompt_token_units,
@@ -27,6 +28,10 @@ from .validation import checked_model, int_field, request_json
 
 # vLLM's /v1/completions default when the caller names no max_tokens (as OpenAI's).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+CONTINUE_WITH_GENERATION_PROMPT = (
+    "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+CONTINUE_WITHOUT_ASSISTANT = (
+    "continue_final_message needs the final message to be the assistant's.")
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,9 @@ class GenerateCall:
     max_tokens: int
     natural: int | None
     seed: int
+    # Output tokens the request's final assistant message holds already (continue_final_message):
+    # the answer goes on from this token of the seed's sequence.
+    offset: int
     stream: bool
     include_usage: bool
     continuous_usage: bool
@@ -55,17 +63,37 @@ def _has_strict_tool(body: dict[str, Any]) -> bool:
     )
 
 
-def _prompt(body: dict[str, Any], chat: bool) -> tuple[int, str]:
-    """Prompt tokens and a canonical text of the prompt (for the output seed)."""
+def _prompt(body: dict[str, Any], chat: bool) -> tuple[int, str, str | None]:
+    """Prompt tokens, a canonical text of the prompt (for the output seed), and the final
+    assistant message's text when the request continues it (continue_final_message)."""
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise errors.bad_request("'messages' must be a non-empty list.", param="messages")
-        return count_chat_tokens(messages), json.dumps(messages, sort_keys=True)
+        prefix = _continued_text(body, messages)
+        if prefix is not None:
+            # The answer so far is not part of the prompt the seed is drawn from: a continuation
+            # draws the same sequence as the request that produced the prefix.
+            messages = messages[:-1]
+        return count_chat_tokens(messages), json.dumps(messages, sort_keys=True), prefix
     prompt = body.get("prompt")
     if not isinstance(prompt, str | list) or not prompt:
         raise errors.bad_request("'prompt' must be a string or a list.", param="prompt")
-    return count_prompt_tokens(prompt), json.dumps(prompt, sort_keys=True)
+    return count_prompt_tokens(prompt), json.dumps(prompt, sort_keys=True), None
+
+
+def _continued_text(body: dict[str, Any], messages: list[Any]) -> str | None:
+    """The final assistant message's text when the request asks to continue it, as vLLM
+    checks it (continue_final_message needs add_generation_prompt false)."""
+    if not body.get("continue_final_message"):
+        return None
+    if body.get("add_generation_prompt", True):
+        raise errors.bad_request(CONTINUE_WITH_GENERATION_PROMPT, "continue_final_message")
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        raise errors.bad_request(CONTINUE_WITHOUT_ASSISTANT, "continue_final_message")
+    content = last.get("content")
+    return content if isinstance(content, str) else ""
 
 
 def _max_tokens(body: dict[str, Any], chat: bool) -> int | None:
@@ -84,16 +112,23 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
     model = checked_model(state, body)
     if chat and state.faults.reject_strict_tools and _has_strict_tool(body):
         raise errors.bad_request(errors.GRAMMAR_COMPILE_FAILURE)
-    prompt_tokens, prompt_text = _prompt(body, chat)
+    prompt_tokens, prompt_text, prefix = _prompt(body, chat)
+    seed = digest_seed(state.seed, body.get("seed"), prompt_text)
+    offset = 0
+    if prefix is not None:
+        offset, prefix_tokens = _continue_at(seed, prefix)
+        prompt_tokens += prefix_tokens
+        if offset is None:  # not this seed's words: go on with the sequence of the whole prompt
+            seed, offset = digest_seed(seed, prefix), 0
     window = state.profile.max_model_len
     requested = _max_tokens(body, chat)
     if prompt_tokens >= window or (requested is not None and prompt_tokens + requested > window):
         raise errors.over_window(window, prompt_tokens, requested)
     max_tokens = requested if requested is not None else window - prompt_tokens
-    seed = digest_seed(state.seed, body.get("seed"), prompt_text)
     natural: int | None = None
     if not body.get("ignore_eos"):
-        natural = max(natural_length(seed, state.profile.natural_length), 1)
+        # Where the whole answer would stop, less what the continued prefix holds already.
+        natural = max(natural_length(seed, state.profile.natural_length) - offset, 1)
         natural = max(natural, int_field(body, "min_tokens", 0))
     priority = _priority(state, body)
     options = body.get("stream_options") or {}
@@ -106,6 +141,7 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
         max_tokens=max_tokens,
         natural=natural,
         seed=seed,
+        offset=offset,
         stream=bool(body.get("stream")),
         include_usage=bool(options.get("include_usage")),
         continuous_usage=bool(options.get("continuous_usage_stats")),
@@ -119,6 +155,19 @@ def _prompt_blocks(body: dict[str, Any], chat: bool) -> tuple[int, ...]:
     if chat:
         return block_hashes(chat_token_units(body["messages"]))
     return block_hashes(prompt_token_units(body["prompt"]))
+
+
+def _continue_at(seed: int, prefix: str) -> tuple[int | None, int]:
+    """(the output token a continuation starts at, the prefix's prompt tokens): the prefix's
+    length in the seed's tokens when it is exactly their start, else (None, its text's count)."""
+    tokens = TokenStream(seed)
+    text, count = "", 0
+    while len(text) < len(prefix):
+        text += tokens.token(count)
+        count += 1
+    if text == prefix:
+        return count, count
+    return None, count_text_tokens(prefix)
 
 
 def _priority(state: SimState, body: dict[str, Any]) -> int:
@@ -249,7 +298,7 @@ async def _respond_whole(
         await sequence.progress()
     if sequence.finish_reason == ABORT:
         raise ClientGone
-    text = TokenStream(call.seed).text(sequence.generated)
+    text = TokenStream(call.seed).text(sequence.generated, start=call.offset)
     await conn.send_json(200, _Answer(call).full(text, sequence), keep_alive)
 
 
@@ -271,7 +320,7 @@ async def _stream(
             if call.chat and sent == 0:
                 writer.add(_sse(answer.chunk(None, None)))
             while sent < sequence.generated:
-                piece = tokens.token(sent)
+                piece = tokens.token(call.offset + sent)
                 sent += 1
                 if (sequence.finished and sent == sequence.generated) or call.continuous_usage:
                     writer.add(_sse(_final_or_usage_chunk(answer, call, sequence, piece, sent)))

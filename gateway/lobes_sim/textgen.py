@@ -91,9 +91,9 @@ class TokenStream:
             self._words.append(word if not self._words else " " + word)
         return self._words[index]
 
-    def text(self, count: int) -> str:
-        """The first ``count`` tokens joined."""
-        return "".join(self.token(i) for i in range(count))
+    def text(self, count: int, start: int = 0) -> str:
+        """``count`` tokens from token ``start`` on, joined."""
+        return "".join(self.token(i) for i in range(start, start + count))
 
 
 def embedding(text: str, dim: int, seed: int) -> list[float]:

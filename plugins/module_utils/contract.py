@@ -198,7 +198,7 @@ PRIORITY_CLASSES: tuple[str, ...] = ("interactive", "standard", "batch")
 ROLE_ENV_SUFFIXES: tuple[str, ...] = (
     "ROUTE", "BASE_URL", "SERVED_NAME", "MAX_MODEL_LEN", "MAX_ACTIVE", "FEASIBLE",
     "QUANTIZATION", "PEER_ORIGIN", "PEER_PROXY", "PEER_API_KEY", "PEER_ORIGINS",
-    "PEER_API_KEYS", "PEER_RATES",
+    "PEER_API_KEYS", "PEER_RATES", "STREAM_RESUME",
 )
 # Names the gateway reads besides the per-role ones.
 GATEWAY_ENV: tuple[str, ...] = (
@@ -208,7 +208,7 @@ GATEWAY_ENV: tuple[str, ...] = (
     "GATEWAY_MAX_BODY_BYTES", "GATEWAY_MAX_INFLIGHT_PER_KEY", "GATEWAY_HEADER_TIMEOUT_S",
     "GATEWAY_BODY_TIMEOUT_S", "GATEWAY_CONNECT_TIMEOUT_S", "GATEWAY_UPSTREAM_TIMEOUT_S",
     "GATEWAY_PROBE_INTERVAL_S", "GATEWAY_PROBE_TIMEOUT_S", "GATEWAY_ACCESS_LOG",
-    "GATEWAY_CLIENT_KEYS",
+    "GATEWAY_STREAM_STALL_S", "GATEWAY_CLIENT_KEYS",
     # Seed 004's names, kept so an existing fleet's .env still starts.
     "CULTURE_VLLM_API_KEY", "FALLBACK_URL", "AUDIO_URL",
 )

@@ -161,6 +161,8 @@ def _peer_env(plan: dict, role: dict, secrets: dict) -> list:
         if all(peer["rate"] is not None for peer in peers):
             env.append((role_env(prefix, "PEER_RATES"),
                         ",".join(str(peer["rate"]) for peer in peers)))
+        # A pool has another replica to continue a stream on; a lone backend has none.
+        env.append((role_env(prefix, "STREAM_RESUME"), "true"))
     return env
 
 

@@ -80,6 +80,7 @@ def test_every_rendered_env_is_accepted_and_read_back_as_rendered(env_file):
         assert role.wired == (f"{prefix}_BASE_URL" in env)
         assert role.route == env[f"{prefix}_ROUTE"]
         assert role.quantization == env.get(f"{prefix}_QUANTIZATION")
+        assert role.stream_resume == (env.get(f"{prefix}_STREAM_RESUME") == "true")
 
 
 @pytest.fixture(scope="module")

@@ -79,6 +79,17 @@ def test_peer_pool_with_key_inheritance_and_rates():
     assert (thor.origin, thor.api_key, thor.rate) == ("http://thor:8000", None, None)
 
 
+def test_stream_resume_is_per_role_and_off_unless_set():
+    config = load_config({"PRIMARY_ROUTE": "pool", "PRIMARY_PEER_ORIGINS": "http://a:1,http://b:2",
+                          "PRIMARY_STREAM_RESUME": "true", "GATEWAY_STREAM_STALL_S": "2.5"})
+    assert config.roles["cortex"].stream_resume
+    assert not config.roles["minor"].stream_resume
+    assert config.limits.stream_stall_s == 2.5
+    assert load_config({}).limits.stream_stall_s == 30.0
+    with pytest.raises(ConfigError, match=r"PRIMARY_STREAM_RESUME.*true or false"):
+        load_config({"PRIMARY_STREAM_RESUME": "sometimes"})
+
+
 def test_explicit_pool_key_wins_over_inheritance():
     config = load_config({
         "EMBED_PEER_ORIGIN": "http://a:1", "EMBED_PEER_API_KEY": "k1",

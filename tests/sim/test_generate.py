@@ -223,3 +223,47 @@ def test_ill_typed_fields_are_400_naming_the_field(instant):
         reply = post(instant.url, CHAT, chat_payload(**{field: value}))
         assert reply.status == 400, field
         assert reply.json()["error"]["param"] == field
+
+
+def _continued(answer_so_far: str, **extra) -> dict:
+    messages = [{"role": "user", "content": "Say something."},
+                {"role": "assistant", "content": answer_so_far}]
+    return {"messages": messages, "continue_final_message": True,
+            "add_generation_prompt": False, **extra}
+
+
+@pytest.mark.parametrize("split", [0, 1, 37, 153])
+def test_a_continued_answer_goes_on_exactly_where_its_prefix_stops(sim, split):
+    whole = post(sim.url, CHAT, chat_payload(max_tokens=160)).json()
+    events = stream(sim.url, CHAT, chat_payload(max_tokens=160)).events
+    pieces = [e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]]
+    pieces = [piece for piece in pieces if piece]
+    prefix = "".join(pieces[:split])
+    rest = post(sim.url, CHAT, _continued(prefix, max_tokens=160 - split)).json()
+    assert prefix + rest["choices"][0]["message"]["content"] == (
+        whole["choices"][0]["message"]["content"])
+    assert rest["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    usage, reference = rest["usage"], whole["usage"]
+    # The prefix is prompt now: the same total, split differently.
+    assert usage["prompt_tokens"] == reference["prompt_tokens"] + split
+    assert usage["completion_tokens"] == reference["completion_tokens"] - split
+
+
+def test_a_continued_text_of_other_words_still_gets_an_answer(sim):
+    rest = post(sim.url, CHAT, _continued("Words this seed never says", max_tokens=8)).json()
+    assert rest["usage"]["completion_tokens"] == 8
+    plain = post(sim.url, CHAT, chat_payload(max_tokens=8)).json()
+    assert rest["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize(("extra", "last_role"), [
+    ({"add_generation_prompt": True}, "assistant"),  # vLLM refuses both at once
+    ({}, "assistant"),  # add_generation_prompt defaults to true
+    ({"add_generation_prompt": False}, "user"),  # nothing of the assistant's to continue
+])
+def test_continue_final_message_is_checked_as_vllm_checks_it(sim, extra, last_role):
+    payload = {"messages": [{"role": last_role, "content": "hi"}],
+               "continue_final_message": True, **extra}
+    reply = post(sim.url, CHAT, payload)
+    assert reply.status == 400
+    assert reply.json()["error"]["param"] == "continue_final_message"

@@ -65,6 +65,7 @@ from .metrics import (
     Metrics,
 )
 from .relay import Outcome, read_whole
+from .resume import ContinuationTarget, StreamResume, resumable_request
 
 LOCAL, LAST, PEER, REPLICA = range(4)
 _DECLINES = frozenset({401, 403, 404})
@@ -87,6 +88,7 @@ TO_PEER = header_names(prefixes=("x-lobes-proxied", "x-lobes-forwarded"))
 _DEFAULT_REASON = b"X-Lobes-Tier-Reason: default"
 _MANUAL_OVERRIDE = b"X-Lobes-Tier-Reason: manual_override"
 _NO_ROUTE_REASON = b"X-Lobes-Route-Reason: none"
+_CHAT_PATH = "/chat/completions"
 
 
 def forward_headers(req: Request) -> str:
@@ -150,10 +152,12 @@ def this_box(config: GatewayConfig) -> str:
 class Attempt:
     """One upstream try: where, what to send, the headers its answer carries, when to move on."""
 
-    __slots__ = ("body", "extra", "headers", "name", "origin", "placement", "rule", "strict")
+    __slots__ = ("body", "extra", "headers", "name", "origin", "placement", "resume", "rule",
+                 "strict")
 
     def __init__(self, origin: Origin, name: str, headers: str, body: bytes, extra: list[bytes],
-                 rule: int, placement: Placement | None = None, strict: bool = False) -> None:
+                 rule: int, placement: Placement | None = None, strict: bool = False,
+                 resume: StreamResume | None = None) -> None:
         self.origin = origin
         self.name = name
         self.headers = headers
@@ -162,6 +166,7 @@ class Attempt:
         self.rule = rule
         self.placement = placement
         self.strict = strict
+        self.resume = resume  # a pooled stream that may go on on another replica
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,7 @@ class Dispatcher:
         self._peers = peers
         self._pressure = pressure
         self._timeout = config.limits.upstream_timeout_s
+        self._stall = config.limits.stream_stall_s
         self._retry_after = config.pressure.retry_after_s
         self._fleet_key = config.fleet_key
         self._me = this_box(config)
@@ -285,6 +291,7 @@ class Dispatcher:
                         trace.reason = placement.reason.value
                 if counted is not None:
                     judged.count(self.peer_in_flight, counted)
+                judged.resume = step.resume
                 handed = judged
                 return judged
             client.write(error_bytes(step.error, step.headers, keep_alive=req.keep_alive))
@@ -329,11 +336,12 @@ class Dispatcher:
         return Outcome(response, attempt.extra, attempt.placement, started, body)
 
     def plan(self, req: Request, route: Route, requested_tier: str | None,
-             payload: dict | None, tail: list[bytes], placement: Placement | None) -> Plan:
+             payload: dict | None, tail: list[bytes], placement: Placement | None,
+             resume: StreamResume | None = None) -> Plan:
         """The attempts of a route; `tail` headers join each answer, `placement` counts the
-        local ones on the pool replica they serve as."""
+        local ones on the pool replica they serve as (whose stream `resume` may continue)."""
         if isinstance(route, LocalRoute):
-            return self._local(req, route, requested_tier, payload, tail, placement)
+            return self._local(req, route, requested_tier, payload, tail, placement, resume)
         if isinstance(route, ProxyRoute):
             return self._proxy(req, route, payload, tail)
         if isinstance(route, PoolRoute):
@@ -344,7 +352,8 @@ class Dispatcher:
         return _answer_only(Answer(route.error))
 
     def _local(self, req: Request, route: LocalRoute, requested_tier: str | None,
-               payload: dict | None, tail: list[bytes], placement: Placement | None) -> Plan:
+               payload: dict | None, tail: list[bytes], placement: Placement | None,
+               resume: StreamResume | None = None) -> Plan:
         """This box's gear, then the fallback; pressure sheds the full tiers first."""
         override = False
         if route.tier is not None:
@@ -370,14 +379,17 @@ class Dispatcher:
         for index, target in enumerate(route.targets):
             model = target.served_name if route.rewrite_model else None
             rule = LOCAL if index < last else LAST
+            # A pool replica's own gear only: the fallback serves another model.
+            own = resume if target.name == route.role else None
             if strict is not None:
                 failure = yield Attempt(target.origin, target.name, headers,
                                         encode_for(req.body, strict, model, True), extra, rule,
-                                        placement, strict=True)
+                                        placement, strict=True, resume=own)
                 if not failure.compile_failure:
                     continue
             yield Attempt(target.origin, target.name, headers,
-                          encode_for(req.body, payload, model, False), extra, rule, placement)
+                          encode_for(req.body, payload, model, False), extra, rule, placement,
+                          resume=own)
         if last == 0:
             yield Answer(errors.backend_unavailable(f"the {route.role} backend",
                                                     self._retry_after))
@@ -432,13 +444,14 @@ class Dispatcher:
         if too_long is not None:
             yield Answer(too_long, (("X-Lobes-Route-Reason", "none"),))
             return
+        resume = self._resume(req, route, role, payload)
         while (placement := role.placer.place(role.candidates(tried, request), request=request)
                or (role.failover(tried, request) if failures else None)) is not None:
             tried.add(placement.origin)
             reason = b"X-Lobes-Route-Reason: " + placement.reason.value.encode()
             if placement.origin == role.local_origin:  # the local path: pressure, tiers
                 yield from self.plan(req, route.fall_through, requested_tier, payload,
-                                     [reason], placement)
+                                     [reason], placement, resume)
                 return
             spec = role.spec(placement.origin)
             headers = peer_headers(req, spec.api_key, [("X-Lobes-Proxied", role.role)])
@@ -446,7 +459,8 @@ class Dispatcher:
                               role.replicas.served_id if payload else None, False)
             extra = [b"X-Lobes-Proxied-By: " + spec.origin.encode(), reason]
             failures.append((yield Attempt(self._peers.origin(spec.origin), spec.origin,
-                                           headers, body, extra, REPLICA, placement)))
+                                           headers, body, extra, REPLICA, placement,
+                                           resume=resume)))
         if not tried:  # nothing selectable: the singular forward or the local path
             yield from self.plan(req, route.fall_through, requested_tier, payload,
                                  [_NO_ROUTE_REASON], None)
@@ -454,6 +468,27 @@ class Dispatcher:
         error = exhausted(f"every replica of the {route.role} pool", failures,
                           self._retry_after)
         yield Answer(error, (("X-Lobes-Route-Reason", "none"),))
+
+    def _resume(self, req: Request, route: PoolRoute, role: PooledRole,
+                payload: dict | None) -> StreamResume | None:
+        """A chat stream of a pool with P_STREAM_RESUME on: how to continue it elsewhere."""
+        if not (route.config.stream_resume and req.target.endswith(_CHAT_PATH)
+                and payload is not None and resumable_request(payload)):
+            return None
+        caller = TO_PEER.sub("", forward_headers(req))  # kept: req's own block is dropped
+        local = route.config
+
+        def target(origin: str) -> ContinuationTarget:
+            if origin == role.local_origin and local.base_url is not None:
+                return ContinuationTarget(local.base_url, caller, local.served_name)
+            spec = role.spec(origin)
+            key = f"Authorization: Bearer {spec.api_key}\r\n" if spec.api_key else ""
+            marker = header_block([("X-Lobes-Proxied", role.role)])
+            return ContinuationTarget(self._peers.origin(origin), caller + key + marker,
+                                      role.replicas.served_id)
+
+        return StreamResume(role, payload, req.target, target, self._timeout, self._stall,
+                            self._metrics.resumes)
 
     def _pooled_arrival(self, req: Request, route: PoolRoute, role: PooledRole, arrived: str,
                         requested_tier: str | None, payload: dict | None) -> Plan:

@@ -93,6 +93,10 @@ def _traffic(out: Exposition, metrics: Metrics) -> None:
                "Attempts after which the request moved on to another attempt, by the target "
                "left and why.",
                _keyed(metrics.failovers, ("target", "outcome")))
+    out.family("lobes_gateway_stream_resumes_total", "counter",
+               "Pooled streams that broke off mid-answer, by role and outcome: continued on "
+               "another replica, or ended (not resumable, or no replica left).",
+               _keyed(metrics.resumes, ("role", "outcome")))
     out.family("lobes_gateway_shed_requests_total", "counter",
                "Requests refused to shed load, by reason.",
                _keyed({(reason,): n for reason, n in metrics.shed.items()}, ("reason",)))

@@ -68,6 +68,8 @@ class Metrics:
         self.latency: dict[tuple[str, str], Latency] = {}
         self.attempts: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.failovers: defaultdict[tuple[str, str], int] = defaultdict(int)
+        # Pooled streams that broke off, by role and how (app/resume.py RESUMED and others).
+        self.resumes: defaultdict[tuple[str, str], int] = defaultdict(int)
         # Every reason from zero: an alert on rate() sees the first shed too.
         self.shed: dict[str, int] = dict.fromkeys(SHED_REASONS, 0)
         self.tokens: defaultdict[tuple[str, str], int] = defaultdict(int)

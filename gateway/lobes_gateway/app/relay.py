@@ -7,6 +7,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING
 
 from ..policy.placement import Placement
 from ..transport import errors
@@ -14,6 +15,9 @@ from ..transport.channel import Channel
 from ..transport.http import error_bytes, status_line
 from ..transport.upstream import Connections, Response, finish, read_body
 from .meter import CountingWriter, completion_tokens
+
+if TYPE_CHECKING:  # resume.py relays through this module's helpers
+    from .resume import StreamResume
 
 # Above this many unsent bytes the relay waits for the client (backpressure).
 HIGH_WATER = 64 * 1024
@@ -28,6 +32,11 @@ _INTERRUPTED = json.dumps({"error": {
     "message": "the backend closed the stream mid-response; retry the request"}}).encode()
 
 
+def interrupted_event() -> bytes:
+    """The SSE event that ends a stream its backend broke off."""
+    return b"data: " + _INTERRUPTED + b"\n\n"
+
+
 class Outcome:
     """The answer a dispatch ended in, relayed by the connection's top frame.
 
@@ -35,10 +44,11 @@ class Outcome:
     are gone while a long stream is held. It carries what hangs on the answer: the placement
     counted on a pool replica (released, and taught the replica's rate, when the relay ends),
     the peer in-flight count of its role, and the completion tokens a metered relay counted.
+    A pooled stream with resume on carries its StreamResume (app/resume.py).
     """
 
-    __slots__ = ("body", "counter", "extra", "placement", "response", "role", "started",
-                 "tokens")
+    __slots__ = ("body", "counter", "extra", "placement", "response", "resume", "role",
+                 "started", "tokens")
 
     def __init__(self, response: Response, extra: list[bytes], placement: Placement | None,
                  started: float, body: bytes | None = None) -> None:
@@ -50,6 +60,7 @@ class Outcome:
         self.counter: Counter[str] | None = None
         self.role = ""
         self.tokens: int | None = None
+        self.resume: StreamResume | None = None
 
     def count(self, counter: Counter[str], role: str) -> None:
         """Hold one of `role`'s in-flight count in `counter` until the relay ends."""
@@ -80,6 +91,8 @@ def relay(connections: Connections, outcome: Outcome, client: Channel, keep_aliv
     the outcome is settled when the relay ends.
     """
     meter = outcome if metered and outcome.response.status == 200 else None
+    if outcome.resume is not None and meter is not None and is_event_stream(outcome.response):
+        return _relay_resumable(connections, outcome, client, keep_alive)
     if outcome.placement is None and outcome.counter is None and outcome.body is None:
         return pass_through(connections, outcome.response, client, outcome.extra, keep_alive,
                             meter)
@@ -94,6 +107,24 @@ async def _relay_settling(connections: Connections, outcome: Outcome, client: Ch
                                keep_alive)
         return await pass_through(connections, outcome.response, client, outcome.extra,
                                   keep_alive, meter)
+    finally:
+        outcome.settle()
+
+
+async def _relay_resumable(connections: Connections, outcome: Outcome, client: Channel,
+                           keep_alive: bool) -> bool:
+    """A pooled stream relayed by its StreamResume; a replica's rate is taught only from a
+    stream it served whole."""
+    resume, placement = outcome.resume, outcome.placement
+    assert resume is not None and placement is not None
+    try:
+        kept, tokens = await resume.relay(connections, outcome.response, outcome.extra,
+                                          placement, client, keep_alive)
+        if resume.whole and not resume.resumes:
+            outcome.learn(tokens)
+        else:
+            outcome.tokens = tokens
+        return kept
     finally:
         outcome.settle()
 
@@ -159,7 +190,7 @@ async def pass_through(connections: Connections, response: Response, client: Cha
             return keep_alive
     elif length is not None:
         return await _relay_large(connections, response, client, extra, keep_alive)
-    elif not response.chunked or _is_event_stream(response):
+    elif not response.chunked or is_event_stream(response):
         if meter is not None:
             return await _relay_metered_stream(connections, response, client, extra, keep_alive,
                                                meter)
@@ -173,7 +204,7 @@ async def pass_through(connections: Connections, response: Response, client: Cha
     return _write_read(response, body, extra, client, keep_alive)
 
 
-def _is_event_stream(response: Response) -> bool:
+def is_event_stream(response: Response) -> bool:
     return response.headers.get(b"content-type", b"").startswith(b"text/event-stream")
 
 
@@ -203,7 +234,7 @@ async def _relay_stream(connections: Connections, response: Response, client: Ch
                         extra: list[bytes], keep_alive: bool) -> bool:
     """Pass chunks through as they arrive, one client write per upstream read."""
     client.write(head_bytes(response, extra, b"Transfer-Encoding: chunked", keep_alive))
-    event_stream, chunked = _is_event_stream(response), response.chunked
+    event_stream, chunked = is_event_stream(response), response.chunked
     # Sent: not kept for a held stream.
     response.raw, response.headers, response.relayed = b"", {}, b""
     transport = client.transport
@@ -217,7 +248,7 @@ async def _relay_stream(connections: Connections, response: Response, client: Ch
         response.conn.close()
         if not transport.is_closing():
             if event_stream:
-                event = b"data: " + _INTERRUPTED + b"\n\n"
+                event = interrupted_event()
                 client.write(b"%x\r\n%s\r\n" % (len(event), event) + _STREAM_END)
             transport.close()
         return False

@@ -81,6 +81,8 @@ class RoleConfig:
     peers: tuple[PeerSpec, ...]
     # P_QUANTIZATION: published on /capabilities so pooling peers compare it (fingerprint).
     quantization: str | None = None
+    # P_STREAM_RESUME: a pooled stream whose replica dies goes on on another one (app/resume.py).
+    stream_resume: bool = False
 
     @property
     def name(self) -> str:
@@ -122,6 +124,8 @@ class Limits:
     upstream_timeout_s: float = 600.0
     probe_interval_s: float = 5.0
     probe_timeout_s: float = 3.0
+    # A resumable pooled stream whose replica sends nothing for this long is taken as cut off.
+    stream_stall_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -287,6 +291,7 @@ def _role(env: _Env, role: RoleSpec, fleet_key: str | None) -> RoleConfig:
         peer_api_key=peer_key,
         peers=peers,
         quantization=env.str(f"{p}_QUANTIZATION"),
+        stream_resume=bool(env.bool(f"{p}_STREAM_RESUME", False)),
     )
 
 
@@ -383,6 +388,7 @@ def _limits(env: _Env) -> Limits:
         upstream_timeout_s=env.float("GATEWAY_UPSTREAM_TIMEOUT_S", 600.0, minimum=0.01),
         probe_interval_s=env.float("GATEWAY_PROBE_INTERVAL_S", 5.0, minimum=0.01),
         probe_timeout_s=env.float("GATEWAY_PROBE_TIMEOUT_S", 3.0, minimum=0.01),
+        stream_stall_s=env.float("GATEWAY_STREAM_STALL_S", 30.0, minimum=0.01),
     )
 
 

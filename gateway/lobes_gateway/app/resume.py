@@ -1,0 +1,529 @@
+"""Streams that survive their replica: a pooled chat stream whose replica dies, or stops sending
+for GATEWAY_STREAM_STALL_S, goes on on another replica of the pool (P_STREAM_RESUME=true).
+
+The relay reads the stream as it passes (from the upstream socket's callback, as relay.py's
+chunk pipe does) and keeps what a continuation needs: the text streamed so far and the tokens
+it took. Whole chunks of plain text-token events pass as they came, recognised by byte scans
+and kept unparsed; anything else is cut into events and parsed. When the stream breaks
+off before `data: [DONE]` (a reset, an end without [DONE], an `error` event, a stall), the
+request is sent again to a replica not tried yet, with the text so far as a final assistant
+message to continue (vLLM's `continue_final_message: true`, `add_generation_prompt: false`)
+and `max_tokens` less the tokens already produced. The continuation's opening role delta is
+dropped and its `id`, `created` and `model` are rewritten to the first part's, so the client
+reads one stream. Its usage block counts the client's prompt once (the continuation's
+prompt_tokens less the streamed tokens it re-read as prompt) and the completion tokens of every
+part; the chunk that carries finish_reason says the stream was resumed (`lobes_resumed`).
+
+What is not continued (the stream then ends as an unpooled one does, with a
+`stream_interrupted` error event): a request with `n` > 1, a structured-output or
+guided-decoding request (a grammar restarts at the continuation's first token), and a stream
+once it carries a delta other than text (tool calls, reasoning), which a final assistant
+message cannot hold. Tokens are counted one per content chunk unless the stream reports
+usage per chunk (stream_options.continuous_usage_stats): a replica that sends several tokens
+in one chunk (speculative decoding) has its tokens counted short, and its continuation's
+max_tokens too large by the difference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..mesh.peers import PooledRole
+from ..policy.placement import Placement
+from ..policy.prefix import request_shape
+from ..transport.channel import Channel
+from ..transport.upstream import (
+    Connections,
+    Origin,
+    Response,
+    UpstreamError,
+    exchange,
+    finish,
+    request_head,
+)
+from .relay import HIGH_WATER, _scan_chunks, head_bytes, interrupted_event, is_event_stream
+
+# How a broken-off stream ended, as lobes_gateway_stream_resumes_total counts it.
+RESUMED, NOT_RESUMABLE, NO_REPLICA = "resumed", "not_resumable", "no_replica"
+_DONE = b"[DONE]"
+_STREAM_END = b"0\r\n\r\n"
+# Request fields whose meaning a continuation cannot keep (a grammar restarts at its first token).
+_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+# Delta keys a final assistant message holds; any other non-empty one ends resumability.
+_TEXT_DELTA = frozenset({"role", "content"})
+# Byte patterns that tell a plain text-token event from one that must be parsed.
+_NOT_FINISHED, _FINISH = b'"finish_reason":null', b'"finish_reason"'
+_NOT_PLAIN = (b'"error"', b'"usage"', b'"tool_calls"', b'"function_call"', b'"reasoning')
+_TEXT, _EMPTY_TEXT = b'"content":"', b'"content":""'
+# The ids a continuation's events take from the first part's, so the client sees one stream.
+_IDS = ("id", "created", "model")
+
+
+def resumable_request(payload: dict | None) -> bool:
+    """Whether a chat request's stream can be continued on another replica."""
+    if not payload or payload.get("stream") is not True:
+        return False
+    if payload.get("n") not in (None, 1):
+        return False
+    response_format = payload.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") != "text":
+        return False
+    if any(payload.get(name) is not None for name in _GUIDED):
+        return False
+    messages = payload.get("messages")
+    return isinstance(messages, list) and bool(messages)
+
+
+@dataclass(frozen=True)
+class ContinuationTarget:
+    """Where a continuation goes: the origin dialled, the headers sent, the model named."""
+
+    origin: Origin
+    headers: str
+    model: str | None
+
+
+@dataclass
+class _Stream:
+    """What the client has been sent so far, across the parts of one stream."""
+
+    # The text streamed, delta by delta: a str, a plain event's JSON or a block of plain
+    # events as they came, decoded only when a continuation needs the text.
+    pieces: list[str | bytes | _Block] = field(default_factory=list)
+    produced: int = 0  # completion tokens of the parts before the current one
+    part_tokens: int = 0  # completion tokens of the current part
+    ids: dict[str, object] = field(default_factory=dict)
+    continuing: bool = False  # the current part is a continuation
+    resumable: bool = True  # only text deltas so far
+    finished: bool = False  # a finish_reason was sent
+    done: bool = False  # data: [DONE] was sent
+    error_sent: bool = False  # an upstream error event was relayed (not continued)
+    spent: bool = False  # the token budget was spent: nothing to continue
+    replicas: list[str] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return self.produced + self.part_tokens
+
+    @property
+    def text(self) -> str:
+        return "".join(piece if isinstance(piece, str) else _content(piece)
+                       for piece in self.pieces)
+
+
+class _Block(bytes):
+    """Whole chunks of plain text-token events, as the replica framed them."""
+
+
+class StreamResume:
+    """The relay of one resumable pooled stream, and the continuations it may need; each
+    break is counted in `outcomes` by (role, RESUMED | NOT_RESUMABLE | NO_REPLICA)."""
+
+    def __init__(self, role: PooledRole, payload: dict, path: str,
+                 target_of: Callable[[str], ContinuationTarget], timeout_s: float,
+                 stall_s: float, outcomes: defaultdict[tuple[str, str], int]) -> None:
+        self._role = role
+        self._outcomes = outcomes
+        self._payload = payload
+        self._path = path  # the request target: /v1/chat/completions
+        self._target_of = target_of  # a replica's origin -> where and how to send it
+        self._timeout = timeout_s
+        self._stall = stall_s
+        self.resumes = 0  # continuations this stream needed
+        self.whole = False  # the stream ended with its [DONE]
+
+    async def relay(self, connections: Connections, response: Response, extra: list[bytes],
+                    placement: Placement, client: Channel, keep_alive: bool) -> tuple[bool, int]:
+        """Relay the stream, continued where it breaks off: (whether the client connection
+        stays usable, the completion tokens it carried)."""
+        stream = _Stream(replicas=[placement.origin])
+        tried = {placement.origin}
+        held = [placement]  # each part's placement, released once its part ends
+        client.write(head_bytes(response, extra, b"Transfer-Encoding: chunked", keep_alive))
+        try:
+            part: Response | None = response
+            while part is not None:
+                whole = await self._relay_part(connections, part, stream, client)
+                held[-1].release()
+                if whole:
+                    self.whole = True
+                    client.write(_STREAM_END)
+                    return keep_alive, stream.tokens
+                if client.transport.is_closing():
+                    return False, stream.tokens
+                part = await self._continuation(connections, stream, tried, held)
+            _end_interrupted(client, stream.error_sent)
+            return False, stream.tokens
+        finally:
+            for each in held:
+                each.release()
+
+    async def _relay_part(self, connections: Connections, response: Response, stream: _Stream,
+                          client: Channel) -> bool:
+        """Relay one part's events; True when the stream ended whole ([DONE] sent)."""
+        conn = response.conn
+        events = _Events(response.chunked)
+        pipe = _EventPipe(lambda data: self._relay_data(data, events, stream), events,
+                          client, conn.channel.transport,
+                          lambda: conn.watchdog.arm(self._stall if events.seen else self._timeout,
+                                                    conn.abort))
+        held = conn.channel.divert(pipe)
+        try:
+            pipe.arm()
+            if held:  # bytes that came with the response head go first
+                pipe.data_received(held)
+            if conn.channel.at_eof():
+                pipe.connection_lost(None)
+            while not await pipe.wait():  # paused for the client to drain
+                conn.watchdog.disarm()  # a slow client is no stalled replica
+                await client.drain()
+                pipe.arm()
+                pipe.resume()
+        except ConnectionError:
+            pass  # the client went away while the relay waited for it to drain
+        finally:
+            conn.channel.divert(None)
+            conn.watchdog.disarm()
+        if stream.done and events.ended and events.clean:
+            finish(connections, response)
+        else:
+            conn.close()
+        if stream.finished and not stream.done:
+            # The answer was whole; only its [DONE] (and usage) was lost on the way.
+            client.write(_chunk(b"data: [DONE]\n\n"))
+            stream.done = True
+        return stream.done
+
+    def _relay_data(self, data: bytes, events: _Events,
+                    stream: _Stream) -> tuple[list[bytes], bool]:
+        """The client's bytes for what arrived, and whether the part broke off there."""
+        if stream.ids and not stream.continuing:
+            block = events.plain_block(data)
+            if block is not None:
+                # The usual read: whole chunks of text tokens, relayed as they came and kept
+                # unparsed until a continuation needs their text.
+                stream.pieces.append(_Block(block))
+                stream.part_tokens += block.count(_TEXT) - block.count(_EMPTY_TEXT)
+                return [block], False
+        return self._relay_events(events.feed(data), stream)
+
+    def _relay_events(self, events: list[bytes], stream: _Stream) -> tuple[list[bytes], bool]:
+        """The client's bytes for a run of events, and whether an error event broke the part
+        off there (it is relayed only when the stream cannot be continued)."""
+        out = []
+        for event in events:
+            relayed = self._event(event, stream)
+            if relayed is None:
+                if stream.resumable and not stream.finished:
+                    return out, True
+                stream.error_sent = True
+                relayed = _chunk(event + b"\n\n")
+            if relayed:
+                out.append(relayed)
+        return out, False
+
+    def _event(self, event: bytes, stream: _Stream) -> bytes | None:
+        """The bytes the client gets for one upstream event (b"" for none); None for an
+        error event."""
+        as_is = _chunk(event + b"\n\n")
+        if not event.startswith(b"data:"):
+            return as_is
+        data = event[5:].strip()
+        if data == _DONE:
+            stream.done = True
+            return as_is
+        if stream.ids and not stream.continuing and _is_plain(data):
+            # The usual event, one text token: kept as it is, parsed only if a resume needs it.
+            if _TEXT in data and _EMPTY_TEXT not in data:
+                stream.pieces.append(data)
+                stream.part_tokens += 1
+            return as_is
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return as_is
+        if not isinstance(chunk, dict):
+            return as_is
+        if "error" in chunk:
+            return None
+        changed = self._note(chunk, stream)
+        if not stream.continuing:
+            return _dumped(chunk) if changed else as_is
+        if _is_role_only(chunk):
+            return b""
+        chunk.update(stream.ids)
+        return _dumped(chunk)
+
+    def _note(self, chunk: dict, stream: _Stream) -> bool:
+        """Keep what a continuation needs from one chunk; True when the chunk must change."""
+        if not stream.ids:
+            stream.ids = {key: chunk[key] for key in _IDS if key in chunk}
+        changed = False
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if any(value for key, value in delta.items() if key not in _TEXT_DELTA):
+                stream.resumable = False
+            content = delta.get("content")
+            if content:
+                stream.pieces.append(content)
+                stream.part_tokens += 1
+            if choice.get("finish_reason") is not None:
+                stream.finished = True
+                if self.resumes:
+                    chunk["lobes_resumed"] = {"resumes": self.resumes,
+                                              "replicas": stream.replicas}
+                    changed = True
+        usage = chunk.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            stream.part_tokens = usage["completion_tokens"]
+            if stream.continuing:
+                _count_once(usage, stream.produced)
+                changed = True
+        return changed
+
+    async def _continuation(self, connections: Connections, stream: _Stream, tried: set[str],
+                            held: list[Placement]) -> Response | None:
+        """The continuation's response, from a replica not tried yet that answers with a
+        stream; None when the stream cannot or need not go on (counted by why)."""
+        response = await self._continue_on(connections, stream, tried, held)
+        if response is not None:
+            outcome = RESUMED
+        elif not stream.resumable or stream.finished or stream.spent:
+            outcome = NOT_RESUMABLE
+        else:
+            outcome = NO_REPLICA
+        self._outcomes[self._role.role, outcome] += 1
+        return response
+
+    async def _continue_on(self, connections: Connections, stream: _Stream, tried: set[str],
+                           held: list[Placement]) -> Response | None:
+        if not stream.resumable or stream.finished:
+            return None
+        stream.produced, stream.part_tokens = stream.tokens, 0
+        body = continuation_body(self._payload, stream.text, stream.produced)
+        if body is None:
+            stream.spent = True
+            return None
+        # Placed as its own request: the window must hold the prompt, the text so far and
+        # what is left to generate, and a replica holding the prefix is cheaper.
+        role = self._role
+        request = request_shape(body, role.placer.prices_prefix)
+        while (placement := role.placer.place(role.candidates(tried, request), request=request)
+               or role.failover(tried, request)) is not None:
+            tried.add(placement.origin)
+            held.append(placement)
+            target = self._target_of(placement.origin)
+            encoded = json.dumps({**body, "model": target.model} if target.model else body,
+                                 ensure_ascii=False, separators=(",", ":")).encode()
+            head = request_head("POST", self._path, target.origin, target.headers,
+                                len(encoded))
+            try:
+                response = await exchange(connections, target.origin, head, encoded,
+                                          self._timeout)
+            except UpstreamError:
+                placement.release()
+                continue
+            if response.status == 200 and is_event_stream(response):
+                stream.continuing = True
+                stream.replicas.append(placement.origin)
+                self.resumes += 1
+                return response
+            response.conn.close()
+            placement.release()
+        return None
+
+
+def continuation_body(payload: dict, text: str, produced: int) -> dict | None:
+    """The request that continues `text`, `produced` tokens into the answer; None when the
+    token budget is spent."""
+    body = {**payload, "continue_final_message": True, "add_generation_prompt": False}
+    for key in ("max_completion_tokens", "max_tokens"):
+        budget = payload.get(key)
+        if isinstance(budget, int) and not isinstance(budget, bool):
+            if budget - produced < 1:
+                return None
+            body[key] = budget - produced
+    least = payload.get("min_tokens")
+    if isinstance(least, int) and not isinstance(least, bool):
+        body["min_tokens"] = max(0, least - produced)
+    messages = list(payload["messages"])
+    last = messages[-1]
+    if (payload.get("continue_final_message") and isinstance(last, dict)
+            and last.get("role") == "assistant" and isinstance(last.get("content"), str)):
+        # The caller continued its own assistant message: the answer extends it further.
+        messages[-1] = {**last, "content": last["content"] + text}
+    else:
+        messages.append({"role": "assistant", "content": text})
+    body["messages"] = messages
+    return body
+
+
+def _is_plain(data: bytes) -> bool:
+    """A chunk with no finish, usage, error or delta other than text (compact JSON, as vLLM
+    writes it; any other spelling is parsed)."""
+    return _NOT_FINISHED in data and not any(marker in data for marker in _NOT_PLAIN)
+
+
+def _content(data: bytes) -> str:
+    """The text of a plain event, or of a block of them, kept unparsed."""
+    if isinstance(data, _Block):
+        return "".join(_content(event[5:].strip()) for event in _Events(True).feed(data))
+    chunk = json.loads(data)
+    return "".join((choice.get("delta") or {}).get("content") or ""
+                   for choice in chunk.get("choices") or ())
+
+
+def _count_once(usage: dict, produced: int) -> None:
+    """A continuation's usage, made the whole stream's: its prompt re-read the `produced`
+    tokens already streamed, which count as completion tokens, once."""
+    prompt = usage.get("prompt_tokens")
+    if isinstance(prompt, int):
+        usage["prompt_tokens"] = max(0, prompt - produced)
+    usage["completion_tokens"] += produced
+    if isinstance(usage.get("prompt_tokens"), int):
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def _is_role_only(chunk: dict) -> bool:
+    """The opening chunk of a chat stream: the role and no text, no finish."""
+    choices = chunk.get("choices") or ()
+    return bool(choices) and all(
+        not (c.get("delta") or {}).get("content") and c.get("finish_reason") is None
+        and "role" in (c.get("delta") or {}) for c in choices)
+
+
+def _dumped(chunk: dict) -> bytes:
+    return _chunk(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
+
+
+def _chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def _end_interrupted(client: Channel, error_sent: bool) -> None:
+    """No replica could go on: end as an unpooled stream does (an error event, then close)."""
+    if not client.transport.is_closing():
+        client.write((b"" if error_sent else _chunk(interrupted_event())) + _STREAM_END)
+        client.transport.close()
+
+
+class _EventPipe(asyncio.Protocol):
+    """The upstream socket's protocol while one part of a resumable stream passes through it:
+    events are relayed from the socket's own callback, with no future or wake-up per read."""
+
+    __slots__ = ("_client", "_events", "_relay", "_upstream", "_waiter", "arm", "ended",
+                 "paused")
+
+    def __init__(self, relay: Callable[[bytes], tuple[list[bytes], bool]], events: _Events,
+                 client: Channel, upstream: asyncio.Transport, arm: Callable[[], None]) -> None:
+        self._relay = relay  # data in, (the client's bytes, whether the part broke off) out
+        self._events = events
+        self._client = client
+        self._upstream = upstream
+        self._waiter: asyncio.Future | None = None
+        self.arm = arm  # (re)starts the part's deadline: the watchdog aborts a stalled replica
+        self.ended = False  # the part ended: whole, broken off, or its client gone
+        self.paused = False  # upstream reads wait for the client to drain
+
+    async def wait(self) -> bool:
+        """True once the part ended; False when paused for the client to drain."""
+        if self.ended or self.paused:
+            return self.ended
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            return await self._waiter
+        finally:
+            self._waiter = None
+
+    def resume(self) -> None:
+        self.paused = False
+        self._upstream.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.ended:
+            return
+        self.arm()
+        client = self._client.transport
+        try:
+            out, broke = self._relay(data)
+        except ValueError:  # broken chunk framing
+            out, broke = [], True
+        if out and not client.is_closing():
+            self._client.write(b"".join(out))
+        if broke or self._events.ended or client.is_closing():
+            self._end()
+        elif client.get_write_buffer_size() > HIGH_WATER:
+            self._upstream.pause_reading()
+            self.paused = True
+            self._wake(False)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        self.ended = True
+        self._wake(True)
+
+    def _wake(self, ended: bool) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(ended)
+
+
+class _Events:
+    """An upstream body (chunked or close-delimited) cut into SSE events."""
+
+    __slots__ = ("_chunked", "_frames", "_text", "clean", "ended", "seen")
+
+    def __init__(self, chunked: bool) -> None:
+        self._chunked = chunked
+        self._frames = b""
+        self._text = b""
+        self.ended = False  # the last chunk came
+        self.clean = True  # nothing followed it but its (empty) trailers
+        self.seen = False  # an event came
+
+    def plain_block(self, data: bytes) -> bytes | None:
+        """`data` when it is whole chunks of plain text-token events and nothing is held from
+        before (else None: it is cut into events and read one by one)."""
+        if (not self._chunked or self._frames or self._text or not data.endswith(b"\n\n\r\n")
+                or any(marker in data for marker in _NOT_PLAIN) or _DONE in data
+                or data.count(_NOT_FINISHED) != data.count(_FINISH)):
+            return None
+        end, last, _missing = _scan_chunks(data)
+        if last or end != len(data):
+            return None
+        self.seen = True
+        return data
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The whole events `data` completes, in order."""
+        if self._chunked:
+            data = self._dechunk(data)
+        self._text += data.replace(b"\r\n", b"\n")
+        *events, self._text = self._text.split(b"\n\n")
+        events = [event for event in events if event]
+        self.seen = self.seen or bool(events)
+        return events
+
+    def _dechunk(self, data: bytes) -> bytes:
+        buffer = self._frames + data
+        payloads = []
+        pos = 0
+        while (eol := buffer.find(b"\r\n", pos)) >= 0:
+            size = int(buffer[pos:eol].split(b";", 1)[0], 16)
+            if size == 0:
+                self.ended = True
+                self.clean = buffer[eol + 2:] == b"\r\n"
+                pos = len(buffer)
+                break
+            if eol + 2 + size + 2 > len(buffer):
+                break
+            payloads.append(buffer[eol + 2:eol + 2 + size])
+            pos = eol + 2 + size + 2
+        self._frames = buffer[pos:]
+        return b"".join(payloads)

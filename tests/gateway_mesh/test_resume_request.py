@@ -1,0 +1,48 @@
+"""app/resume.py's pure parts: which streams may be continued, and the continuation request."""
+
+import pytest
+from lobes_gateway.app.resume import continuation_body, resumable_request
+
+ASK = {"model": "cortex", "stream": True, "max_tokens": 100,
+       "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(("extra", "resumable"), [
+    ({}, True),
+    ({"n": 1}, True),
+    ({"response_format": {"type": "text"}}, True),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, True),  # until a tool call
+    ({"stream": False}, False),
+    ({"n": 2}, False),
+    ({"response_format": {"type": "json_object"}}, False),
+    ({"response_format": {"type": "json_schema", "json_schema": {}}}, False),
+    ({"guided_json": {"type": "object"}}, False),
+    ({"messages": []}, False),
+])
+def test_which_requests_may_be_continued(extra, resumable):
+    assert resumable_request({**ASK, **extra}) is resumable
+
+
+def test_the_continuation_appends_the_text_and_spends_the_budget():
+    body = continuation_body({**ASK, "min_tokens": 30}, "The answer so", 12)
+    assert body["messages"] == [*ASK["messages"], {"role": "assistant", "content": "The answer so"}]
+    assert (body["continue_final_message"], body["add_generation_prompt"]) == (True, False)
+    assert (body["max_tokens"], body["min_tokens"]) == (88, 18)
+    assert ASK["messages"] == [{"role": "user", "content": "hi"}]  # the caller's left as it was
+
+
+def test_max_completion_tokens_is_spent_like_max_tokens():
+    body = continuation_body({**ASK, "max_completion_tokens": 50}, "x", 20)
+    assert (body["max_completion_tokens"], body["max_tokens"]) == (30, 80)
+
+
+def test_a_callers_own_continuation_is_extended_not_nested():
+    own = {**ASK, "continue_final_message": True, "add_generation_prompt": False,
+           "messages": [*ASK["messages"], {"role": "assistant", "content": "Once"}]}
+    body = continuation_body(own, " upon a", 2)
+    assert body["messages"][-1] == {"role": "assistant", "content": "Once upon a"}
+    assert len(body["messages"]) == 2
+
+
+def test_a_spent_budget_needs_no_continuation():
+    assert continuation_body(ASK, "all of it", 100) is None

@@ -1,0 +1,371 @@
+"""A pooled stream survives its replica (P_STREAM_RESUME=true): a replica that breaks a stream
+off (the sim's die-after-N-chunks), is killed, or is stopped (SIGSTOP, then the stall timeout)
+has the stream continued on the other replica; the client reads one unbroken stream whose text
+equals an unbroken reference answer, with one id, one role delta, usage counting both parts and
+the resume marker. Without resume (a lone backend, a pool with it off, n > 1) the stream ends
+as before: cleanly, with a stream_interrupted error event.
+
+Real processes: two simulators (seed 0, the same model), a peer gateway in front of each, and a
+pooling gateway placing pinned (always the first replica unless it is tried already).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.support.gateway_proc import start_gateway
+from tests.support.metrics import Scrape
+from tests.support.ports import free_port
+from tests.support.sim_proc import start_sim
+from tests.support.sse import Streamed, stream_chat
+from tests.support.wait import wait_until
+
+SERVED = "unsloth/Qwen3.8-27B-NVFP4"
+TIME_SCALE = 4
+ASK = {"model": "cortex", "messages": [{"role": "user", "content": "Tell me of pools."}],
+       "max_tokens": 120, "stream_options": {"include_usage": True}}
+BROKEN_AFTER = 12  # events of the first part
+RESUMES = "lobes_gateway_stream_resumes_total"
+
+
+def peer_env(sim) -> dict[str, str]:
+    return {"PRIMARY_BASE_URL": sim.url, "PRIMARY_SERVED_NAME": SERVED,
+            "PRIMARY_MAX_MODEL_LEN": "262144", "PRIMARY_MAX_ACTIVE": "4"}
+
+
+def pool_env(origins: list[str], resume: bool = True, **extra: str) -> dict[str, str]:
+    return {"PRIMARY_FEASIBLE": "false", "PRIMARY_ROUTE": "pool",
+            "PRIMARY_PEER_ORIGINS": ",".join(origins), "GATEWAY_POOL_POLICY": "pinned",
+            "PRIMARY_STREAM_RESUME": "true" if resume else "false",
+            "GATEWAY_PROBE_INTERVAL_S": "0.1", **extra}
+
+
+def ready(gateway, count: int = 2) -> None:
+    def check() -> bool:
+        rows = gateway.get_json("/capabilities")["roles"]["cortex"].get("replicas", [])
+        return sum(1 for r in rows if r["ready"] and r["compatible"]) == count
+
+    wait_until(check, message=f"{count} cortex replicas ready")
+
+
+def posts(sim) -> list[dict]:
+    return [r for r in sim.requests() if r["method"] == "POST"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    with start_sim("spark-cortex", time_scale=TIME_SCALE) as first_sim, \
+            start_sim("spark-cortex", time_scale=TIME_SCALE) as second_sim, \
+            start_gateway(peer_env(first_sim)) as first, \
+            start_gateway(peer_env(second_sim)) as second:
+        yield {"first": first, "second": second, "first_sim": first_sim,
+               "second_sim": second_sim}
+
+
+@pytest.fixture(scope="module")
+def reference(pair) -> Streamed:
+    """The unbroken answer: the same request straight to a replica's gateway."""
+    answer = stream_chat(pair["second"].url, ASK)
+    assert answer.done and answer.usage is not None
+    return answer
+
+
+@pytest.fixture
+def faults(pair, reference):
+    """The first replica's simulator, to break it; the test starts with no request recorded
+    (the reference answer's among them) and ends with no fault set."""
+    pair["second_sim"].clear_requests()
+    yield pair["first_sim"]
+    pair["first_sim"].set_faults({})
+
+
+def assert_one_unbroken_stream(streamed: Streamed, reference: Streamed, replicas: list[str]):
+    assert streamed.status == 200 and streamed.done and not streamed.errors
+    assert streamed.text == reference.text  # no token lost, none repeated
+    assert len({e["id"] for e in streamed.events}) == 1
+    assert len({e["created"] for e in streamed.events}) == 1
+    assert {e["model"] for e in streamed.events} == {reference.events[0]["model"]}
+    roles = [c for e in streamed.events for c in e.get("choices") or ()
+             if "role" in (c.get("delta") or {})]
+    assert len(roles) == 1
+    assert streamed.usage == reference.usage  # the prompt once, both parts' completion
+    assert streamed.finish["choices"][0]["finish_reason"] == (
+        reference.finish["choices"][0]["finish_reason"])
+    assert streamed.finish["lobes_resumed"] == {"resumes": 1, "replicas": replicas}
+
+
+def test_a_stream_its_replica_breaks_off_goes_on_on_the_other(pair, reference, faults):
+    first, second = pair["first"], pair["second"]
+    faults.set_faults({"die_after_chunks": BROKEN_AFTER})
+    with start_gateway(pool_env([first.url, second.url])) as pool:
+        ready(pool)
+        streamed = stream_chat(pool.url, ASK)
+        scrape = Scrape.of(pool.url)
+    assert streamed.headers["x-lobes-proxied-by"] == first.url
+    assert_one_unbroken_stream(streamed, reference, [first.url, second.url])
+    assert scrape.value(RESUMES, role="cortex", outcome="resumed") == 1
+    [continuation] = posts(pair["second_sim"])
+    body = json.loads(continuation["body"])
+    produced = BROKEN_AFTER - 1  # the role delta was one of the chunks
+    assert body["messages"][-1] == {"role": "assistant",
+                                    "content": reference.text[:len(body["messages"][-1]
+                                                                   ["content"])]}
+    assert (body["continue_final_message"], body["add_generation_prompt"]) == (True, False)
+    assert body["max_tokens"] == ASK["max_tokens"] - produced
+    assert body["model"] == SERVED
+
+
+def test_a_killed_replica_has_its_stream_continued():
+    with start_sim("spark-cortex", time_scale=TIME_SCALE) as first_sim, \
+            start_sim("spark-cortex", time_scale=TIME_SCALE) as second_sim, \
+            start_gateway(peer_env(first_sim)) as first, \
+            start_gateway(peer_env(second_sim)) as second, \
+            start_gateway(pool_env([first.url, second.url])) as pool:
+        ready(pool)
+        reference = stream_chat(second.url, ASK)
+
+        def kill_midway(streamed: Streamed) -> None:
+            if streamed.content_events == BROKEN_AFTER:
+                os.kill(first.pid, signal.SIGKILL)
+
+        streamed = stream_chat(pool.url, ASK, after_event=kill_midway)
+    assert_one_unbroken_stream(streamed, reference, [first.url, second.url])
+
+
+def test_a_stopped_replica_is_cut_off_after_the_stall_timeout_and_its_stream_continued():
+    with start_sim("spark-cortex", time_scale=TIME_SCALE) as first_sim, \
+            start_sim("spark-cortex", time_scale=TIME_SCALE) as second_sim, \
+            start_gateway(peer_env(first_sim)) as first, \
+            start_gateway(peer_env(second_sim)) as second, \
+            start_gateway(pool_env([first.url, second.url],
+                                   GATEWAY_STREAM_STALL_S="0.5")) as pool:
+        ready(pool)
+        reference = stream_chat(second.url, ASK)
+        stopped: list[int] = []
+
+        def stop_midway(streamed: Streamed) -> None:
+            if streamed.content_events == BROKEN_AFTER and not stopped:
+                os.kill(first_sim.process.pid, signal.SIGSTOP)
+                stopped.append(first_sim.process.pid)
+
+        try:
+            streamed = stream_chat(pool.url, ASK, after_event=stop_midway)
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+    assert_one_unbroken_stream(streamed, reference, [first.url, second.url])
+    assert streamed.largest_gap() >= 0.5  # the stall it waited out before moving on
+
+
+def hosted_box(local_sim, order: list[str | None]) -> tuple[str, object]:
+    """A box that serves cortex on `local_sim` and pools it with peers; None in `order` is
+    this box's own slot."""
+    port = free_port()
+    me = f"http://127.0.0.1:{port}"
+    env = {**peer_env(local_sim), **pool_env([origin or me for origin in order]),
+           "PRIMARY_FEASIBLE": "true", "GATEWAY_SELF_ORIGIN": me}
+    return me, start_gateway(env, port=port)
+
+
+def test_a_hosted_pool_continues_its_own_gears_broken_stream_on_the_peer(
+        pair, reference, faults):
+    faults.set_faults({"die_after_chunks": BROKEN_AFTER})
+    me, box = hosted_box(pair["first_sim"], [None, pair["second"].url])
+    with box:
+        ready(box)
+        streamed = stream_chat(box.url, ASK)
+    assert streamed.headers["x-lobes-served-by"] == me
+    assert_one_unbroken_stream(streamed, reference, [me, pair["second"].url])
+
+
+def test_a_hosted_pool_continues_a_peers_broken_stream_on_its_own_gear(pair, reference, faults):
+    faults.set_faults({"die_after_chunks": BROKEN_AFTER})
+    me, box = hosted_box(pair["second_sim"], [pair["first"].url, None])
+    with box:
+        ready(box)
+        streamed = stream_chat(box.url, ASK)
+    assert streamed.headers["x-lobes-proxied-by"] == pair["first"].url
+    assert_one_unbroken_stream(streamed, reference, [pair["first"].url, me])
+    [continuation] = posts(pair["second_sim"])
+    assert json.loads(continuation["body"])["continue_final_message"] is True
+
+
+TOOL_CALL = {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                             "function": {"name": "look_up", "arguments": ""}}]}
+
+
+@contextmanager
+def breaking_gear(deltas: list[dict]) -> Iterator[str]:
+    """A vLLM stand-in that lists the served model and streams `deltas` (after the role
+    delta), then drops the connection mid-stream; yields its origin."""
+
+    class Gear(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _send(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+        def do_GET(self) -> None:
+            body = json.dumps({"object": "list", "data": [
+                {"id": SERVED, "object": "model", "max_model_len": 262144}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for delta in [{"role": "assistant", "content": ""}, *deltas]:
+                chunk = {"id": "chatcmpl-gear", "object": "chat.completion.chunk", "created": 1,
+                         "model": SERVED, "choices": [{"index": 0, "delta": delta,
+                                                       "finish_reason": None}]}
+                self._send(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.flush()
+            self.close_connection = True  # dropped: no last chunk, no [DONE]
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Gear)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(("deltas", "resumed"), [
+    ([{"content": "Let"}, {"content": " me"}], True),
+    ([{"content": "Let"}, {"content": " me"}, TOOL_CALL], False),
+], ids=["text-only", "after-a-tool-call"])
+def test_a_stream_is_continued_until_it_carries_a_tool_call(pair, deltas, resumed):
+    """A final assistant message cannot hold a tool call: once one has been streamed, a broken
+    stream ends as an unpooled one does (documented), and no continuation is sent."""
+    pair["second_sim"].clear_requests()
+    with breaking_gear(deltas) as gear:
+        port = free_port()
+        me = f"http://127.0.0.1:{port}"
+        env = {**pool_env([me, pair["second"].url]), "PRIMARY_BASE_URL": gear,
+               "PRIMARY_SERVED_NAME": SERVED, "PRIMARY_MAX_MODEL_LEN": "262144",
+               "PRIMARY_FEASIBLE": "true", "GATEWAY_SELF_ORIGIN": me}
+        with start_gateway(env, port=port) as box:
+            ready(box)
+            streamed = stream_chat(box.url, ASK)
+            scrape = Scrape.of(box.url)
+    assert streamed.text.startswith("Let me")
+    outcome = "resumed" if resumed else "not_resumable"
+    assert scrape.value(RESUMES, role="cortex", outcome=outcome) == 1
+    assert scrape.value(RESUMES) == 1
+    if resumed:
+        assert streamed.done and streamed.finish["lobes_resumed"]["resumes"] == 1
+        assert len(posts(pair["second_sim"])) == 1
+    else:
+        assert interrupted(streamed)
+        assert posts(pair["second_sim"]) == []
+        assert streamed.events[-2]["choices"][0]["delta"] == TOOL_CALL
+
+
+def test_a_client_that_reads_slowly_is_no_stalled_replica():
+    """Backpressure pauses the replica's stream while the client does not read: the stall
+    timeout does not count that pause, so the stream is not moved."""
+    long = {"model": "cortex", "messages": [{"role": "user", "content": "go on"}],
+            "max_tokens": 40000, "ignore_eos": True}
+    with start_sim("instant", served_name=SERVED) as first_sim, \
+            start_sim("instant", served_name=SERVED) as second_sim, \
+            start_gateway({**peer_env(first_sim), "PRIMARY_MAX_MODEL_LEN": "131072"}) as first, \
+            start_gateway({**peer_env(second_sim), "PRIMARY_MAX_MODEL_LEN": "131072"}) as second, \
+            start_gateway(pool_env([first.url, second.url],
+                                   GATEWAY_STREAM_STALL_S="0.3")) as pool:
+        ready(pool)
+        napped: list[bool] = []
+
+        def nap_once(streamed: Streamed) -> None:
+            if not napped:  # stop reading while the stream fills every buffer on its way
+                napped.append(True)
+                time.sleep(1.5)
+
+        streamed = stream_chat(pool.url, long, after_event=nap_once)
+        scrape = Scrape.of(pool.url)
+    assert streamed.done and streamed.content_events == long["max_tokens"]
+    assert "lobes_resumed" not in streamed.finish
+    assert scrape.value(RESUMES) == 0
+
+
+def interrupted(streamed: Streamed) -> bool:
+    """Ended as an unresumed stream does: cleanly, its last event a stream_interrupted error."""
+    return (streamed.status == 200 and not streamed.done
+            and [e["code"] for e in streamed.errors] == ["stream_interrupted"])
+
+
+def test_when_every_replica_breaks_off_the_stream_ends_cleanly_with_what_it_had(
+        pair, reference, faults):
+    first, second = pair["first"], pair["second"]
+    faults.set_faults({"die_after_chunks": BROKEN_AFTER})
+    pair["second_sim"].set_faults({"die_after_chunks": BROKEN_AFTER})
+    try:
+        with start_gateway(pool_env([first.url, second.url])) as pool:
+            ready(pool)
+            streamed = stream_chat(pool.url, ASK)
+            scrape = Scrape.of(pool.url)
+    finally:
+        pair["second_sim"].set_faults({})
+    assert interrupted(streamed)
+    # Both parts' tokens, none lost or repeated at the switch: the reference's start.
+    assert streamed.content_events == 2 * (BROKEN_AFTER - 1)
+    assert reference.text.startswith(streamed.text)
+    assert scrape.value(RESUMES, role="cortex", outcome="resumed") == 1
+    assert scrape.value(RESUMES, role="cortex", outcome="no_replica") == 1
+
+
+def test_a_lone_backend_still_ends_a_broken_stream_cleanly(pair, reference, faults):
+    faults.set_faults({"die_after_chunks": BROKEN_AFTER})
+    streamed = stream_chat(pair["first"].url, ASK)
+    assert interrupted(streamed)
+    assert reference.text.startswith(streamed.text) and streamed.text != reference.text
+
+
+def test_a_pool_with_resume_off_ends_a_broken_stream_cleanly(pair, faults):
+    first, second = pair["first"], pair["second"]
+    faults.set_faults({"die_after_chunks": BROKEN_AFTER})
+    with start_gateway(pool_env([first.url, second.url], resume=False)) as pool:
+        ready(pool)
+        streamed = stream_chat(pool.url, ASK)
+    assert interrupted(streamed)
+    assert posts(pair["second_sim"]) == []
+
+
+def test_a_stream_of_several_choices_is_not_resumed(pair, faults):
+    """n > 1 cannot be continued as one final assistant message: refused, documented."""
+    first, second = pair["first"], pair["second"]
+    faults.set_faults({"die_after_chunks": BROKEN_AFTER})
+    with start_gateway(pool_env([first.url, second.url])) as pool:
+        ready(pool)
+        streamed = stream_chat(pool.url, {**ASK, "n": 2})
+    assert interrupted(streamed)
+    assert posts(pair["second_sim"]) == []
+
+
+def test_a_whole_stream_passes_unchanged_and_unmarked(pair, reference):
+    first, second = pair["first"], pair["second"]
+    with start_gateway(pool_env([first.url, second.url])) as pool:
+        ready(pool)
+        streamed = stream_chat(pool.url, ASK)
+    assert streamed.done and streamed.text == reference.text
+    assert streamed.usage == reference.usage
+    assert "lobes_resumed" not in streamed.finish
