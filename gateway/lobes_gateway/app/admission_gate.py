@@ -58,6 +58,13 @@ class AdmissionGate:
         self._retry_after = config.pressure.retry_after_s
         self.outcomes: defaultdict[tuple[str, str, str], int] = defaultdict(int)
 
+    def passes(self, route: Route, requested_tier: str | None, req: Request) -> bool:
+        """Whether a request goes straight to dispatch: it would not wait, and it carries no
+        admission header to check (the hot path skips enter() and its coroutine)."""
+        headers = req.headers
+        return ((not self.queues or self.queue_for(route, requested_tier, req) is None)
+                and PRIORITY_HEADER not in headers and DEADLINE_HEADER not in headers)
+
     def queue_for(self, route: Route, requested_tier: str | None,
                   req: Request) -> AdmissionQueue | None:
         """The queue a request waits in; None when it passes straight through."""

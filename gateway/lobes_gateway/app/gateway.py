@@ -294,27 +294,38 @@ class Gateway:
                 client.write(error_bytes(exc.error, keep_alive=False))
                 return False
             req.body = body
-            routed = self._route(req, lane, client)
-            if isinstance(routed, bool):
-                return routed
-            route, requested_tier, payload = routed
+            del body  # the request holds it, until a held stream's relay lets it go
+            return await self._serve(req, lane, caller, client)
+        finally:
+            self.inflight.release(caller)
+
+    async def _serve(self, req: Request, lane: str, caller: Caller, client: Channel) -> bool:
+        """Route a request whose body is read, admit it, run its attempts, relay the outcome."""
+        routed = self._route(req, lane, client)
+        if isinstance(routed, bool):
+            return routed
+        route, requested_tier, payload = routed
+        del routed
+        ticket = None
+        if not self.admission.passes(route, requested_tier, req):
             admitted = await self.admission.enter(req, caller, route, requested_tier, payload,
                                                   client)
             if isinstance(admitted, ApiError):
                 return self._answer(req, client, admitted)
-            if admitted is True:
-                return await self._dispatch(req, lane, route, requested_tier, payload, client)
             if admitted is False:  # the client left while it waited
                 return False
-            tokens = 0
-            try:
-                return await self._dispatch(req, lane, route, requested_tier, payload, client)
-            finally:
-                if req.trace is not None:
-                    tokens = req.trace.tokens or 0
-                self.admission.leave(route, admitted, tokens)
+            ticket = None if admitted is True else admitted
+        try:
+            outcome = await self.dispatcher.run(req, route, requested_tier, payload, client)
+            # A stream may be held for minutes: it keeps neither the parsed nor the raw body.
+            del payload
+            if not isinstance(outcome, Outcome):
+                return outcome
+            return await self._relay(req, lane, outcome, client)
         finally:
-            self.inflight.release(caller)
+            if ticket is not None:
+                tokens = req.trace.tokens if req.trace is not None else None
+                self.admission.leave(route, ticket, tokens or 0)
 
     def _route(self, req: Request, lane: str,
                client: Channel) -> bool | tuple[Route, str | None, dict | None]:
@@ -333,15 +344,10 @@ class Gateway:
             return resolved.route, resolved.requested_tier, payload
         return self.router.lane_routes[lane], None, payload
 
-    async def _dispatch(self, req: Request, lane: str, route: Route, requested_tier: str | None,
-                        payload: dict | None, client: Channel) -> bool:
-        """Run the route's attempts and relay the outcome; whether the connection may serve
-        another request."""
-        outcome = await self.dispatcher.run(req, route, requested_tier, payload, client)
-        if not isinstance(outcome, Outcome):
-            return outcome
+    async def _relay(self, req: Request, lane: str, outcome: Outcome, client: Channel) -> bool:
+        """Relay the outcome; whether the connection may serve another request."""
         keep_alive = req.keep_alive
-        # A stream may be held for minutes: keep only what the relay needs.
+        # Only what the relay needs is kept while it runs.
         req.body, req.headers, req.header_block = b"", {}, ""
         kept = await relay(self.connections, outcome, client, keep_alive,
                            lane in GENERATE_LANES)

@@ -94,7 +94,8 @@ class Metrics:
         self.live.discard(trace)
         trace.ended = ended = time.monotonic()
         role, lane, started = trace.role, trace.lane, trace.started
-        self.requests[role, lane, trace.reason, trace.status or CLIENT_CLOSED] += 1
+        code = trace.status or CLIENT_CLOSED
+        self.requests[role, lane, trace.reason, code] += 1
         latency = self.latency.get((role, lane))
         if latency is None:
             latency = self.latency[role, lane] = Latency()
@@ -104,6 +105,6 @@ class Metrics:
         if trace.tokens:
             self.tokens[role, trace.served] += trace.tokens
         if trace.client:
-            self.clients[trace.client, trace.code] += 1
+            self.clients[trace.client, code] += 1
         if self.access_log is not None:
             self.access_log.push(trace)

@@ -12,6 +12,8 @@ from .config import ClientKey
 ANONYMOUS = "anonymous"
 CLIENT = "client"
 FLEET = "fleet"
+# Exempt from in-flight limits: the boxes of the mesh, and a gateway with no gate.
+_EXEMPT = frozenset({FLEET, ANONYMOUS})
 
 
 @dataclass(frozen=True)
@@ -81,23 +83,30 @@ class InflightLimits:
 
     def limit_of(self, caller: Caller) -> int:
         """The caller's limit; 0 means none."""
-        if caller.key_id in (FLEET, ANONYMOUS):
+        if caller.key_id in _EXEMPT:
             return 0
         return caller.inflight_limit if caller.inflight_limit is not None else self.limit
 
     def acquire(self, caller: Caller) -> bool:
         """Count one more request for `caller`; False when its limit is reached."""
-        limit = self.limit_of(caller)
+        key_id = caller.key_id
+        if key_id in _EXEMPT:
+            return True
+        limit = caller.inflight_limit if caller.inflight_limit is not None else self.limit
         if limit <= 0:
             return True
-        if self._counts[caller.key_id] >= limit:
+        counts = self._counts
+        if counts[key_id] >= limit:
             return False
-        self._counts[caller.key_id] += 1
+        counts[key_id] += 1
         return True
 
     def release(self, caller: Caller) -> None:
-        if self.limit_of(caller) > 0:
-            self._counts[caller.key_id] -= 1
+        """Give back what acquire counted (the same test, inline: once per request)."""
+        key_id = caller.key_id
+        if key_id not in _EXEMPT and (caller.inflight_limit if caller.inflight_limit is not None
+                                      else self.limit) > 0:
+            self._counts[key_id] -= 1
 
     def in_flight(self, caller: Caller) -> int:
         return self._counts[caller.key_id]
