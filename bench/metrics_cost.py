@@ -5,7 +5,7 @@ gateway plugins/module_utils | tar -x -C /tmp/base`), this checkout's gateway wi
 off (metrics are always on), and the same with GATEWAY_ACCESS_LOG on (a file in the run's
 temporary directory), all in front of gateway_bench's backend and pinned to the same core. Each
 phase measures the three in interleaved rounds, so drifting load on a shared host hits them
-alike: added p50 latency at c=1, CPU per request at c=1 and c=64, CPU per SSE chunk.
+alike: added p50 latency at c=1, CPU per request at c=1, c=64 and c=256, CPU per SSE chunk.
 
     python3 bench/metrics_cost.py --base-dir /tmp/base/gateway [--rounds 7] [--docs]
 
@@ -30,6 +30,7 @@ FIGURES = (
     ("added p50 latency, c=1 (ms)", "c1", "p50"),
     ("CPU per request, c=1 (us)", "c1", "cpu_per_req_us"),
     ("CPU per request, c=64 (us)", "c64", "cpu_per_req_us"),
+    ("CPU per request, c=256 (us)", "c256", "cpu_per_req_us"),
     ("CPU per SSE chunk (us)", "sse", "cpu_per_event_us"),
 )
 NAMES = ("before metrics", "access log off", "access log on")
@@ -61,6 +62,7 @@ async def measure(cfg: bench.Settings, base_dir: Path, workdir: Path) -> dict:
         return {
             "c1": await bench.phase(targets, json_post, 1, cfg, pids, print),
             "c64": await bench.phase(targets, json_post, 64, cfg, pids, print),
+            "c256": await bench.phase(targets, json_post, 256, cfg, pids, print),
             "sse": await bench.phase(targets, sse_post, cfg.sse_concurrency, cfg, pids, print),
         }
     finally:
