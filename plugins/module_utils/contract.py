@@ -191,6 +191,11 @@ PEER_MODES = frozenset({POOL, PROXY, OWNERS})
 
 # Priority classes of client requests, strongest first (GATEWAY_CLIENT_KEYS, X-Lobes-Priority).
 PRIORITY_CLASSES: tuple[str, ...] = ("interactive", "standard", "batch")
+# A request's class until its key or header says otherwise (the box key's, too).
+DEFAULT_PRIORITY_CLASS = "standard"
+# The `priority` a class travels to a gear with, where the gear runs vLLM's priority scheduling
+# policy (P_PRIORITY_SCHEDULING): lower runs first; standard is vLLM's default and is not sent.
+VLLM_PRIORITY = {"interactive": -1, "standard": 0, "batch": 1}
 
 # ---------------------------------------------------------------- environment names
 
@@ -198,7 +203,7 @@ PRIORITY_CLASSES: tuple[str, ...] = ("interactive", "standard", "batch")
 ROLE_ENV_SUFFIXES: tuple[str, ...] = (
     "ROUTE", "BASE_URL", "SERVED_NAME", "MAX_MODEL_LEN", "MAX_ACTIVE", "FEASIBLE",
     "QUANTIZATION", "PEER_ORIGIN", "PEER_PROXY", "PEER_API_KEY", "PEER_ORIGINS",
-    "PEER_API_KEYS", "PEER_RATES", "STREAM_RESUME",
+    "PEER_API_KEYS", "PEER_RATES", "STREAM_RESUME", "PRIORITY_SCHEDULING",
 )
 # Names the gateway reads besides the per-role ones.
 GATEWAY_ENV: tuple[str, ...] = (

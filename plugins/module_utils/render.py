@@ -9,6 +9,7 @@ import os
 import re
 
 from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
+    GENERATE,
     OWNERS,
     POOL,
     PROXY,
@@ -136,6 +137,8 @@ def _role_env(plan: dict, role: dict, secrets: dict) -> list:
         # Published on /capabilities, so peers pooling this gear compare it in the fingerprint.
         if gear["quantization"]:
             env.append((role_env(prefix, "QUANTIZATION"), gear["quantization"]))
+        if schedules_by_priority(role):
+            env.append((role_env(prefix, "PRIORITY_SCHEDULING"), "true"))
     env.extend(_peer_env(plan, role, secrets))
     return env
 
@@ -253,6 +256,13 @@ def render_compose(plan: dict, gateway_source: str | None = None) -> dict:
     return {"services": services}
 
 
+def schedules_by_priority(role: dict) -> bool:
+    """A generate gear runs vLLM's priority scheduling policy, so the gateway sends each
+    request's class as its `priority` (the gateway holds a gear's overflow in its own queue,
+    but a pooled gear also queues what other boxes place on it)."""
+    return bool(role["gear"]) and role_spec(role["role"]).task == GENERATE
+
+
 def vllm_args(plan: dict, role: dict) -> list:
     """The vLLM flags a gear runs with (after `vllm serve <checkpoint>`)."""
     gear = role["gear"]
@@ -262,6 +272,8 @@ def vllm_args(plan: dict, role: dict) -> list:
             "--max-model-len", str(gear["context"]),
             "--gpu-memory-utilization", _number(gear["gpu_memory_utilization"]),
             "--max-num-seqs", str(gear["max_active"])]
+    if schedules_by_priority(role):
+        args += ["--scheduling-policy", "priority"]
     if gear["quantization"]:
         args += ["--quantization", gear["quantization"]]
     if gear["tool_parser"]:
@@ -490,6 +502,8 @@ def sim_gear_args(plan: dict, role: dict) -> list:
     args = ["--profile", gear["sim_profile"], "--served-name", gear["served_name"],
             "--max-model-len", str(gear["context"]), "--max-num-seqs", str(gear["max_active"]),
             "--time-scale", _number(plan["gears"]["sim_time_scale"])]
+    if schedules_by_priority(role):
+        args += ["--scheduling-policy", "priority"]
     if gear["quantization"]:
         args += ["--quantization", gear["quantization"]]
     if plan["proc_root"]:

@@ -60,10 +60,9 @@ class AdmissionGate:
 
     def passes(self, route: Route, requested_tier: str | None, req: Request) -> bool:
         """Whether a request goes straight to dispatch: it would not wait, and it carries no
-        admission header to check (the hot path skips enter() and its coroutine)."""
-        headers = req.headers
+        deadline to check (the hot path skips enter() and its coroutine)."""
         return ((not self.queues or self.queue_for(route, requested_tier, req) is None)
-                and PRIORITY_HEADER not in headers and DEADLINE_HEADER not in headers)
+                and DEADLINE_HEADER not in req.headers)
 
     def queue_for(self, route: Route, requested_tier: str | None,
                   req: Request) -> AdmissionQueue | None:
@@ -78,14 +77,12 @@ class AdmissionGate:
             return None  # answered at once by the dispatcher's shed
         return queue
 
-    async def enter(self, req: Request, caller: Caller, route: Route,
+    async def enter(self, req: Request, caller: Caller, klass: str, route: Route,
                     requested_tier: str | None, payload: dict | None,
                     client: Channel) -> Ticket | ApiError | bool:
-        """Wait for a slot. A Ticket: admitted (leave() it when the answer ends); True: not
-        queued at all; an ApiError: answer it (never started); False: the client left."""
-        klass = _requested_class(req, caller)
-        if isinstance(klass, ApiError):
-            return klass
+        """Wait for a slot, in class `klass`. A Ticket: admitted (leave() it when the answer
+        ends); True: not queued at all; an ApiError: answer it (never started); False: the
+        client left."""
         deadline = _deadline(req)
         if isinstance(deadline, ApiError):
             return deadline
@@ -172,7 +169,7 @@ def _wake(admitted: list[Ticket], skip: Ticket | None = None) -> None:
             _settle(ticket.waiter, RELEASED)
 
 
-def _requested_class(req: Request, caller: Caller) -> str | ApiError:
+def requested_class(req: Request, caller: Caller) -> str | ApiError:
     """The class the request runs in: its key's, or a weaker one X-Lobes-Priority asks for."""
     value = req.headers.get(PRIORITY_HEADER)
     if value is None:

@@ -28,6 +28,8 @@ from collections import Counter
 from collections.abc import Generator
 from dataclasses import dataclass
 
+from lobes_contract import DEFAULT_PRIORITY_CLASS, VLLM_PRIORITY
+
 from ..mesh.peers import PeerWatch, PooledRole
 from ..policy.config import GatewayConfig
 from ..policy.placement import Placement
@@ -84,6 +86,8 @@ _NOT_FORWARDED = header_names("connection", "keep-alive", "proxy-connection", "t
 # owner-forwarded request stays marked).
 TO_PROXY_PEER = header_names(prefixes=("x-lobes-proxied",))
 TO_PEER = header_names(prefixes=("x-lobes-proxied", "x-lobes-forwarded"))
+# The caller's own class header: a peer is told the class the request runs in here instead.
+_PRIORITY_LINE = header_names("x-lobes-priority")
 
 _DEFAULT_REASON = b"X-Lobes-Tier-Reason: default"
 _MANUAL_OVERRIDE = b"X-Lobes-Tier-Reason: manual_override"
@@ -99,10 +103,12 @@ def forward_headers(req: Request) -> str:
 def peer_headers(req: Request, api_key: str | None, markers: list[tuple[str, str]],
                  strip: re.Pattern[str] = TO_PEER) -> str:
     """The caller's header lines for a peer: without its key, `strip`ped of earlier markers,
-    with the peer's key and our markers attached."""
+    with the peer's key, the request's class (when not standard) and our markers attached."""
     block = strip.sub("", forward_headers(req))
     if api_key:
         block += f"Authorization: Bearer {api_key}\r\n"
+    if req.priority != DEFAULT_PRIORITY_CLASS:
+        block = _PRIORITY_LINE.sub("", block) + f"X-Lobes-Priority: {req.priority}\r\n"
     return block + header_block(markers)
 
 
@@ -132,6 +138,14 @@ def encode_for(raw: bytes, payload: dict | None, model: str | None, modified: bo
     if not modified:
         return raw
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def with_priority(payload: dict | None, klass: str, scheduled: bool) -> dict | None:
+    """The payload with the request's class as vLLM's `priority`, for a gear that schedules by
+    priority (standard is vLLM's default, 0, and is not sent); else the payload itself."""
+    if not scheduled or klass == DEFAULT_PRIORITY_CLASS or payload is None:
+        return payload
+    return {**payload, "priority": VLLM_PRIORITY[klass]}
 
 
 def is_compile_failure(status: int, body: bytes) -> bool:
@@ -381,15 +395,18 @@ class Dispatcher:
             rule = LOCAL if index < last else LAST
             # A pool replica's own gear only: the fallback serves another model.
             own = resume if target.name == route.role else None
+            scheduled = target.priority_scheduling
+            ranked = with_priority(payload, req.priority, scheduled)
             if strict is not None:
+                strict_ranked = with_priority(strict, req.priority, scheduled)
                 failure = yield Attempt(target.origin, target.name, headers,
-                                        encode_for(req.body, strict, model, True), extra, rule,
-                                        placement, strict=True, resume=own)
+                                        encode_for(req.body, strict_ranked, model, True), extra,
+                                        rule, placement, strict=True, resume=own)
                 if not failure.compile_failure:
                     continue
             yield Attempt(target.origin, target.name, headers,
-                          encode_for(req.body, payload, model, False), extra, rule, placement,
-                          resume=own)
+                          encode_for(req.body, ranked, model, ranked is not payload), extra,
+                          rule, placement, resume=own)
         if last == 0:
             yield Answer(errors.backend_unavailable(f"the {route.role} backend",
                                                     self._retry_after))

@@ -48,7 +48,7 @@ from ..transport.http import (
 from ..transport.upstream import Connections
 from ..transport.watchdog import Watchdog
 from .access_log import AccessLog
-from .admission_gate import AdmissionGate
+from .admission_gate import AdmissionGate, requested_class
 from .dispatch import Dispatcher
 from .exposition import CONTENT_TYPE, process_start_time
 from .exposition import render as render_metrics
@@ -306,10 +306,14 @@ class Gateway:
             return routed
         route, requested_tier, payload = routed
         del routed
+        klass = requested_class(req, caller)
+        if isinstance(klass, ApiError):
+            return self._answer(req, client, klass)
+        req.priority = klass
         ticket = None
         if not self.admission.passes(route, requested_tier, req):
-            admitted = await self.admission.enter(req, caller, route, requested_tier, payload,
-                                                  client)
+            admitted = await self.admission.enter(req, caller, klass, route, requested_tier,
+                                                  payload, client)
             if isinstance(admitted, ApiError):
                 return self._answer(req, client, admitted)
             if admitted is False:  # the client left while it waited

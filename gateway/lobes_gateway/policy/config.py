@@ -83,6 +83,9 @@ class RoleConfig:
     quantization: str | None = None
     # P_STREAM_RESUME: a pooled stream whose replica dies goes on on another one (app/resume.py).
     stream_resume: bool = False
+    # P_PRIORITY_SCHEDULING: the gear runs vLLM's priority policy, so a request's class travels
+    # to it as `priority`.
+    priority_scheduling: bool = False
 
     @property
     def name(self) -> str:
@@ -292,6 +295,7 @@ def _role(env: _Env, role: RoleSpec, fleet_key: str | None) -> RoleConfig:
         peers=peers,
         quantization=env.str(f"{p}_QUANTIZATION"),
         stream_resume=bool(env.bool(f"{p}_STREAM_RESUME", False)),
+        priority_scheduling=bool(env.bool(f"{p}_PRIORITY_SCHEDULING", False)),
     )
 
 

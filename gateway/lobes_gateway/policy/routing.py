@@ -49,6 +49,8 @@ class Target:
     name: str
     origin: Origin
     served_name: str
+    # The gear runs vLLM's priority scheduling: a request's class goes with it as `priority`.
+    priority_scheduling: bool = False
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,8 @@ class Router:
         return Refusal(name, errors.not_wired(name, f"{rc.role.prefix}_BASE_URL"))
 
     def _local(self, rc: RoleConfig, lane: str) -> LocalRoute:
-        targets = [Target(rc.name, rc.base_url, rc.served_name)] if rc.base_url else []
+        targets = ([Target(rc.name, rc.base_url, rc.served_name, rc.priority_scheduling)]
+                   if rc.base_url else [])
         fallback = self._roles[FALLBACK_ROLE]
         if rc.name == PRIMARY_ROLE and fallback.wired and fallback.feasible:
             targets.append(Target(fallback.name, fallback.base_url, fallback.served_name))

@@ -6,6 +6,8 @@ import re
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
+from lobes_contract import DEFAULT_PRIORITY_CLASS
+
 from . import errors
 from .channel import Channel
 from .errors import ApiError
@@ -32,8 +34,8 @@ class HttpError(Exception):
 class Request:
     """A parsed request head; the body is read separately, after the auth gate."""
 
-    __slots__ = ("body", "header_block", "headers", "keep_alive", "method", "path", "target",
-                 "trace", "version", "watchdog")
+    __slots__ = ("body", "header_block", "headers", "keep_alive", "method", "path", "priority",
+                 "target", "trace", "version", "watchdog")
 
     def __init__(self, method: str, target: str, version: str, headers: dict[str, str],
                  header_block: str) -> None:
@@ -52,6 +54,8 @@ class Request:
         self.watchdog: Watchdog | None = None
         # What metrics and the access log learn of it (set by the gateway once it is named).
         self.trace: Trace | None = None
+        # The priority class it runs in (policy/admission.py), set once its key is known.
+        self.priority = DEFAULT_PRIORITY_CLASS
 
 
 def parse_head(head: bytes) -> Request:
