@@ -32,14 +32,15 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
+import docs_section
+
+DOCS_TITLE = "## Admission: priority and fair share (`bench/admission_bench.py`)"
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "gateway")]
 
 from tests.support.gateway_proc import start_gateway  # noqa: E402
 from tests.support.sim_proc import start_sim  # noqa: E402
 
-DOCS = ROOT / "docs" / "benchmarks.md"
-START, END = "<!-- admission-bench:start -->", "<!-- admission-bench:end -->"
 SERVED = "unsloth/Qwen3.8-27B-NVFP4"
 KEYS = {"person": "bench-person", "agents": "bench-agents", "heavy": "bench-heavy",
         "light": "bench-light"}
@@ -192,16 +193,6 @@ def table(fifo: dict[str, float], queued: dict[str, float], scale: float) -> lis
     ]
 
 
-def write_docs(section: list[str]) -> None:
-    text = DOCS.read_text()
-    if START not in text:
-        title = "## Admission: priority and fair share (`bench/admission_bench.py`)"
-        text += f"\n{title}\n\n{START}\n{END}\n"
-    head, rest = text.split(START, 1)
-    _old, tail = rest.split(END, 1)
-    DOCS.write_text(head + START + "\n" + "\n".join(section) + "\n" + END + tail)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--time-scale", type=float, default=10.0)
@@ -213,7 +204,7 @@ def main() -> None:
     print("\n".join(section))
     print(json.dumps({"fifo": fifo, "admission": queued}, indent=1))
     if args.write_docs:
-        write_docs(section)
+        docs_section.write_section("admission-bench", "\n".join(section), title=DOCS_TITLE)
 
 
 if __name__ == "__main__":

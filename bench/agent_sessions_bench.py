@@ -29,8 +29,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import docs_section
 from placement_bench import (
-    ROOT,
     SEED_RATES,
     SPARK_KEY,
     peer_gateway,
@@ -41,8 +41,6 @@ from placement_bench import (
 from tests.support.gateway_proc import start_gateway
 from tests.support.sim_proc import start_sim
 
-DOCS = ROOT / "docs" / "benchmarks.md"
-START, END = "<!-- agent-sessions-bench:start -->", "<!-- agent-sessions-bench:end -->"
 POLICIES = ("pinned", "queue", "rate", "prefix")
 SERVED = "unsloth/Qwen3.8-27B-NVFP4"
 SYSTEM = "You are the fleet's agent: plan, call tools, report what each step measured. " * 208
@@ -216,13 +214,6 @@ def table(title: str, results: list[Result]) -> list[str]:
     return [*lines, ""]
 
 
-def write_docs(section: list[str]) -> None:
-    text = DOCS.read_text()
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    DOCS.write_text(head + START + "\n" + "\n".join(section) + "\n" + END + tail)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--time-scale", type=float, default=10.0)
@@ -252,7 +243,7 @@ def main() -> None:
             section += table(title, measure_pair(profiles, scenario, args))
     print("\n".join(section))
     if args.write_docs:
-        write_docs(section)
+        docs_section.write_section("agent-sessions-bench", "\n".join(section))
 
 
 if __name__ == "__main__":

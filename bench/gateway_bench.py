@@ -28,6 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import docs_section
 import loadgen
 import procs
 import report
@@ -451,7 +452,7 @@ def main(argv: list[str]) -> int:
     text = report.render(results, run_info)
     print(text)
     if cfg.write_docs:
-        report.write_docs(REPO / "docs" / "benchmarks.md", text)
+        docs_section.write_section("gateway-bench", text)
     return 0
 
 

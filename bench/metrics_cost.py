@@ -22,10 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import docs_section
 import gateway_bench as bench
 
-START_MARKER = "<!-- metrics-cost:start -->"
-END_MARKER = "<!-- metrics-cost:end -->"
 FIGURES = (
     ("added p50 latency, c=1 (ms)", "c1", "p50"),
     ("CPU per request, c=1 (us)", "c1", "cpu_per_req_us"),
@@ -91,13 +90,6 @@ def table(results: dict, rounds: int, window_s: float) -> str:
     return "\n".join(lines)
 
 
-def write_docs(text: str) -> None:
-    path = bench.REPO / "docs" / "benchmarks.md"
-    head, rest = path.read_text().split(START_MARKER, 1)
-    tail = rest.split(END_MARKER, 1)[1]
-    path.write_text(f"{head}{START_MARKER}\n{text}\n{END_MARKER}{tail}")
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -129,7 +121,7 @@ def main(argv: list[str]) -> int:
     text = table(results, args.rounds, args.window)
     print(text)
     if args.docs:
-        write_docs(text)
+        docs_section.write_section("metrics-cost", text)
     return 0
 
 

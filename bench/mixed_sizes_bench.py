@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import docs_section
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "gateway")]
 
@@ -45,8 +47,6 @@ from placement_bench import (  # noqa: E402
 from tests.support.gateway_proc import start_gateway  # noqa: E402
 from tests.support.sim_proc import start_sim  # noqa: E402
 
-DOCS = ROOT / "docs" / "benchmarks.md"
-START, END = "<!-- mixed-sizes-bench:start -->", "<!-- mixed-sizes-bench:end -->"
 SERVED = "unsloth/Qwen3.8-27B-NVFP4"
 PAIR = ("spark-cortex", "thor-cortex")
 SHORT, LONG = 32, 1024
@@ -204,13 +204,6 @@ def table(results: list[Result]) -> list[str]:
     return [*lines, ""]
 
 
-def write_docs(section: list[str]) -> None:
-    text = DOCS.read_text()
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    DOCS.write_text(head + START + "\n" + "\n".join(section) + "\n" + END + tail)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--time-scale", type=float, default=10.0)
@@ -239,7 +232,7 @@ def main() -> None:
     ]
     print("\n".join(section))
     if args.write_docs:
-        write_docs(section)
+        docs_section.write_section("mixed-sizes-bench", "\n".join(section))
 
 
 if __name__ == "__main__":

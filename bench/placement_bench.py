@@ -30,15 +30,15 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import docs_section
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "gateway")]
 
 from tests.support.gateway_proc import start_gateway  # noqa: E402
 from tests.support.sim_proc import start_sim  # noqa: E402
 
-DOCS = ROOT / "docs" / "benchmarks.md"
 PLOT = ROOT / "docs" / "img" / "placement-bench.png"
-START, END = "<!-- placement-bench:start -->", "<!-- placement-bench:end -->"
 SPARK_KEY = "spark-inbound-key"
 BURSTS = (4, 8, 16)
 POLICIES = ("pinned", "queue", "rate", "prefix")
@@ -257,13 +257,6 @@ def plot(pairs: dict[str, list[PolicyResult]], scale: float) -> None:
     figure.savefig(PLOT, dpi=110)
 
 
-def write_docs(section: list[str]) -> None:
-    text = DOCS.read_text()
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    DOCS.write_text(head + START + "\n" + "\n".join(section) + "\n" + END + tail)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--time-scale", type=float, default=10.0)
@@ -303,7 +296,7 @@ def main() -> None:
     print("\n".join(section))
     if args.write_docs:
         plot(pairs, scale)
-        write_docs(section)
+        docs_section.write_section("placement-bench", "\n".join(section))
 
 
 if __name__ == "__main__":

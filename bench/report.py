@@ -1,12 +1,9 @@
-"""The benchmark's markdown: the side-by-side table, the targets with PASS/MISS, the docs splice."""
+"""The benchmark's markdown: the side-by-side table and the targets with PASS/MISS."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
-START_MARKER = "<!-- gateway-bench:start -->"
-END_MARKER = "<!-- gateway-bench:end -->"
 COLUMNS = ("direct", "nginx", "gateway", "logged")
 # The gateway's columns, each also given as a ratio to nginx: access log off, then on.
 GATEWAYS = ("gateway", "logged")
@@ -265,11 +262,3 @@ def render(results: dict, info: dict) -> str:
         "on the gateway's own CPU clock, same load and pinning).",
     ]
     return "\n".join(lines)
-
-
-def write_docs(path: Path, table: str) -> None:
-    """Replace the text between the gateway-bench markers, leaving the rest of the page."""
-    page = path.read_text()
-    head, rest = page.split(START_MARKER, 1)
-    _table, tail = rest.split(END_MARKER, 1)
-    path.write_text(f"{head}{START_MARKER}\n{table}\n{END_MARKER}{tail}")

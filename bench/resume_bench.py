@@ -30,6 +30,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+import docs_section
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "gateway")]
 
@@ -37,8 +39,6 @@ from tests.support.gateway_proc import start_gateway  # noqa: E402
 from tests.support.sim_proc import start_sim  # noqa: E402
 from tests.support.sse import Streamed, stream_chat  # noqa: E402
 
-DOCS = ROOT / "docs" / "benchmarks.md"
-START, END = "<!-- resume-bench:start -->", "<!-- resume-bench:end -->"
 SERVED = "unsloth/Qwen3.8-27B-NVFP4"
 MAX_TOKENS = 120
 _TOKEN = re.compile(r" ?[^ ]+")
@@ -171,15 +171,6 @@ def row(mode: str, result: Pass, time_scale: float) -> str:
             f"{result.cpu_s / len(verdicts) * 1000:.2f} |")
 
 
-def write_docs(section: list[str]) -> None:
-    text = DOCS.read_text()
-    if START not in text:
-        text += f"\n{START}\n{END}\n"
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    DOCS.write_text(head + START + "\n" + "\n".join(section) + "\n" + END + tail)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--streams", type=int, default=200)
@@ -208,7 +199,7 @@ def main() -> None:
         for failure in sorted({v.failure for v in result.verdicts if v.failure}):
             print(f"resume {mode}: not whole: {failure}", file=sys.stderr)
     if args.write_docs:
-        write_docs(section)
+        docs_section.write_section("resume-bench", "\n".join(section))
 
 
 if __name__ == "__main__":
