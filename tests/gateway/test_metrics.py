@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from tests.gateway.test_pressure_strict import wait_mode, write_proc
+from tests.gateway.test_pressure_strict import wait_mode, wait_pressure, write_proc
 from tests.support.client import call, chat, sse_events
 from tests.support.gateway_proc import start_gateway
 from tests.support.metrics import PROMTOOL, PROMTOOL_MISSING, Scrape
@@ -157,7 +157,11 @@ def test_a_request_shed_for_memory_is_counted_under_its_own_reason(box, gateway)
     assert before.value("lobes_gateway_shed_requests_total", reason="memory") == 0  # from zero
     write_proc(root, 10, mem_available_percent=3.0, psi_full=12.5)
     try:
-        wait_mode(gateway, "busy")
+        # Both readings sampled (write_proc replaces the files one after another, so a sample
+        # between them is already busy on MemAvailable alone, without the PSI line).
+        wait_pressure(gateway, "busy on both memory readings",
+                      lambda block: block["mode"] == "busy"
+                      and block["pressure"]["psi_memory_full_avg10"] == 12.5)
         assert chat(gateway.url, {"model": "main"}, AUTH).status == 429
         after = Scrape.of(gateway.url)
     finally:

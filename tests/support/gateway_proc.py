@@ -24,6 +24,20 @@ GATEWAY_DIR = ROOT / "gateway"
 GATEWAY_PYTHON = os.environ.get("LOBES_TEST_GATEWAY_PYTHON") or sys.executable
 
 
+def calm_proc_root() -> str:
+    """A /proc stand-in with no swap, no iowait and half the memory free: a test gateway sheds
+    only when its test makes pressure (LOBES_PROC_ROOT of its own), never because the host
+    running the tests is busy."""
+    root = Path(tempfile.mkdtemp(prefix="lobes-calm-proc-"))
+    (root / "meminfo").write_text("MemTotal: 100000 kB\nMemAvailable: 50000 kB\n"
+                                  "SwapTotal: 1000 kB\nSwapFree: 1000 kB\n")
+    (root / "stat").write_text("cpu  0 0 0 0 0 0 0 0 0 0\n")
+    return str(root)
+
+
+CALM_PROC_ROOT = calm_proc_root()
+
+
 class GatewayProcess:
     """A running `python3 -m lobes_gateway`; usable as a context manager."""
 
@@ -34,7 +48,7 @@ class GatewayProcess:
         full_env = {key: value for key, value in os.environ.items()
                     if not key.startswith(("GATEWAY_", "LOBES_", "CULTURE_"))}
         full_env.update({"PYTHONPATH": str(GATEWAY_DIR), "GATEWAY_HOST": "127.0.0.1",
-                         "GATEWAY_PORT": str(self.port)})
+                         "GATEWAY_PORT": str(self.port), "LOBES_PROC_ROOT": CALM_PROC_ROOT})
         full_env.update(env)
         self.env = full_env
         # A file, never an unread pipe: a chatty gateway must not block on a full pipe.
