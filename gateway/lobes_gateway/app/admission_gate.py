@@ -58,12 +58,6 @@ class AdmissionGate:
         self._retry_after = config.pressure.retry_after_s
         self.outcomes: defaultdict[tuple[str, str, str], int] = defaultdict(int)
 
-    def passes(self, route: Route, requested_tier: str | None, req: Request) -> bool:
-        """Whether a request goes straight to dispatch: it would not wait, and it carries no
-        deadline to check (the hot path skips enter() and its coroutine)."""
-        return ((not self.queues or self.queue_for(route, requested_tier, req) is None)
-                and DEADLINE_HEADER not in req.headers)
-
     def queue_for(self, route: Route, requested_tier: str | None,
                   req: Request) -> AdmissionQueue | None:
         """The queue a request waits in; None when it passes straight through."""
@@ -78,15 +72,14 @@ class AdmissionGate:
         return queue
 
     async def enter(self, req: Request, caller: Caller, klass: str, route: Route,
-                    requested_tier: str | None, payload: dict | None,
+                    queue: AdmissionQueue | None, payload: dict | None,
                     client: Channel) -> Ticket | ApiError | bool:
-        """Wait for a slot, in class `klass`. A Ticket: admitted (leave() it when the answer
-        ends); True: not queued at all; an ApiError: answer it (never started); False: the
-        client left."""
+        """Wait for a slot of `queue` (queue_for's), in class `klass`. A Ticket: admitted
+        (leave() it when the answer ends); True: not queued at all (its deadline header, if
+        any, checked); an ApiError: answer it (never started); False: the client left."""
         deadline = _deadline(req)
         if isinstance(deadline, ApiError):
             return deadline
-        queue = self.queue_for(route, requested_tier, req)
         if queue is None:
             return True
         ticket = Ticket(caller.key_id, klass, expected_tokens(payload))

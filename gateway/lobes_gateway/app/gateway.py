@@ -48,7 +48,7 @@ from ..transport.http import (
 from ..transport.upstream import Connections
 from ..transport.watchdog import Watchdog
 from .access_log import AccessLog
-from .admission_gate import AdmissionGate, requested_class
+from .admission_gate import DEADLINE_HEADER, AdmissionGate, requested_class
 from .dispatch import Dispatcher
 from .exposition import CONTENT_TYPE, process_start_time
 from .exposition import render as render_metrics
@@ -311,9 +311,11 @@ class Gateway:
             return self._answer(req, client, klass)
         req.priority = klass
         ticket = None
-        if not self.admission.passes(route, requested_tier, req):
-            admitted = await self.admission.enter(req, caller, klass, route, requested_tier,
-                                                  payload, client)
+        queue = self.admission.queue_for(route, requested_tier, req)
+        # The hot path skips enter() and its coroutine: nothing to wait for, no deadline to check.
+        if queue is not None or DEADLINE_HEADER in req.headers:
+            admitted = await self.admission.enter(req, caller, klass, route, queue, payload,
+                                                  client)
             if isinstance(admitted, ApiError):
                 return self._answer(req, client, admitted)
             if admitted is False:  # the client left while it waited

@@ -80,6 +80,7 @@ class InflightLimits:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._counts: Counter[str] = Counter()
+        self._limits: dict[str, int] = {}
 
     def limit_of(self, caller: Caller) -> int:
         """The caller's limit; 0 means none."""
@@ -89,24 +90,25 @@ class InflightLimits:
 
     def acquire(self, caller: Caller) -> bool:
         """Count one more request for `caller`; False when its limit is reached."""
-        key_id = caller.key_id
-        if key_id in _EXEMPT:
-            return True
-        limit = caller.inflight_limit if caller.inflight_limit is not None else self.limit
+        limit = self._limit(caller)
         if limit <= 0:
             return True
         counts = self._counts
-        if counts[key_id] >= limit:
+        if counts[caller.key_id] >= limit:
             return False
-        counts[key_id] += 1
+        counts[caller.key_id] += 1
         return True
 
     def release(self, caller: Caller) -> None:
-        """Give back what acquire counted (the same test, inline: once per request)."""
-        key_id = caller.key_id
-        if key_id not in _EXEMPT and (caller.inflight_limit if caller.inflight_limit is not None
-                                      else self.limit) > 0:
-            self._counts[key_id] -= 1
+        if self._limit(caller) > 0:
+            self._counts[caller.key_id] -= 1
+
+    def _limit(self, caller: Caller) -> int:
+        """limit_of, resolved once per key (the keys are the configured few)."""
+        limit = self._limits.get(caller.key_id)
+        if limit is None:
+            limit = self._limits[caller.key_id] = self.limit_of(caller)
+        return limit
 
     def in_flight(self, caller: Caller) -> int:
         return self._counts[caller.key_id]
