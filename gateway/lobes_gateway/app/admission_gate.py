@@ -5,12 +5,15 @@ slot frees, is refused when it cannot start before its deadline, and leaves the 
 client goes away (it then never reaches a gear).
 
 Which requests wait: generate-lane requests for a role this box serves with its own gear and
-whose P_MAX_ACTIVE gives the gear's slots. They pass straight through (as before) when:
+whose P_MAX_ACTIVE gives the gear's slots, and those for a pool (mesh/pool_queue.py: released
+where placement finds a free slot, and placed there). They pass straight through when:
   - the role is minor, or the request asked for minor (seed 004: the floor, always served);
   - pressure would shed the request now (it is answered at once, as seed 004 says);
   - it arrived from another box (proxied, pooled or owner-forwarded): that box admitted it,
-    so it only occupies a slot here, without waiting again.
-Pools and peers are not queued here: see docs/gateway.md, "Admission".
+    so it only occupies a slot here, without waiting again (a pool counts it on its local
+    replica);
+  - the role is answered by a single proxied peer or by owners: the peer admits it.
+For a pool, pressure is judged when the request is placed on this box's own replica.
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ from collections import defaultdict
 
 from lobes_contract import GENERATE
 
+from ..mesh.peers import PooledRole
+from ..mesh.pool_queue import PoolQueue
 from ..policy.admission import CLASSES, AdmissionQueue, Ticket, effective_class
 from ..policy.auth import Caller
 from ..policy.config import GatewayConfig
 from ..policy.placement import expected_tokens
+from ..policy.prefix import request_shape
 from ..policy.pressure import PressureMonitor
-from ..policy.routing import LocalRoute, Route
+from ..policy.routing import LocalRoute, PoolRoute, Route
 from ..transport import errors
 from ..transport.channel import Channel
 from ..transport.errors import ApiError
@@ -47,24 +53,42 @@ OUTCOMES = (STARTED, RELEASED, DEADLINE_UNMEETABLE, DEADLINE_PASSED, CLIENT_GONE
 
 
 class AdmissionGate:
-    """One admission queue per role this box serves with slots; the waiting and waking."""
+    """One admission queue per role this box serves with slots and per pool; the waiting and
+    waking."""
 
-    def __init__(self, config: GatewayConfig, pressure: PressureMonitor) -> None:
-        self.queues = {name: AdmissionQueue(rc.max_active)
-                       for name, rc in config.roles.items()
-                       if rc.max_active and rc.wired and rc.role.task == GENERATE
-                       and name != MINOR}
+    def __init__(self, config: GatewayConfig, pressure: PressureMonitor,
+                 pooled: dict[str, PooledRole]) -> None:
+        self.queues: dict[str, AdmissionQueue | PoolQueue] = {
+            name: AdmissionQueue(rc.max_active) for name, rc in config.roles.items()
+            if rc.max_active and rc.wired and rc.role.task == GENERATE and name != MINOR
+            and name not in pooled}
+        for name, role in pooled.items():
+            if config.roles[name].role.task == GENERATE and name != MINOR:
+                self.queues[name] = self._pool_queue(role)
         self._pressure = pressure
         self._retry_after = config.pressure.retry_after_s
         self.outcomes: defaultdict[tuple[str, str, str], int] = defaultdict(int)
 
+    @staticmethod
+    def _pool_queue(role: PooledRole) -> PoolQueue:
+        """A pool's queue, woken whenever one of its replicas may have room."""
+        queue = PoolQueue(role)
+        role.placer.on_room = lambda: _wake(queue.admit(time.monotonic()))
+        return queue
+
     def queue_for(self, route: Route, requested_tier: str | None,
-                  req: Request) -> AdmissionQueue | None:
+                  req: Request) -> AdmissionQueue | PoolQueue | None:
         """The queue a request waits in; None when it passes straight through."""
-        if not isinstance(route, LocalRoute) or requested_tier == MINOR:
+        if requested_tier == MINOR:
+            return None
+        if isinstance(route, PoolRoute):
+            marked = any(marker in req.headers for marker in _MARKERS)
+            return None if marked else self.queues.get(route.role)
+        if not isinstance(route, LocalRoute):
             return None
         queue = self.queues.get(route.role)
-        if queue is None or any(marker in req.headers for marker in _MARKERS):
+        if not isinstance(queue, AdmissionQueue) or any(marker in req.headers
+                                                        for marker in _MARKERS):
             return queue
         override = req.headers.get("x-lobes-override", "").lower() == "true"
         if not override and self._pressure.sheds(requested_tier, route.tier):
@@ -72,7 +96,7 @@ class AdmissionGate:
         return queue
 
     async def enter(self, req: Request, caller: Caller, klass: str, route: Route,
-                    queue: AdmissionQueue | None, payload: dict | None,
+                    queue: AdmissionQueue | PoolQueue | None, payload: dict | None,
                     client: Channel) -> Ticket | ApiError | bool:
         """Wait for a slot of `queue` (queue_for's), in class `klass`. A Ticket: admitted
         (leave() it when the answer ends); True: not queued at all (its deadline header, if
@@ -82,7 +106,9 @@ class AdmissionGate:
             return deadline
         if queue is None:
             return True
-        ticket = Ticket(caller.key_id, klass, expected_tokens(payload))
+        shape = (request_shape(payload, queue.pooled.placer.prices_prefix)
+                 if isinstance(queue, PoolQueue) else None)
+        ticket = Ticket(caller.key_id, klass, expected_tokens(payload), shape)
         now = time.monotonic()
         if any(marker in req.headers for marker in _MARKERS):
             queue.occupy(ticket, now)
@@ -103,7 +129,7 @@ class AdmissionGate:
             return errors.deadline_unmeetable(route.role, deadline, None, self._retry_after)
         return ticket if outcome in (STARTED, RELEASED) else False
 
-    async def _wait(self, queue: AdmissionQueue, ticket: Ticket, role: str,
+    async def _wait(self, queue: AdmissionQueue | PoolQueue, ticket: Ticket, role: str,
                     left: float | None, client: Channel, now: float) -> str:
         """Queue the ticket and wait for a slot, the end of its deadline (`left` seconds) or
         its client's leaving; how it left (an outcome)."""
@@ -129,7 +155,7 @@ class AdmissionGate:
             self._give_up(queue, ticket)
         return outcome
 
-    def _give_up(self, queue: AdmissionQueue, ticket: Ticket) -> None:
+    def _give_up(self, queue: AdmissionQueue | PoolQueue, ticket: Ticket) -> None:
         """A ticket that will not run: out of the queue, or (admitted in the same turn it gave
         up) its slot handed on."""
         if not queue.withdraw(ticket) and ticket.started is not None:
@@ -144,7 +170,8 @@ class AdmissionGate:
         self.outcomes[role, klass, outcome] += 1
 
     def status(self) -> dict[str, dict[str, object]]:
-        """The /status admission block: per queued role, its slots, running and queue depths."""
+        """The /status admission block: per queued role (or pool), its slots, running and
+        queue depths."""
         return {role: {"slots": queue.slots, "running": len(queue.running),
                        "queued": queue.depth_by_class(),
                        "queued_by_client": queue.depth_by_client()}

@@ -264,16 +264,18 @@ class Dispatcher:
         self.peer_in_flight: Counter[str] = Counter()
 
     async def run(self, req: Request, route: Route, requested_tier: str | None,
-                  payload: dict | None, client: Channel) -> bool | Outcome:
+                  payload: dict | None, client: Channel,
+                  placed: Placement | None = None) -> bool | Outcome:
         """Try the route's attempts in order; an Outcome to relay, or whether the connection
-        stays usable after an error answered here."""
+        stays usable after an error answered here. `placed`: the pool replica admission
+        already placed the request on (its first attempt)."""
         trace = req.trace
         if trace is not None:
             trace.role = route.role
         counted = route.role if isinstance(route, PeerRoute) else None
         if counted is not None:
             self.peer_in_flight[counted] += 1
-        plan = self.plan(req, route, requested_tier, payload, [], None)
+        plan = self.plan(req, route, requested_tier, payload, [], placed)
         held: Placement | None = None  # released when the plan moves past it
         handed: Outcome | None = None  # an outcome takes over the placement and the count
         try:
@@ -353,13 +355,14 @@ class Dispatcher:
              payload: dict | None, tail: list[bytes], placement: Placement | None,
              resume: StreamResume | None = None) -> Plan:
         """The attempts of a route; `tail` headers join each answer, `placement` counts the
-        local ones on the pool replica they serve as (whose stream `resume` may continue)."""
+        local ones on the pool replica they serve as (whose stream `resume` may continue),
+        or is a pooled request's first placement, made by admission."""
         if isinstance(route, LocalRoute):
             return self._local(req, route, requested_tier, payload, tail, placement, resume)
         if isinstance(route, ProxyRoute):
             return self._proxy(req, route, payload, tail)
         if isinstance(route, PoolRoute):
-            return self._pool(req, route, requested_tier, payload)
+            return self._pool(req, route, requested_tier, payload, placement)
         if isinstance(route, OwnerRoute):
             return self._owners(req, route, payload)
         assert isinstance(route, Refusal)
@@ -445,8 +448,9 @@ class Dispatcher:
         yield Answer(error, (("X-Lobes-Proxied-By", route.origin),))
 
     def _pool(self, req: Request, route: PoolRoute, requested_tier: str | None,
-              payload: dict | None) -> Plan:
-        """Place on a selectable replica, then the next untried one after each failure."""
+              payload: dict | None, placed: Placement | None = None) -> Plan:
+        """Place on a selectable replica (`placed`: where admission placed it), then the
+        next untried one after each failure."""
         role = self._peers.pooled[route.role]
         # Placed here by a pooling box, or forwarded here by an entry box (seed 003): either
         # way answered here, never placed on another replica.
@@ -462,8 +466,10 @@ class Dispatcher:
             yield Answer(too_long, (("X-Lobes-Route-Reason", "none"),))
             return
         resume = self._resume(req, route, role, payload)
-        while (placement := role.placer.place(role.candidates(tried, request), request=request)
+        while (placement := placed or role.placer.place(role.candidates(tried, request),
+                                                        request=request)
                or (role.failover(tried, request) if failures else None)) is not None:
+            placed = None
             tried.add(placement.origin)
             reason = b"X-Lobes-Route-Reason: " + placement.reason.value.encode()
             if placement.origin == role.local_origin:  # the local path: pressure, tiers

@@ -96,8 +96,8 @@ class Gateway:
         self.gate = Gate(config.api_key, config.fleet_key, config.client_keys)
         self.inflight = InflightLimits(config.limits.max_inflight_per_key)
         self.pressure = PressureMonitor(config.pressure)
-        self.admission = AdmissionGate(config, self.pressure)
         self.peers = PeerWatch(config, self.router, self.connections)
+        self.admission = AdmissionGate(config, self.pressure, self.peers.pooled)
         self.access_log = AccessLog(config.access_log) if config.access_log else None
         self.metrics = Metrics(self.access_log)
         self.started_at = process_start_time()
@@ -322,7 +322,9 @@ class Gateway:
                 return False
             ticket = None if admitted is True else admitted
         try:
-            outcome = await self.dispatcher.run(req, route, requested_tier, payload, client)
+            placed = ticket.placement if ticket is not None else None
+            outcome = await self.dispatcher.run(req, route, requested_tier, payload, client,
+                                                placed)
             # A stream may be held for minutes: it keeps neither the parsed nor the raw body.
             del payload
             if not isinstance(outcome, Outcome):

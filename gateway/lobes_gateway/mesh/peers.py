@@ -86,6 +86,7 @@ class PooledRole:
             self.placer.note_load(state.origin, state.load if state.ready else None)
             if not state.ready:
                 self.placer.forget_prefixes(state.origin)
+        self.placer.room_changed()
 
     def _row(self, state: ReplicaState) -> dict[str, object]:
         """A replica's /capabilities row: its verdict plus the rate placement now uses."""

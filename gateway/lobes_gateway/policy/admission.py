@@ -22,7 +22,8 @@ from collections.abc import Iterator, Mapping
 
 from lobes_contract import PRIORITY_CLASSES
 
-from .placement import DEFAULT_SMOOTHING, RateEstimate
+from .placement import DEFAULT_SMOOTHING, Placement, RateEstimate
+from .prefix import RequestShape
 
 CLASSES = PRIORITY_CLASSES  # strongest first
 INTERACTIVE, STANDARD, BATCH = CLASSES
@@ -38,16 +39,20 @@ def effective_class(key_class: str, requested: str | None) -> str:
 
 class Ticket:
     """One request before the queue: who sent it, its class and expected tokens, and once
-    admitted, when it started. `waiter` belongs to whoever waits for the admission."""
+    admitted, when it started. `waiter` belongs to whoever waits for the admission; a pool's
+    ticket also carries its request's shape and, once released, the placement made for it."""
 
-    __slots__ = ("client", "klass", "started", "tokens", "waiter")
+    __slots__ = ("client", "klass", "placement", "shape", "started", "tokens", "waiter")
 
-    def __init__(self, client: str, klass: str, tokens: int) -> None:
+    def __init__(self, client: str, klass: str, tokens: int,
+                 shape: RequestShape | None = None) -> None:
         self.client = client
         self.klass = klass
         self.tokens = max(1, tokens)
+        self.shape = shape
         self.started: float | None = None
         self.waiter: object = None
+        self.placement: Placement | None = None
 
 
 def _started(ticket: Ticket, now: float) -> float:
@@ -81,8 +86,16 @@ class _ClassQueue:
 
     def pop(self) -> Ticket:
         client = min(self.waiting, key=lambda name: self.virtual[name])
+        ticket = self.waiting[client][0]
+        self.take(ticket)
+        return ticket
+
+    def take(self, ticket: Ticket) -> None:
+        """Admit a waiting ticket (the head of the order, or one placement let go ahead of
+        it): out of its key's queue, its tokens charged to its key's share."""
+        client = ticket.client
         tickets = self.waiting[client]
-        ticket = tickets.popleft()
+        tickets.remove(ticket)
         if not tickets:
             del self.waiting[client]
         self.virtual[client] += ticket.tokens
@@ -105,29 +118,34 @@ class _ClassQueue:
 
     def order_until(self, ticket: Ticket) -> Iterator[Ticket]:
         """The tickets this class would admit before `ticket` (not queued yet), in order."""
-        virtual = dict(self.virtual)
-        waiting = {client: list(tickets) for client, tickets in self.waiting.items()}
-        if ticket.client not in waiting:
-            virtual[ticket.client] = self._joining(ticket.client, waiting)
-        waiting.setdefault(ticket.client, []).append(ticket)
-        while True:
-            client = min(waiting, key=lambda name: virtual[name])
-            head = waiting[client].pop(0)
+        for head in self.order(ticket):
             if head is ticket:
                 return
+            yield head
+
+    def order(self, joining: Ticket | None = None) -> Iterator[Ticket]:
+        """Every waiting ticket (and `joining`, not queued yet) in the order this class would
+        admit them if nothing else arrived."""
+        virtual = dict(self.virtual)
+        waiting = {client: deque(tickets) for client, tickets in self.waiting.items()}
+        if joining is not None:
+            if joining.client not in waiting:
+                virtual[joining.client] = self._joining(joining.client, waiting)
+            waiting.setdefault(joining.client, deque()).append(joining)
+        while waiting:
+            client = min(waiting, key=lambda name: virtual[name])
+            head = waiting[client].popleft()
             if not waiting[client]:
                 del waiting[client]
             virtual[client] += head.tokens
             yield head
 
 
-class AdmissionQueue:
-    """The slots of one role's gear (or one pool) and the requests waiting for them."""
+class Waiting:
+    """The requests waiting for a gear or a pool: a queue per class, fair across keys."""
 
-    def __init__(self, slots: int, smoothing: float = DEFAULT_SMOOTHING) -> None:
-        self.slots = slots
+    def __init__(self) -> None:
         self.running: set[Ticket] = set()
-        self.rate = RateEstimate(None, smoothing)  # tokens/s per stream, learned
         self._classes = {name: _ClassQueue() for name in CLASSES}
 
     def queued(self) -> int:
@@ -142,6 +160,48 @@ class AdmissionQueue:
             for client, tickets in queue.waiting.items():
                 depth[client] = depth.get(client, 0) + len(tickets)
         return depth
+
+    def in_order(self, joining: Ticket | None = None) -> Iterator[Ticket]:
+        """Every waiting ticket (and `joining`, not queued yet), strongest class first, each
+        class in its fair order."""
+        for name in CLASSES:
+            mine = joining if joining is not None and joining.klass == name else None
+            yield from self._classes[name].order(mine)
+
+    def _ahead_of(self, ticket: Ticket) -> Iterator[Ticket]:
+        for name in CLASSES:
+            queue = self._classes[name]
+            if name == ticket.klass:
+                yield from queue.order_until(ticket)
+                return
+            for tickets in queue.waiting.values():
+                yield from tickets
+
+    def push(self, ticket: Ticket) -> None:
+        self._classes[ticket.klass].push(ticket)
+
+    def withdraw(self, ticket: Ticket) -> bool:
+        """Take a waiting ticket out (its client left, or its deadline passed)."""
+        return self._classes[ticket.klass].remove(ticket)
+
+    def start(self, ticket: Ticket, now: float) -> None:
+        """Admit a waiting ticket: out of its class's queue, counted running."""
+        self._classes[ticket.klass].take(ticket)
+        self.occupy(ticket, now)
+
+    def occupy(self, ticket: Ticket, now: float) -> None:
+        """Count a request that does not wait (one another box already admitted)."""
+        ticket.started = now
+        self.running.add(ticket)
+
+
+class AdmissionQueue(Waiting):
+    """The slots of one role's gear and the requests waiting for them."""
+
+    def __init__(self, slots: int, smoothing: float = DEFAULT_SMOOTHING) -> None:
+        super().__init__()
+        self.slots = slots
+        self.rate = RateEstimate(None, smoothing)  # tokens/s per stream, learned
 
     def expected_wait_s(self, ticket: Ticket, now: float) -> float | None:
         """Seconds until `ticket` would start if it arrived now: 0 when a slot is free and
@@ -160,29 +220,11 @@ class AdmissionQueue:
             heapq.heappush(free, heapq.heappop(free) + ahead.tokens / rate)
         return max(0.0, free[0] - now) if free else None
 
-    def _ahead_of(self, ticket: Ticket) -> Iterator[Ticket]:
-        for name in CLASSES:
-            queue = self._classes[name]
-            if name == ticket.klass:
-                yield from queue.order_until(ticket)
-                return
-            for tickets in queue.waiting.values():
-                yield from tickets
-
     def arrive(self, ticket: Ticket, now: float) -> list[Ticket]:
         """Queue a ticket and admit what the free slots allow; the tickets admitted now (this
         one among them when it need not wait)."""
-        self._classes[ticket.klass].push(ticket)
+        self.push(ticket)
         return self.admit(now)
-
-    def occupy(self, ticket: Ticket, now: float) -> None:
-        """Count a request that does not wait (one another box already admitted)."""
-        ticket.started = now
-        self.running.add(ticket)
-
-    def withdraw(self, ticket: Ticket) -> bool:
-        """Take a waiting ticket out (its client left, or its deadline passed)."""
-        return self._classes[ticket.klass].remove(ticket)
 
     def finish(self, ticket: Ticket, now: float, tokens: int) -> list[Ticket]:
         """A running request ended after `tokens` tokens: free its slot, learn the rate, and

@@ -367,6 +367,9 @@ class Placer:
         # The pool's typical answer, tokens: the size of a request that names no max_tokens.
         self._typical_answer = float(DEFAULT_EXPECTED_TOKENS)
         self._placed = 0
+        # Called when a replica may have room again (a placement released, a probe's load
+        # noted): the pool's admission queue (mesh/pool_queue.py) releases what now fits.
+        self.on_room: Callable[[], None] | None = None
 
     @property
     def prices_prefix(self) -> bool:
@@ -379,6 +382,15 @@ class Placer:
     def rate(self, origin: str) -> float | None:
         """The learned (or prior) rate; None while neither exists."""
         return self._rates[origin].value
+
+    def knows_a_rate(self) -> bool:
+        """Whether any replica has a rate (prior or learned): else forecasts are guesses."""
+        return any(r.value is not None for r in self._rates.values())
+
+    def room_changed(self) -> None:
+        """Tell the pool's admission queue a replica may have room."""
+        if self.on_room is not None:
+            self.on_room()
 
     def typical_answer_tokens(self) -> int:
         return max(1, round(self._typical_answer))
@@ -441,13 +453,23 @@ class Placer:
         """Choose a replica and count the request on it, in one step; None if none fits.
 
         request is the request's shape; without one, a request of expected_tokens."""
-        shape = request or RequestShape(max_tokens=max(1, expected_tokens))
-        if shape.max_tokens is None:
-            shape = shape.with_max_tokens(self.typical_answer_tokens())
+        shape = self.priced(request or RequestShape(max_tokens=max(1, expected_tokens)))
         views = self.views(candidates, shape)
         choice = self.policy.choose(views, shape)
         if choice is None:
             return None
+        return self.commit(views, choice, shape)
+
+    def priced(self, shape: RequestShape) -> RequestShape:
+        """The shape as placement prices it: an unnamed max_tokens is the typical answer."""
+        if shape.max_tokens is None:
+            return shape.with_max_tokens(self.typical_answer_tokens())
+        return shape
+
+    def commit(self, views: Sequence[ReplicaView], choice: tuple[ReplicaView, RouteReason],
+               shape: RequestShape) -> Placement:
+        """Count the request on the policy's choice among `views` (or the replica it explores
+        instead): the placement, in flight from now."""
         view, reason = self._explored(views, choice)
         return self._count(view, reason, shape)
 
@@ -482,6 +504,7 @@ class Placer:
 
     def release(self, placement: Placement) -> None:
         self._active[placement.origin].remove(placement)
+        self.room_changed()
 
     def learn(self, placement: Placement, tokens: int, elapsed_s: float) -> None:
         """A completed answer: the pool's typical answer length, and the replica's rate.

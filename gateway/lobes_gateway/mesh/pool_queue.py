@@ -1,0 +1,156 @@
+"""Admission for a pool: requests wait at the gateway until placement finds them a free slot.
+
+A pool is not "at its slots" by a count: the rate and prefix policies deliberately queue a
+request on a fast replica rather than run it on a slow one, and a pool's replicas free at
+different speeds. So the pool's queue asks placement, in the queue's own order (class, then
+fair share across keys), where each waiting request would go:
+
+  - each request is priced by the policy as if the requests ahead of it in that order had
+    already been placed where the policy sent them (virtual load: their expected work on
+    that replica), exactly as arrivals placed one by one would have seen each other;
+  - the first request whose choice is a replica with a free slot is released, placed there;
+    one whose choice is a full replica keeps waiting, and its virtual load pushes the
+    requests behind it towards the other replicas.
+
+So a burst spreads as arrival-time placement spreads it (the fast replica's waves, the slow
+replica's share), an interactive request at the head waits only for the replica the policy
+would choose for it, and a slow replica is never left idle while the policy would have used
+it. A request no replica can take (none selectable, or its prompt fits no window) is released
+without a placement: dispatch answers it as it always did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from itertools import islice
+
+from ..policy.admission import Ticket, Waiting
+from ..policy.placement import ReplicaView, RouteReason, forecast
+from ..policy.prefix import RequestShape
+from .peers import PooledRole
+
+# Waiting requests priced per release: the queue's head and those placement may let past it.
+MAX_LOOKAHEAD = 64
+# Requests priced to judge a deadline on arrival; a request behind more is not refused early.
+MAX_ESTIMATE = 4 * MAX_LOOKAHEAD
+_NOTHING = RequestShape()
+
+
+class VirtualLoad:
+    """The work of requests priced ahead in the queue, per replica, as placement would see it
+    had they been placed: each counted in flight, with its expected seconds of work."""
+
+    def __init__(self) -> None:
+        self._work: dict[str, tuple[float, ...]] = {}
+
+    def add(self, view: ReplicaView, shape: RequestShape) -> None:
+        work = forecast(view, shape)
+        self._work[view.origin] = (*self._work.get(view.origin, ()),
+                                   work.prefill_s + work.decode_s)
+
+    def on(self, view: ReplicaView) -> ReplicaView:
+        """The replica as a request behind the priced ones sees it."""
+        work = self._work.get(view.origin)
+        if not work:
+            return view
+        return replace(view, in_flight=view.in_flight + len(work), work_s=view.work_s + work)
+
+
+class Priced:
+    """One waiting request as the queue priced it: the replicas it saw and the policy's
+    choice (None: nothing can take it, or the policy finds every replica full)."""
+
+    __slots__ = ("choice", "shape", "ticket", "views")
+
+    def __init__(self, ticket: Ticket, shape: RequestShape, views: list[ReplicaView],
+                 choice: tuple[ReplicaView, RouteReason] | None) -> None:
+        self.ticket = ticket
+        self.shape = shape
+        self.views = views
+        self.choice = choice
+
+    @property
+    def has_slot(self) -> bool:
+        """Whether the chosen replica has a free slot now: the request may start there."""
+        return self.choice is not None and self.choice[0].in_flight < self.choice[0].slots
+
+
+class PoolQueue(Waiting):
+    """The requests waiting for one pool, released by class, fair share and placement."""
+
+    def __init__(self, pooled: PooledRole) -> None:
+        super().__init__()
+        self.pooled = pooled
+
+    @property
+    def slots(self) -> int:
+        """The selectable replicas' slots together (what /status reports)."""
+        return sum(c.slots for c in self.pooled.candidates(set()))
+
+    def _priced(self, joining: Ticket | None = None) -> Iterator[Priced]:
+        """Each waiting request (and `joining`) in the queue's order, priced by placement
+        behind the ones before it."""
+        placer = self.pooled.placer
+        load = VirtualLoad()
+        for ticket in self.in_order(joining):
+            shape = placer.priced(ticket.shape or _NOTHING)
+            candidates = self.pooled.candidates(set(), shape)
+            views = [load.on(view) for view in placer.views(candidates, shape)]
+            choice = placer.policy.choose(views, shape) if views else None
+            yield Priced(ticket, shape, views, choice)
+            if choice is not None:
+                load.add(choice[0], shape)
+
+    def _has_room(self) -> bool:
+        """Whether any selectable replica has a free slot (else nothing can be released),
+        or none is selectable (then everything is released, for dispatch to answer)."""
+        views = self.pooled.placer.views(self.pooled.candidates(set()))
+        return not views or any(view.in_flight < view.slots for view in views)
+
+    def _next(self) -> Priced | None:
+        """The first waiting request (within the lookahead) that may start now."""
+        if not self.queued() or not self._has_room():
+            return None
+        for priced in islice(self._priced(), MAX_LOOKAHEAD):
+            if not priced.views or priced.has_slot:
+                return priced
+        return None
+
+    def admit(self, now: float) -> list[Ticket]:
+        """Release every waiting request placement finds a free slot for, each placed there."""
+        admitted = []
+        while (priced := self._next()) is not None:
+            ticket = priced.ticket
+            self.start(ticket, now)
+            if priced.choice is not None:
+                ticket.placement = self.pooled.placer.commit(priced.views, priced.choice,
+                                                             priced.shape)
+            admitted.append(ticket)
+        return admitted
+
+    def arrive(self, ticket: Ticket, now: float) -> list[Ticket]:
+        """Queue a ticket and release what has room; the tickets released now."""
+        self.push(ticket)
+        return self.admit(now)
+
+    def finish(self, ticket: Ticket, now: float, tokens: int) -> list[Ticket]:
+        """A released request ended (or gave up before it was sent): its placement is let go
+        (the relay has usually done so already) and what now has room is released."""
+        self.running.discard(ticket)
+        if ticket.placement is not None:
+            ticket.placement.release()
+        return self.admit(now)
+
+    def expected_wait_s(self, ticket: Ticket, now: float) -> float | None:
+        """Seconds until `ticket` would start on the replica placement would give it behind
+        the requests ahead of it; None when no rate is known, the policy finds every replica
+        full, or too many wait ahead to price."""
+        if not self.pooled.placer.knows_a_rate():
+            return None
+        for priced in islice(self._priced(ticket), MAX_ESTIMATE):
+            if priced.ticket is ticket:
+                if priced.choice is None:
+                    return None if priced.views else 0.0
+                return forecast(priced.choice[0], priced.shape).wait_s
+        return None
