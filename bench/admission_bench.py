@@ -10,6 +10,10 @@ queue) and admission (PRIMARY_MAX_ACTIVE=2: the gateway holds requests while bot
             latency; without preemption an interactive request waits at worst for one slot.
   fairness  two batch keys, one sending 4x the other's rate (both above what the gear serves):
             the tokens each key got served while both were backlogged.
+  pooled    the priority run on a pool of two spark-cortex replicas (peer gateways, 2 slots
+            each) behind a pooling gateway. The pool's queue is always on, so FIFO here sends
+            the interactive requests with the flood's key: one key, one class, served in
+            arrival order as vLLM's own queues would.
 
 Times are the simulator's seed time (wall seconds x time-scale).
 
@@ -70,14 +74,15 @@ class Client:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
-    def ask(self, key: str, tokens: int) -> Answer:
+    def ask(self, key: str, tokens: int, sent_as: str | None = None) -> Answer:
+        """One request marked `key`, sent with `sent_as`'s key (by default `key`'s own)."""
         body = json.dumps({"model": "main", "max_tokens": tokens, "ignore_eos": True,
                            "messages": [{"role": "user", "content": f"{key} asks"}]})
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
         sent = time.monotonic()
         connection.request("POST", "/v1/chat/completions", body,
                            {"Content-Type": "application/json",
-                            "Authorization": f"Bearer {KEYS[key]}"})
+                            "Authorization": f"Bearer {KEYS[sent_as or key]}"})
         response = connection.getresponse()
         payload = response.read()
         connection.close()
@@ -89,8 +94,8 @@ class Client:
             self.answers.append(answer)
         return answer
 
-    def send(self, key: str, tokens: int) -> None:
-        thread = threading.Thread(target=self.ask, args=(key, tokens))
+    def send(self, key: str, tokens: int, sent_as: str | None = None) -> None:
+        thread = threading.Thread(target=self.ask, args=(key, tokens, sent_as))
         thread.start()
         self._threads.append(thread)
 
@@ -118,13 +123,14 @@ def reference_s(port: int, scale: float) -> tuple[float, float]:
     return (max(a.done - a.sent for a in pair) * scale, (idle.done - idle.sent) * scale)
 
 
-def priority_run(port: int, scale: float) -> dict[str, float]:
+def priority_run(port: int, scale: float, trickle_key: str = "person") -> dict[str, float]:
+    """The flood and the interactive trickle (sent with `trickle_key`, marked `person`)."""
     client = Client(port)
     for _n in range(FLOOD):
         client.send("agents", FLOOD_TOKENS)
     for _n in range(SHORT_COUNT):
         time.sleep(EVERY_S / scale)
-        client.send("person", SHORT_TOKENS)
+        client.send("person", SHORT_TOKENS, trickle_key)
     client.join()
     return {"p95": p95([(a.done - a.sent) * scale for a in client.of("person")]),
             "batch_tok_s": tok_per_s(client.of("agents"), scale),
@@ -166,6 +172,63 @@ def run_mode(admission: bool, scale: float) -> dict[str, float]:
         return result
 
 
+def pooled_run(admission: bool, scale: float) -> dict[str, float]:
+    """The priority run through a pooling gateway in front of two spark-cortex replicas."""
+    peer = {"PRIMARY_SERVED_NAME": SERVED, "PRIMARY_MAX_MODEL_LEN": "262144",
+            "PRIMARY_MAX_ACTIVE": "2"}
+    rate = f"{48.9 * scale:g}"  # the replicas' declared priors, wall tok/s
+    with ExitStack() as stack:
+        replicas = [stack.enter_context(start_gateway(
+            {**peer, "PRIMARY_BASE_URL": stack.enter_context(
+                start_sim("spark-cortex", time_scale=scale)).url})) for _n in range(2)]
+        pooler = stack.enter_context(start_gateway({
+            "GATEWAY_API_KEY": "bench-box", "GATEWAY_CLIENT_KEYS": CLIENT_KEYS,
+            "PRIMARY_FEASIBLE": "false", "PRIMARY_ROUTE": "pool", "PRIMARY_MAX_ACTIVE": "2",
+            "PRIMARY_PEER_ORIGINS": ",".join(r.url for r in replicas),
+            "PRIMARY_PEER_API_KEYS": ",", "PRIMARY_PEER_RATES": f"{rate},{rate}"}))
+        wait_ready(pooler.port)
+        batch_s, idle_s = reference_s(pooler.port, scale)
+        run = priority_run(pooler.port, scale, "person" if admission else "agents")
+        return {"batch_s": batch_s, "idle_s": idle_s, **run}
+
+
+def wait_ready(port: int) -> None:
+    """Until the pooling gateway's probes found its replicas ready."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        connection.request("GET", "/capabilities")
+        role = json.loads(connection.getresponse().read())["roles"]["cortex"]
+        connection.close()
+        if role.get("ready") and len(role.get("replicas", [])) == 2:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("the pool's replicas did not become ready")
+
+
+def pooled_table(fifo: dict[str, float], queued: dict[str, float]) -> list[str]:
+    reference = queued["batch_s"] + queued["idle_s"]
+    return [
+        "",
+        "**pooled**: the same flood and trickle through a pooling gateway in front of two "
+        "`spark-cortex` replicas (peer gateways, 2 slots each). The pool's queue is always on: "
+        "FIFO sends the interactive requests with the flood's key (one key, one class: arrival "
+        "order, as vLLM's own queues would serve them).",
+        "",
+        "| | FIFO (arrival order) | admission (classes) | goal |",
+        "|---|---:|---:|---|",
+        f"| interactive p95 latency during the flood | {fifo['p95']:.1f} s | "
+        f"{queued['p95']:.1f} s | <= 1.2 x {reference:.1f} s (one batch request "
+        f"{queued['batch_s']:.1f} s + idle {queued['idle_s']:.2f} s): "
+        f"{queued['p95'] / reference:.2f} x |",
+        f"| interactive p95, FIFO / admission | | {fifo['p95'] / queued['p95']:.1f} x | "
+        ">= 10 x |",
+        f"| batch throughput of the flood | {fifo['batch_tok_s']:.1f} tok/s | "
+        f"{queued['batch_tok_s']:.1f} tok/s | {queued['batch_tok_s'] / fifo['batch_tok_s']:.3f}"
+        " x FIFO |",
+    ]
+
+
 def table(fifo: dict[str, float], queued: dict[str, float], scale: float) -> list[str]:
     reference = queued["batch_s"] + queued["idle_s"]
     return [
@@ -200,9 +263,12 @@ def main() -> None:
     args = parser.parse_args()
     fifo = run_mode(False, args.time_scale)
     queued = run_mode(True, args.time_scale)
-    section = table(fifo, queued, args.time_scale)
+    pooled_fifo = pooled_run(False, args.time_scale)
+    pooled = pooled_run(True, args.time_scale)
+    section = table(fifo, queued, args.time_scale) + pooled_table(pooled_fifo, pooled)
     print("\n".join(section))
-    print(json.dumps({"fifo": fifo, "admission": queued}, indent=1))
+    print(json.dumps({"fifo": fifo, "admission": queued, "pooled_fifo": pooled_fifo,
+                      "pooled": pooled}, indent=1))
     if args.write_docs:
         docs_section.write_section("admission-bench", "\n".join(section), title=DOCS_TITLE)
 
