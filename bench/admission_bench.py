@@ -8,6 +8,10 @@ queue) and admission (PRIMARY_MAX_ACTIVE=2: the gateway holds requests while bot
             16-token request every 2 s (seed time) while the flood runs. Reference: one batch
             request's duration with both slots busy plus the interactive request's own idle
             latency; without preemption an interactive request waits at worst for one slot.
+            Batch throughput is the flood's tokens over the run's span, until every request
+            of the run is answered: FIFO serves the trickle after the flood and admission
+            during it, so only that window holds the same work in both modes (the flood's
+            own span is reported too).
   fairness  two batch keys, one sending 4x the other's rate (both above what the gear serves):
             the tokens each key got served while both were backlogged.
   pooled    the priority run on a pool of two spark-cortex replicas (peer gateways, 2 slots
@@ -133,13 +137,17 @@ def priority_run(port: int, scale: float, trickle_key: str = "person") -> dict[s
         client.send("person", SHORT_TOKENS, trickle_key)
     client.join()
     return {"p95": p95([(a.done - a.sent) * scale for a in client.of("person")]),
-            "batch_tok_s": tok_per_s(client.of("agents"), scale),
+            "batch_tok_s": tok_per_s(client.of("agents"), scale, client.answers),
+            "flood_tok_s": tok_per_s(client.of("agents"), scale),
             "total_tok_s": tok_per_s(client.answers, scale)}
 
 
-def tok_per_s(answers: list[Answer], scale: float) -> float:
-    """Tokens served per second of seed time, from the first request sent to the last done."""
-    span = max(a.done for a in answers) - min(a.sent for a in answers)
+def tok_per_s(answers: list[Answer], scale: float,
+              window: list[Answer] | None = None) -> float:
+    """Tokens of `answers` per second of seed time, over the span from the first request of
+    `window` (by default the answers themselves) sent to its last one done."""
+    spanned = window or answers
+    span = max(a.done for a in spanned) - min(a.sent for a in spanned)
     return sum(a.tokens for a in answers) / span / scale
 
 
@@ -223,8 +231,11 @@ def pooled_table(fifo: dict[str, float], queued: dict[str, float]) -> list[str]:
         f"{queued['p95'] / reference:.2f} x |",
         f"| interactive p95, FIFO / admission | | {fifo['p95'] / queued['p95']:.1f} x | "
         ">= 10 x |",
-        f"| batch throughput of the flood | {fifo['batch_tok_s']:.1f} tok/s | "
-        f"{queued['batch_tok_s']:.1f} tok/s | {queued['batch_tok_s'] / fifo['batch_tok_s']:.3f}"
+        f"| batch throughput: the flood's tokens over the run | {fifo['batch_tok_s']:.1f} tok/s"
+        f" | {queued['batch_tok_s']:.1f} tok/s | {queued['batch_tok_s'] / fifo['batch_tok_s']:.3f}"
+        " x FIFO |",
+        f"| the flood's tokens over the flood's own span | {fifo['flood_tok_s']:.1f} tok/s | "
+        f"{queued['flood_tok_s']:.1f} tok/s | {queued['flood_tok_s'] / fifo['flood_tok_s']:.3f}"
         " x FIFO |",
     ]
 
@@ -245,9 +256,12 @@ def table(fifo: dict[str, float], queued: dict[str, float], scale: float) -> lis
         f"(one batch request {queued['batch_s']:.1f} s + idle {queued['idle_s']:.2f} s): "
         f"{queued['p95'] / reference:.2f} x |",
         f"| interactive p95, FIFO / admission | | {fifo['p95'] / queued['p95']:.1f} x | >= 10 x |",
-        f"| batch throughput of the flood | {fifo['batch_tok_s']:.1f} tok/s | "
-        f"{queued['batch_tok_s']:.1f} tok/s | >= 0.97 x FIFO: "
-        f"{queued['batch_tok_s'] / fifo['batch_tok_s']:.3f} x |",
+        f"| batch throughput: the flood's tokens over the run (until flood and trickle are "
+        f"all answered) | {fifo['batch_tok_s']:.1f} tok/s | {queued['batch_tok_s']:.1f} tok/s "
+        f"| >= 0.97 x FIFO: {queued['batch_tok_s'] / fifo['batch_tok_s']:.3f} x |",
+        f"| the flood's tokens over the flood's own span (FIFO serves the trickle after it) | "
+        f"{fifo['flood_tok_s']:.1f} tok/s | {queued['flood_tok_s']:.1f} tok/s | "
+        f"{queued['flood_tok_s'] / fifo['flood_tok_s']:.3f} x FIFO |",
         f"| the gear's throughput, flood and interactive requests together | "
         f"{fifo['total_tok_s']:.1f} tok/s | {queued['total_tok_s']:.1f} tok/s | "
         f"{queued['total_tok_s'] / fifo['total_tok_s']:.3f} x FIFO |",
