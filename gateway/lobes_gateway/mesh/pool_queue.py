@@ -13,10 +13,12 @@ fair share across keys), where each waiting request would go:
     requests behind it towards the other replicas.
 
 So a burst spreads as arrival-time placement spreads it (the fast replica's waves, the slow
-replica's share), an interactive request at the head waits only for the replica the policy
-would choose for it, and a slow replica is never left idle while the policy would have used
-it. A request no replica can take (none selectable, or its prompt fits no window) is released
-without a placement: dispatch answers it as it always did.
+replica's share, an idle never-measured replica explored at once), an interactive request at
+the head waits only for the replica the policy would choose for it, and a slow replica is
+never left idle while the policy would have used it. A request placement would not place
+(none selectable, its prompt fits no window, or the queue policy finds every replica full) is
+released without a placement: dispatch answers it as it always did (a 400, or the singular
+peer or local path the pool falls through to), so the queue policy keeps seed 000's baseline.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class VirtualLoad:
 
 class Priced:
     """One waiting request as the queue priced it: the replicas it saw and the policy's
-    choice (None: nothing can take it, or the policy finds every replica full)."""
+    choice, exploration applied (None: placement would not place it)."""
 
     __slots__ = ("choice", "shape", "ticket", "views")
 
@@ -98,22 +100,27 @@ class PoolQueue(Waiting):
             candidates = self.pooled.candidates(set(), shape)
             views = [load.on(view) for view in placer.views(candidates, shape)]
             choice = placer.policy.choose(views, shape) if views else None
+            if choice is not None:  # an idle, never measured replica takes it, as on arrival
+                choice = placer.explored(views, choice)
             yield Priced(ticket, shape, views, choice)
             if choice is not None:
                 load.add(choice[0], shape)
 
     def _has_room(self) -> bool:
-        """Whether any selectable replica has a free slot (else nothing can be released),
-        or none is selectable (then everything is released, for dispatch to answer)."""
-        views = self.pooled.placer.views(self.pooled.candidates(set()))
-        return not views or any(view.in_flight < view.slots for view in views)
+        """Whether a request might be released now: a selectable replica has a free slot, or
+        placement would not place one (nothing selectable, or the policy finds every replica
+        full), which dispatch answers as it always did."""
+        placer = self.pooled.placer
+        views = placer.views(self.pooled.candidates(set()))
+        return (not views or any(view.in_flight < view.slots for view in views)
+                or placer.policy.choose(views, placer.priced(_NOTHING)) is None)
 
     def _next(self) -> Priced | None:
         """The first waiting request (within the lookahead) that may start now."""
         if not self.queued() or not self._has_room():
             return None
         for priced in islice(self._priced(), MAX_LOOKAHEAD):
-            if not priced.views or priced.has_slot:
+            if priced.choice is None or priced.has_slot:
                 return priced
         return None
 

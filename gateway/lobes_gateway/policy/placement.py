@@ -470,11 +470,11 @@ class Placer:
                shape: RequestShape) -> Placement:
         """Count the request on the policy's choice among `views` (or the replica it explores
         instead): the placement, in flight from now."""
-        view, reason = self._explored(views, choice)
+        view, reason = self.explored(views, choice)
         return self._count(view, reason, shape)
 
-    def _explored(self, views: Sequence[ReplicaView],
-                  choice: tuple[ReplicaView, RouteReason]) -> tuple[ReplicaView, RouteReason]:
+    def explored(self, views: Sequence[ReplicaView],
+                 choice: tuple[ReplicaView, RouteReason]) -> tuple[ReplicaView, RouteReason]:
         """An exploring policy's choice handed to an idle replica whose rate was never
         measured, once the pool has warmed up: its prior may be too pessimistic for the
         policy ever to pick it, and only a sample can tell."""
