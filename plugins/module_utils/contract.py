@@ -203,7 +203,7 @@ VLLM_PRIORITY = {"interactive": -1, "standard": 0, "batch": 1}
 ROLE_ENV_SUFFIXES: tuple[str, ...] = (
     "ROUTE", "BASE_URL", "SERVED_NAME", "MAX_MODEL_LEN", "MAX_ACTIVE", "FEASIBLE",
     "QUANTIZATION", "PEER_ORIGIN", "PEER_PROXY", "PEER_API_KEY", "PEER_ORIGINS",
-    "PEER_API_KEYS", "PEER_RATES", "STREAM_RESUME", "PRIORITY_SCHEDULING",
+    "PEER_API_KEYS", "PEER_RATES", "STREAM_RESUME", "PRIORITY_SCHEDULING", "RATE",
 )
 # Names the gateway reads besides the per-role ones.
 GATEWAY_ENV: tuple[str, ...] = (

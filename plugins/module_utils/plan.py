@@ -459,6 +459,7 @@ def _role_plan(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) -> dict:
         gear = dict(local[box.host][decl.role])
         gear["port"] = box.gear_port_base + role_index(decl.role)
         gear["service"] = f"vllm-{decl.role}" if not spec.is_audio else "audio"
+        gear["rate"] = _declared_rate(box.host, decl.role, boxes)
         plan["gear"] = gear
         plan["served_name"] = gear.get("served_name")
         plan["context"] = gear.get("context")
@@ -472,6 +473,15 @@ def _role_plan(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) -> dict:
     if decl.pool:
         plan["replicas"] = len(decl.pool) + (1 if decl.feasible else 0)
     return plan
+
+
+def _declared_rate(host: str, role: str, boxes: dict) -> float | None:
+    """The single-stream tok/s other boxes declare for this host's gear of `role` (their
+    pools' `rates`): the lowest when they differ, so a deadline is never judged on the most
+    optimistic one; None when no box declares one."""
+    rates = [rate for other in boxes.values() for decl in other.roles if decl.role == role
+             for peer, rate in decl.rates if peer == host]
+    return min(rates, default=None)
 
 
 def _mode(decl: RoleDecl) -> str:

@@ -139,8 +139,18 @@ def _role_env(plan: dict, role: dict, secrets: dict) -> list:
             env.append((role_env(prefix, "QUANTIZATION"), gear["quantization"]))
         if schedules_by_priority(role):
             env.append((role_env(prefix, "PRIORITY_SCHEDULING"), "true"))
+        # The admission queue's prior for the gear's rate, until a request has finished there.
+        if gear.get("rate") is not None:
+            env.append((role_env(prefix, "RATE"), _wall_rate(plan, gear)))
     env.extend(_peer_env(plan, role, secrets))
     return env
+
+
+def _wall_rate(plan: dict, gear: dict) -> str:
+    """The gear's declared tok/s as the gateway will measure it: a simulated gear runs at
+    the box's time scale."""
+    scale = plan["gears"]["sim_time_scale"] if gear["engine"] == "sim" else 1.0
+    return _number(round(gear["rate"] * scale, 3))
 
 
 def _peer_env(plan: dict, role: dict, secrets: dict) -> list:

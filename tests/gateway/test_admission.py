@@ -175,6 +175,27 @@ def test_a_deadline_the_queue_cannot_meet_is_refused_at_once(gear):
     assert reached(sim) == ["warm-up", "holder", "patient"]
 
 
+def test_a_declared_rate_refuses_an_unmeetable_deadline_on_the_first_request(gateway_factory,
+                                                                            sim_factory):
+    # No request has finished on this fresh gateway: P_RATE (spark-cortex's 48.9 tok/s at
+    # time scale 10) prices the holder's ~1.6 s, so a 0.2 s deadline is refused on arrival.
+    sim = sim_factory("spark-cortex", time_scale=10, extra_args=["--max-num-seqs", "1"])
+    gateway = gateway_factory({**wired(sim, served="unsloth/Qwen3.8-27B-NVFP4"),
+                               "GATEWAY_API_KEY": BOX_KEY, "GATEWAY_CLIENT_KEYS": CLIENT_KEYS,
+                               "PRIMARY_MAX_ACTIVE": "1", "PRIMARY_RATE": "489"})
+    sender = hold_then_queue(gateway, sim, [])
+    started = time.monotonic()
+    refused = ask(gateway.url, "hurried", "person", **{"X-Lobes-Deadline-S": "0.2"})
+    waited = time.monotonic() - started
+    sender.join()
+    assert refused.status == 429 and refused.error["code"] == "deadline_unmeetable"
+    assert waited < 1.0  # on arrival, not when the holder's ~1.6 s ended
+    assert reached(sim) == ["holder"]
+    scrape = Scrape.of(gateway.url)
+    assert scrape.value("lobes_gateway_admission_total", role=ROLE,
+                        outcome="deadline_unmeetable", **{"class": "interactive"}) == 1
+
+
 def test_a_request_still_waiting_at_its_deadline_is_refused_never_started(gateway_factory,
                                                                           sim_factory):
     # A fresh gateway has learned no rate: it cannot estimate, so the request waits, and its

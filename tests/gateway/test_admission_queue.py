@@ -130,6 +130,25 @@ def test_expected_wait_follows_the_running_ends_and_the_work_ahead():
     assert queue.expected_wait_s(Ticket("c", BATCH, 10), 0.5) == pytest.approx(3.5)
 
 
+def test_a_declared_rate_prices_the_wait_until_a_request_finishes():
+    queue = AdmissionQueue(1, prior=50.0)  # P_RATE: 100 tokens take 2 s
+    running = Ticket("busy", STANDARD, 100)
+    queue.arrive(running, 0.0)
+    assert queue.expected_wait_s(Ticket("a", STANDARD, 10), 0.5) == pytest.approx(1.5)
+    queue.finish(running, 4.0, 100)  # measured 25 tok/s: the sample replaces the prior
+    assert queue.rate.value == pytest.approx(25.0)
+
+
+def test_p_rate_is_the_gears_prior_and_must_be_a_positive_rate():
+    config = load_config({**ENV, "PRIMARY_BASE_URL": "http://127.0.0.1:9", "PRIMARY_RATE": "48.9"})
+    assert config.roles["cortex"].rate == pytest.approx(48.9)
+    for bad in ("fast", "0", "-3"):
+        with pytest.raises(ConfigError) as caught:
+            load_config({**ENV, "PRIMARY_RATE": bad})
+        assert caught.value.variable == "PRIMARY_RATE"
+        assert "tokens per second" in str(caught.value)
+
+
 def test_the_rate_is_learned_from_finished_requests():
     queue = AdmissionQueue(1)
     ticket = Ticket("a", STANDARD, 100)

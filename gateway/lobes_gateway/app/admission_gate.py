@@ -59,7 +59,7 @@ class AdmissionGate:
     def __init__(self, config: GatewayConfig, pressure: PressureMonitor,
                  pooled: dict[str, PooledRole]) -> None:
         self.queues: dict[str, AdmissionQueue | PoolQueue] = {
-            name: AdmissionQueue(rc.max_active) for name, rc in config.roles.items()
+            name: AdmissionQueue(rc.max_active, rc.rate) for name, rc in config.roles.items()
             if rc.max_active and rc.wired and rc.role.task == GENERATE and name != MINOR
             and name not in pooled}
         for name, role in pooled.items():

@@ -198,14 +198,17 @@ class Waiting:
 class AdmissionQueue(Waiting):
     """The slots of one role's gear and the requests waiting for them."""
 
-    def __init__(self, slots: int, smoothing: float = DEFAULT_SMOOTHING) -> None:
+    def __init__(self, slots: int, prior: float | None = None,
+                 smoothing: float = DEFAULT_SMOOTHING) -> None:
         super().__init__()
         self.slots = slots
-        self.rate = RateEstimate(None, smoothing)  # tokens/s per stream, learned
+        # Tokens/s per stream: the declared prior (P_RATE) until the first finished request
+        # replaces it, then learned.
+        self.rate = RateEstimate(prior, smoothing, measured_replaces_prior=True)
 
     def expected_wait_s(self, ticket: Ticket, now: float) -> float | None:
         """Seconds until `ticket` would start if it arrived now: 0 when a slot is free and
-        nobody waits, None when it must wait and no rate has been learned yet."""
+        nobody waits, None when it must wait and no rate is known (declared or learned)."""
         if len(self.running) < self.slots and not self.queued():
             return 0.0
         rate = self.rate.value

@@ -86,6 +86,9 @@ class RoleConfig:
     # P_PRIORITY_SCHEDULING: the gear runs vLLM's priority policy, so a request's class travels
     # to it as `priority`.
     priority_scheduling: bool = False
+    # P_RATE: the local gear's declared single-stream tok/s, the admission queue's prior
+    # until a request has finished (so a deadline is judged on the first request too).
+    rate: float | None = None
 
     @property
     def name(self) -> str:
@@ -296,6 +299,7 @@ def _role(env: _Env, role: RoleSpec, fleet_key: str | None) -> RoleConfig:
         quantization=env.str(f"{p}_QUANTIZATION"),
         stream_resume=bool(env.bool(f"{p}_STREAM_RESUME", False)),
         priority_scheduling=bool(env.bool(f"{p}_PRIORITY_SCHEDULING", False)),
+        rate=_rate(f"{p}_RATE", env.str(f"{p}_RATE") or ""),
     )
 
 
