@@ -1,10 +1,12 @@
 """Admission on a pool, with real processes: a pooling gateway with named keys in front of two
 peer gateways, each fronting a one-slot simulated spark-cortex gear.
 
-Both slots are first taken by holders: a short one on one replica, a long one on the other.
-Requests then queued at the pooling gateway are released one at a time as the short holder's
-replica frees (placement prices the other as busy for much longer), so the order they reach
-that simulator is the order the pool's queue released them. Each is queued once /status
+Both slots are first taken by holders: a short one on one replica, a long one on the other,
+and a "next" request waits in the short holder's replica's own queue (a replica is sent one
+request beyond its slots, so a freed slot starts the next at once). Requests then queued at the
+pooling gateway are released one at a time as that replica frees (placement prices the other
+as busy for much longer), so the order they reach that simulator is the order the pool's queue
+released them. Each is queued once /status
 shows the one before it waiting, so the queue's order is the test's, not the threads'.
 """
 
@@ -80,6 +82,9 @@ def held(pool):
     sender.send("hold-short", "agents", SHORT_HOLD)
     wait_until(lambda: reached(short_sim) == ["hold-short"], timeout=10, interval=0.02,
                message="the short holder to start on the other replica")
+    sender.send("next", "agents")
+    wait_until(lambda: reached(short_sim) == ["hold-short", "next"], timeout=10, interval=0.02,
+               message="the next request to wait in that replica's own queue")
     yield pooler, short_sim, sender
     sender.join()
 
@@ -144,7 +149,8 @@ def test_a_pooled_interactive_request_goes_before_a_queued_batch_flood(held):
     queue_in_order(pooler, sender, [*flood, ("person", "person")])
     replies = sender.join()
     assert all(reply.status == 200 for reply in replies.values())
-    assert reached(first_sim) == ["hold-short", "person", "agents-0", "agents-1", "agents-2"]
+    assert reached(first_sim) == ["hold-short", "next", "person", "agents-0", "agents-1",
+                                  "agents-2"]
 
 
 def test_keys_share_a_class_fairly_on_a_pool(held):
@@ -153,8 +159,8 @@ def test_keys_share_a_class_fairly_on_a_pool(held):
     evals = [(f"evals-{n}", "evals") for n in range(2)]
     queue_in_order(pooler, sender, [*flood, *evals])
     sender.join()
-    assert reached(first_sim) == ["hold-short", "agents-0", "evals-0", "agents-1", "evals-1",
-                                  "agents-2", "agents-3"]
+    assert reached(first_sim) == ["hold-short", "next", "agents-0", "evals-0", "agents-1",
+                                  "evals-1", "agents-2", "agents-3"]
 
 
 def test_a_client_that_leaves_while_held_on_a_pool_never_reaches_a_replica(held):
@@ -191,7 +197,7 @@ def test_a_deadline_the_pool_cannot_meet_is_refused_at_once(held):
     assert int(refused.headers["retry-after"]) >= 1
     assert waited < 1.0  # refused on arrival, not after waiting for the short holder (~2 s)
     assert patient.status == 200
-    assert reached(first_sim) == ["hold-short", "patient"]
+    assert reached(first_sim) == ["hold-short", "next", "patient"]
     scrape = Scrape.of(pooler.url)
     assert scrape.value("lobes_gateway_admission_total", role=ROLE,
                         outcome="deadline_unmeetable", **{"class": "interactive"}) >= 1
@@ -203,11 +209,40 @@ def test_the_pools_queue_shows_on_status_and_metrics(held):
     status = admission(pooler)
     scrape = Scrape.of(pooler.url)
     sender.join()
-    assert status["slots"] == 2 and status["running"] == 2
+    assert status["slots"] == 2 and status["running"] == 3
     assert status["queued"] == {"interactive": 1, "standard": 0, "batch": 2}
     assert status["queued_by_client"] == {"agents": 2, "person": 1}
     depth = "lobes_gateway_admission_queue_depth"
     assert scrape.value(depth, role=ROLE, **{"class": "batch"}) == 2
     assert scrape.value(depth, role=ROLE, **{"class": "interactive"}) == 1
     assert scrape.value(f"{depth}_by_client", role=ROLE, client="agents") == 2
-    assert scrape.value("lobes_gateway_admission_running", role=ROLE) == 2
+    assert scrape.value("lobes_gateway_admission_running", role=ROLE) == 3
+
+
+def test_a_burst_held_at_the_pool_spreads_as_rate_placement_spreads_it():
+    """Seed 000's pair: held requests count as load where placement would send them, so the
+    slow replica takes its share at once instead of idling while all wait for the fast one,
+    and neither replica is sent more than its slots and the one waiting in its own queue."""
+    rates = f"{48.9 * TIME_SCALE:g},{11.0 * TIME_SCALE:g}"
+    with start_sim("spark-cortex", time_scale=TIME_SCALE) as spark_sim, \
+            start_sim("thor-cortex", time_scale=TIME_SCALE) as thor_sim, \
+            start_gateway({**peer_env(spark_sim), "PRIMARY_MAX_ACTIVE": "2"}) as spark, \
+            start_gateway({**peer_env(thor_sim), "PRIMARY_MAX_ACTIVE": "2"}) as thor, \
+            start_gateway({**pool_env(spark, thor), "PRIMARY_PEER_RATES": rates,
+                           "PRIMARY_MAX_ACTIVE": "2", "GATEWAY_POOL_POLICY": "rate"}) as pooler:
+        wait_until(lambda: all(row["ready"] for row in replicas(pooler)) and
+                   len(replicas(pooler)) == 2, message="both replicas ready")
+        peak = {"queued": 0, "spark": 0, "thor": 0}
+        sender = Sender(pooler.url)
+        for n in range(16):
+            sender.send(f"burst-{n}", "agents", 160)
+        while any(thread.is_alive() for thread in sender.threads):
+            peak["queued"] = max(peak["queued"], queued(pooler))
+            for name, peer in (("spark", spark), ("thor", thor)):
+                peak[name] = max(peak[name], admission(peer)["running"])
+        replies = sender.join()
+    assert all(reply.status == 200 for reply in replies.values())
+    served = [reply.headers["x-lobes-proxied-by"] for reply in replies.values()]
+    assert 1 <= served.count(thor.url) <= 3  # seed 000's burst 16: 14 on the Spark, 2 here
+    assert peak["queued"] >= 6  # the Spark's later waves waited at the pooling gateway
+    assert peak["spark"] <= 3 and peak["thor"] <= 3

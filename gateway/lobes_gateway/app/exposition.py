@@ -142,16 +142,17 @@ def _admission(out: Exposition, gate: AdmissionGate) -> None:
     """Queue depths by class and by client key name, and how requests left admission."""
     queues = sorted(gate.queues.items())
     out.family("lobes_gateway_admission_queue_depth", "gauge",
-               "Requests waiting at the gateway for a slot of the role's gear, by class.",
+               "Requests waiting at the gateway for a slot of the role's gear or pool, by class.",
                [((("role", role), ("class", name)), depth)
                 for role, queue in queues for name, depth in queue.depth_by_class().items()])
     out.family("lobes_gateway_admission_queue_depth_by_client", "gauge",
-               "Requests waiting at the gateway for a slot of the role's gear, by client key "
-               "name (keys with none waiting are left out).",
+               "Requests waiting at the gateway for a slot of the role's gear or pool, by client "
+               "key name (keys with none waiting are left out).",
                [((("role", role), ("client", client)), depth) for role, queue in queues
                 for client, depth in sorted(queue.depth_by_client().items())])
     out.family("lobes_gateway_admission_running", "gauge",
-               "Requests admitted to the role's gear and not yet finished.",
+               "Requests admitted to the role's gear (or released to its pool) and not yet "
+               "finished.",
                [((("role", role),), len(queue.running)) for role, queue in queues])
     counts = {(role, name, outcome): gate.outcomes.get((role, name, outcome), 0)
               for role, _queue in queues for name in CLASSES for outcome in OUTCOMES}
