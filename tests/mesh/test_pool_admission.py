@@ -222,7 +222,8 @@ def test_the_pools_queue_shows_on_status_and_metrics(held):
 def test_a_burst_held_at_the_pool_spreads_as_rate_placement_spreads_it():
     """Seed 000's pair: held requests count as load where placement would send them, so the
     slow replica takes its share at once instead of idling while all wait for the fast one,
-    and neither replica is sent more than its slots and the one waiting in its own queue."""
+    and neither replica is sent more than its slots (the rate policy sends none to wait in a
+    replica's own queue)."""
     rates = f"{48.9 * TIME_SCALE:g},{11.0 * TIME_SCALE:g}"
     with start_sim("spark-cortex", time_scale=TIME_SCALE) as spark_sim, \
             start_sim("thor-cortex", time_scale=TIME_SCALE) as thor_sim, \
@@ -245,4 +246,4 @@ def test_a_burst_held_at_the_pool_spreads_as_rate_placement_spreads_it():
     served = [reply.headers["x-lobes-proxied-by"] for reply in replies.values()]
     assert 1 <= served.count(thor.url) <= 3  # seed 000's burst 16: 14 on the Spark, 2 here
     assert peak["queued"] >= 6  # the Spark's later waves waited at the pooling gateway
-    assert peak["spark"] <= 3 and peak["thor"] <= 3
+    assert peak["spark"] <= 2 and peak["thor"] <= 2
