@@ -175,8 +175,7 @@ def test_a_deadline_the_queue_cannot_meet_is_refused_at_once(gear):
     assert reached(sim) == ["warm-up", "holder", "patient"]
 
 
-def test_a_declared_rate_refuses_an_unmeetable_deadline_on_the_first_request(gateway_factory,
-                                                                            sim_factory):
+def test_a_declared_rate_refuses_an_unmeetable_deadline_at_once(gateway_factory, sim_factory):
     # No request has finished on this fresh gateway: P_RATE (spark-cortex's 48.9 tok/s at
     # time scale 10) prices the holder's ~1.6 s, so a 0.2 s deadline is refused on arrival.
     sim = sim_factory("spark-cortex", time_scale=10, extra_args=["--max-num-seqs", "1"])
