@@ -38,9 +38,10 @@ from .peers import PooledRole
 MAX_LOOKAHEAD = 64
 # Requests a replica is sent beyond its slots: one waits in its own queue and starts the
 # moment a slot frees, where a hand-off through the gateway (answer relayed, release, the next
-# request dialled through the peer's gateway) would leave the slot idle meanwhile: measured 1-3%
-# of a burst's throughput at bench time-scale 10 without it. An interactive request then
-# waits at worst for two slot ends instead of one (of a 2-slot replica, within one request).
+# request dialled through the peer's gateway) would leave the slot idle meanwhile: without it,
+# 1-3% of a burst's throughput at bench time-scale 10 (docs/benchmarks.md). An interactive
+# request then waits at worst for two slot ends instead of one (on a 2-slot replica, within
+# one running request).
 # Not under the rate policy: it learns a replica's rate as tokens x the waves ahead at dispatch
 # / elapsed, right for requests sent together; one sent to wait behind running requests about
 # to end counts a wave it hardly waited and doubles its sample (measured: a homogeneous pair
@@ -143,7 +144,7 @@ class PoolQueue(Waiting):
         return None
 
     def admit(self, now: float) -> list[Ticket]:
-        """Release every waiting request placement finds a free slot for, each placed there."""
+        """Release every waiting request placement finds room for, each placed there."""
         admitted = []
         while (priced := self._next()) is not None:
             ticket = priced.ticket
