@@ -114,8 +114,10 @@ class PoolQueue(Waiting):
         placer = self.pooled.placer
         load = VirtualLoad()
         for ticket in self.in_order(joining):
+            # The window check takes the request as sent (as dispatch does); the policy prices
+            # an unnamed max_tokens as the pool's typical answer.
+            candidates = self.pooled.candidates(set(), ticket.shape)
             shape = placer.priced(ticket.shape or _NOTHING)
-            candidates = self.pooled.candidates(set(), shape)
             views = [load.on(view) for view in placer.views(candidates, shape)]
             choice = placer.policy.choose(views, shape) if views else None
             if choice is not None:  # an idle, never measured replica takes it, as on arrival
