@@ -22,6 +22,9 @@ if TYPE_CHECKING:  # resume.py relays through this module's helpers
 # Above this many unsent bytes the relay waits for the client (backpressure).
 HIGH_WATER = 64 * 1024
 _BODY_IN_ONE_READ = 256 * 1024
+# How much of a large answer's end is kept to find its usage block (vLLM writes usage last but
+# for a few short fields).
+_USAGE_TAIL = 4096
 _BROKEN = (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError)
 _STREAM_END = b"0\r\n\r\n"
 _CLOSE = b"Connection: close"
@@ -189,7 +192,7 @@ async def pass_through(connections: Connections, response: Response, client: Cha
             finish(connections, response)
             return keep_alive
     elif length is not None:
-        return await _relay_large(connections, response, client, extra, keep_alive)
+        return await _relay_large(connections, response, client, extra, keep_alive, meter)
     elif not response.chunked or is_event_stream(response):
         if meter is not None:
             return await _relay_metered_stream(connections, response, client, extra, keep_alive,
@@ -209,10 +212,15 @@ def is_event_stream(response: Response) -> bool:
 
 
 async def _relay_large(connections: Connections, response: Response, client: Channel,
-                       extra: list[bytes], keep_alive: bool) -> bool:
-    """A body too large to hold: the head goes first, so a cut can only end the connection."""
+                       extra: list[bytes], keep_alive: bool, meter: Outcome | None) -> bool:
+    """A body too large to hold: the head goes first, so a cut can only end the connection.
+
+    With a `meter`, the body's last bytes are kept: an OpenAI answer ends in its usage, whose
+    completion tokens are counted (and teach a placed replica's rate) once the body is whole.
+    """
     length = response.length or 0
     upstream = response.conn.channel
+    tail = b""
     try:
         client.write(head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive))
         left = length
@@ -222,11 +230,15 @@ async def _relay_large(connections: Connections, response: Response, client: Cha
                 raise ConnectionResetError("upstream closed mid-body")
             left -= len(data)
             client.write(data)
+            if meter is not None:
+                tail = (tail + data if len(data) < _USAGE_TAIL else data)[-_USAGE_TAIL:]
             await client.drain()
     except _BROKEN:
         response.conn.close()
         return False
     finish(connections, response)
+    if meter is not None:
+        meter.learn(completion_tokens(tail))
     return keep_alive
 
 
