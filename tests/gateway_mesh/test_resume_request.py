@@ -1,7 +1,12 @@
 """app/resume.py's pure parts: which streams may be continued, and the continuation request."""
 
 import pytest
-from lobes_gateway.app.resume import continuation_body, resumable_request
+from lobes_gateway.app.resume import (
+    UsageAsked,
+    continuation_body,
+    counting_payload,
+    resumable_request,
+)
 
 ASK = {"model": "cortex", "stream": True, "max_tokens": 100,
        "messages": [{"role": "user", "content": "hi"}]}
@@ -46,3 +51,24 @@ def test_a_callers_own_continuation_is_extended_not_nested():
 
 def test_a_spent_budget_needs_no_continuation():
     assert continuation_body(ASK, "all of it", 100) is None
+
+
+@pytest.mark.parametrize(("options", "asked"), [
+    (None, UsageAsked(final=False, per_chunk=False)),
+    ({"include_usage": True}, UsageAsked(final=True, per_chunk=False)),
+    ({"include_usage": True, "continuous_usage_stats": True}, UsageAsked(True, True)),
+    # vLLM reports usage per chunk only with include_usage.
+    ({"continuous_usage_stats": True}, UsageAsked(final=False, per_chunk=False)),
+])
+def test_the_replicas_are_asked_for_usage_per_chunk_whatever_the_client_asked(options, asked):
+    payload = ASK if options is None else {**ASK, "stream_options": options}
+    assert UsageAsked.of(payload) == asked
+    counted = counting_payload(payload)
+    assert counted["stream_options"] == {**(options or {}), "include_usage": True,
+                                         "continuous_usage_stats": True}
+    assert counted["messages"] == ASK["messages"] and payload.get("stream_options") == options
+
+
+def test_a_malformed_stream_options_is_left_for_the_replica_to_refuse():
+    payload = {**ASK, "stream_options": "usage please"}
+    assert counting_payload(payload) is payload

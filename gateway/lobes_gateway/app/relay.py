@@ -113,8 +113,8 @@ async def _relay_settling(connections: Connections, outcome: Outcome, client: Ch
 
 async def _relay_resumable(connections: Connections, outcome: Outcome, client: Channel,
                            keep_alive: bool) -> bool:
-    """A pooled stream relayed by its StreamResume; a replica's rate is taught only from a
-    stream it served whole."""
+    """A pooled stream relayed by its StreamResume; a replica's rate is taught here only from
+    a stream it served whole (a continued one is taught by the StreamResume)."""
     resume, placement = outcome.resume, outcome.placement
     assert resume is not None and placement is not None
     try:

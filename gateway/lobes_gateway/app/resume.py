@@ -18,16 +18,24 @@ What is not continued (the stream then ends as an unpooled one does, with a
 `stream_interrupted` error event): a request with `n` > 1, a structured-output or
 guided-decoding request (a grammar restarts at the continuation's first token), and a stream
 once it carries a delta other than text (tool calls, reasoning), which a final assistant
-message cannot hold. Tokens are counted one per content chunk unless the stream reports
-usage per chunk (stream_options.continuous_usage_stats): a replica that sends several tokens
-in one chunk (speculative decoding) has its tokens counted short, and its continuation's
-max_tokens too large by the difference.
+message cannot hold.
+
+Tokens are counted from the replicas' own usage: every part is asked for usage on each chunk
+(stream_options.continuous_usage_stats), because a replica with speculative decoding (MTP)
+sends several tokens in one chunk and a chunk count would leave the continuation's max_tokens
+too large. What the client did not ask for is taken out again: the usage of each chunk, and
+the final usage chunk. A replica that ignores the option is counted one token per chunk.
+
+A continuation that ends the stream whole teaches its replica's rate from its own part (its
+tokens after its prompt, in its time) and the pool's answer length from the whole answer; a
+part that broke off teaches nothing (its replica failed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,6 +84,33 @@ def resumable_request(payload: dict | None) -> bool:
         return False
     messages = payload.get("messages")
     return isinstance(messages, list) and bool(messages)
+
+
+@dataclass(frozen=True)
+class UsageAsked:
+    """The usage a client asked of its stream (stream_options)."""
+
+    final: bool  # include_usage: a usage chunk before [DONE]
+    per_chunk: bool  # continuous_usage_stats too: usage on every chunk
+
+    @classmethod
+    def of(cls, payload: dict) -> UsageAsked:
+        options = payload.get("stream_options")
+        if not isinstance(options, dict):
+            return cls(False, False)
+        final = options.get("include_usage") is True
+        return cls(final, final and options.get("continuous_usage_stats") is True)
+
+
+def counting_payload(payload: dict) -> dict:
+    """The request as the replicas get it: asking for usage on every chunk, so the tokens a
+    stream carried are known wherever it breaks off (a malformed stream_options is left for
+    the replica to refuse)."""
+    options = payload.get("stream_options", {})
+    if not isinstance(options, dict):
+        return payload
+    return {**payload, "stream_options": {**options, "include_usage": True,
+                                          "continuous_usage_stats": True}}
 
 
 @dataclass(frozen=True)
@@ -128,13 +163,20 @@ class StreamResume:
                  stall_s: float, outcomes: defaultdict[tuple[str, str], int]) -> None:
         self._role = role
         self._outcomes = outcomes
-        self._payload = payload
+        self._asked = UsageAsked.of(payload)
+        self.payload = counting_payload(payload)  # what every part's replica is sent
         self._path = path  # the request target: /v1/chat/completions
         self._target_of = target_of  # a replica's origin -> where and how to send it
         self._timeout = timeout_s
         self._stall = stall_s
         self.resumes = 0  # continuations this stream needed
         self.whole = False  # the stream ended with its [DONE]
+        self._part_started = 0.0  # when the current continuation was sent
+
+    @property
+    def body(self) -> bytes:
+        """The request body every part's replica is sent (the model name left as asked)."""
+        return _encoded(self.payload)
 
     async def relay(self, connections: Connections, response: Response, extra: list[bytes],
                     placement: Placement, client: Channel, keep_alive: bool) -> tuple[bool, int]:
@@ -148,6 +190,8 @@ class StreamResume:
             part: Response | None = response
             while part is not None:
                 whole = await self._relay_part(connections, part, stream, client)
+                if whole and self.resumes:
+                    self._teach(held[-1], stream)
                 held[-1].release()
                 if whole:
                     self.whole = True
@@ -161,6 +205,12 @@ class StreamResume:
         finally:
             for each in held:
                 each.release()
+
+    def _teach(self, placement: Placement, stream: _Stream) -> None:
+        """The continuation that ended the stream whole: its replica's rate from its own part,
+        the pool's answer length from the whole answer."""
+        placement.record_completion(stream.part_tokens, time.monotonic() - self._part_started,
+                                    answer_tokens=stream.tokens)
 
     async def _relay_part(self, connections: Connections, response: Response, stream: _Stream,
                           client: Channel) -> bool:
@@ -251,6 +301,13 @@ class StreamResume:
         if "error" in chunk:
             return None
         changed = self._note(chunk, stream)
+        if "usage" in chunk and not self._asked.per_chunk:
+            if not chunk.get("choices"):  # the final usage chunk
+                if not self._asked.final:
+                    return b""
+            else:
+                del chunk["usage"]
+                changed = True
         if not stream.continuing:
             return _dumped(chunk) if changed else as_is
         if _is_role_only(chunk):
@@ -304,7 +361,7 @@ class StreamResume:
         if not stream.resumable or stream.finished:
             return None
         stream.produced, stream.part_tokens = stream.tokens, 0
-        body = continuation_body(self._payload, stream.text, stream.produced)
+        body = continuation_body(self.payload, stream.text, stream.produced)
         if body is None:
             stream.spent = True
             return None
@@ -317,10 +374,10 @@ class StreamResume:
             tried.add(placement.origin)
             held.append(placement)
             target = self._target_of(placement.origin)
-            encoded = json.dumps({**body, "model": target.model} if target.model else body,
-                                 ensure_ascii=False, separators=(",", ":")).encode()
+            encoded = _encoded({**body, "model": target.model} if target.model else body)
             head = request_head("POST", self._path, target.origin, target.headers,
                                 len(encoded))
+            self._part_started = time.monotonic()
             try:
                 response = await exchange(connections, target.origin, head, encoded,
                                           self._timeout)
@@ -360,6 +417,10 @@ def continuation_body(payload: dict, text: str, produced: int) -> dict | None:
         messages.append({"role": "assistant", "content": text})
     body["messages"] = messages
     return body
+
+
+def _encoded(payload: dict) -> bytes:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _is_plain(data: bytes) -> bool:
