@@ -465,7 +465,8 @@ class Dispatcher:
         if resume is not None:  # every replica is asked to count the stream's tokens
             payload, req.body = resume.payload, resume.body
         while (placement := role.placer.place(role.candidates(tried, request), request=request)
-               or (role.failover(tried, request) if failures else None)) is not None:
+               or (role.failover(tried, request) if failures
+                   else role.overflow(tried, request))) is not None:
             tried.add(placement.origin)
             reason = b"X-Lobes-Route-Reason: " + placement.reason.value.encode()
             if placement.origin == role.local_origin:  # the local path: pressure, tiers

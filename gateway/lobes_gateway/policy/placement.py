@@ -28,8 +28,10 @@ X-Lobes-Route-Reason vocabulary (closed; RouteReason):
   earliest-completion prefix, rate: the replica with the earliest expected completion
   explore             prefix: an idle replica whose rate was never measured, once
   pinned              pinned: the first selectable replica in declaration order
-  none                nothing was placed: the request fell through to the singular forward or
-                      the local path, or every replica tried failed
+  none                the policy placed nothing: every replica full (queue), taken by the
+                      pool's fall-through replica or the first selectable one (PooledRole.
+                      overflow); or nothing selectable, fell through to the singular forward
+                      or the local path; or every replica tried failed
 """
 
 from __future__ import annotations
