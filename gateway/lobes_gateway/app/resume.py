@@ -53,7 +53,8 @@ from ..transport.upstream import (
     finish,
     request_head,
 )
-from .relay import HIGH_WATER, _scan_chunks, head_bytes, interrupted_event, is_event_stream
+from .relay import head_bytes, interrupted_event, is_event_stream, scan_chunks
+from .stream_pipe import StreamPipe
 
 # How a broken-off stream ended, as lobes_gateway_stream_resumes_total counts it.
 RESUMED, NOT_RESUMABLE, NO_REPLICA = "resumed", "not_resumable", "no_replica"
@@ -228,13 +229,13 @@ class StreamResume:
                 pipe.data_received(held)
             if conn.channel.at_eof():
                 pipe.connection_lost(None)
-            while not await pipe.wait():  # paused for the client to drain
+            while await pipe.wait() is None:  # paused for the client to drain
                 conn.watchdog.disarm()  # a slow client is no stalled replica
                 await client.drain()
                 pipe.arm()
                 pipe.resume()
         except ConnectionError:
-            pass  # the client went away while the relay waited for it to drain
+            pass  # the client went away while the relay waited, or the upstream was gone
         finally:
             conn.channel.divert(None)
             conn.watchdog.disarm()
@@ -472,67 +473,38 @@ def _end_interrupted(client: Channel, error_sent: bool) -> None:
         client.transport.close()
 
 
-class _EventPipe(asyncio.Protocol):
-    """The upstream socket's protocol while one part of a resumable stream passes through it:
-    events are relayed from the socket's own callback, with no future or wake-up per read."""
+class _EventPipe(StreamPipe):
+    """The upstream socket's protocol while one part of a resumable stream passes through it,
+    its events relayed as they come; its outcome is True once the part ended (whole, broken
+    off, or its client gone), judged by what the stream saw."""
 
-    __slots__ = ("_client", "_events", "_relay", "_upstream", "_waiter", "arm", "ended",
-                 "paused")
+    __slots__ = ("_events", "_relay", "_write", "arm")
 
     def __init__(self, relay: Callable[[bytes], tuple[list[bytes], bool]], events: _Events,
                  client: Channel, upstream: asyncio.Transport, arm: Callable[[], None]) -> None:
+        super().__init__(client.transport, upstream)
         self._relay = relay  # data in, (the client's bytes, whether the part broke off) out
         self._events = events
-        self._client = client
-        self._upstream = upstream
-        self._waiter: asyncio.Future | None = None
+        self._write = client.write
         self.arm = arm  # (re)starts the part's deadline: the watchdog aborts a stalled replica
-        self.ended = False  # the part ended: whole, broken off, or its client gone
-        self.paused = False  # upstream reads wait for the client to drain
-
-    async def wait(self) -> bool:
-        """True once the part ended; False when paused for the client to drain."""
-        if self.ended or self.paused:
-            return self.ended
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            return await self._waiter
-        finally:
-            self._waiter = None
-
-    def resume(self) -> None:
-        self.paused = False
-        self._upstream.resume_reading()
 
     def data_received(self, data: bytes) -> None:
-        if self.ended:
+        if self.outcome is not None:
             return
         self.arm()
-        client = self._client.transport
         try:
             out, broke = self._relay(data)
         except ValueError:  # broken chunk framing
             out, broke = [], True
-        if out and not client.is_closing():
-            self._client.write(b"".join(out))
-        if broke or self._events.ended or client.is_closing():
-            self._end()
-        elif client.get_write_buffer_size() > HIGH_WATER:
-            self._upstream.pause_reading()
-            self.paused = True
-            self._wake(False)
+        if out and not self._client.is_closing():
+            self._write(b"".join(out))
+        if broke or self._events.ended or self._client.is_closing():
+            self._end(True)
+        else:
+            self._hold_if_full()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._end()
-
-    def _end(self) -> None:
-        self.ended = True
-        self._wake(True)
-
-    def _wake(self, ended: bool) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(ended)
+        self._end(True)
 
 
 class _Events:
@@ -555,7 +527,7 @@ class _Events:
                 or any(marker in data for marker in _NOT_PLAIN) or _DONE in data
                 or data.count(_NOT_FINISHED) != data.count(_FINISH)):
             return None
-        end, last, _missing = _scan_chunks(data)
+        end, last, _missing = scan_chunks(data)
         if last or end != len(data):
             return None
         self.seen = True
