@@ -72,3 +72,7 @@ def test_the_replicas_are_asked_for_usage_per_chunk_whatever_the_client_asked(op
 def test_a_malformed_stream_options_is_left_for_the_replica_to_refuse():
     payload = {**ASK, "stream_options": "usage please"}
     assert counting_payload(payload) is payload
+
+
+def test_a_stream_that_broke_off_before_its_first_token_is_asked_again_as_it_was():
+    assert continuation_body(ASK, "", 0) == ASK

@@ -227,9 +227,9 @@ TOOL_CALL = {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
 
 
 @contextmanager
-def breaking_gear(deltas: list[dict]) -> Iterator[str]:
+def breaking_gear(deltas: list[dict], opening: bool = True) -> Iterator[str]:
     """A vLLM stand-in that lists the served model and streams `deltas` (after the role
-    delta), then drops the connection mid-stream; yields its origin."""
+    delta, when `opening`), then drops the connection mid-stream; yields its origin."""
 
     class Gear(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -255,7 +255,8 @@ def breaking_gear(deltas: list[dict]) -> Iterator[str]:
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            for delta in [{"role": "assistant", "content": ""}, *deltas]:
+            opened = [{"role": "assistant", "content": ""}] if opening else []
+            for delta in [*opened, *deltas]:
                 chunk = {"id": "chatcmpl-gear", "object": "chat.completion.chunk", "created": 1,
                          "model": SERVED, "choices": [{"index": 0, "delta": delta,
                                                        "finish_reason": None}]}
@@ -302,6 +303,26 @@ def test_a_stream_is_continued_until_it_carries_a_tool_call(pair, deltas, resume
         assert interrupted(streamed)
         assert posts(pair["second_sim"]) == []
         assert streamed.events[-2]["choices"][0]["delta"] == TOOL_CALL
+
+
+def test_a_stream_broken_off_before_its_first_event_is_answered_whole_by_the_other(
+        pair, reference):
+    """The replica sent its response head and died: the request is sent again as it was
+    (nothing to continue), and its answer relayed as the stream's first part: one role
+    delta, the reference's text and usage."""
+    pair["second_sim"].clear_requests()
+    with breaking_gear([], opening=False) as gear:
+        port = free_port()
+        me = f"http://127.0.0.1:{port}"
+        env = {**pool_env([me, pair["second"].url]), "PRIMARY_BASE_URL": gear,
+               "PRIMARY_SERVED_NAME": SERVED, "PRIMARY_MAX_MODEL_LEN": "262144",
+               "PRIMARY_FEASIBLE": "true", "GATEWAY_SELF_ORIGIN": me}
+        with start_gateway(env, port=port) as box:
+            ready(box)
+            streamed = stream_chat(box.url, ASK)
+    assert_one_unbroken_stream(streamed, reference, [me, pair["second"].url])
+    [again] = posts(pair["second_sim"])
+    assert "continue_final_message" not in json.loads(again["body"])
 
 
 def test_a_client_that_reads_slowly_is_no_stalled_replica():

@@ -386,7 +386,9 @@ class StreamResume:
                 placement.release()
                 continue
             if response.status == 200 and is_event_stream(response):
-                stream.continuing = True
+                # A stream that broke off before its first event is a new answer to the
+                # client: relayed as a first part, its role delta and ids its own.
+                stream.continuing = bool(stream.ids)
                 stream.replicas.append(placement.origin)
                 self.resumes += 1
                 return response
@@ -397,7 +399,9 @@ class StreamResume:
 
 def continuation_body(payload: dict, text: str, produced: int) -> dict | None:
     """The request that continues `text`, `produced` tokens into the answer; None when the
-    token budget is spent."""
+    token budget is spent. Nothing produced yet: the request itself, sent again."""
+    if not text and not produced:
+        return payload
     body = {**payload, "continue_final_message": True, "add_generation_prompt": False}
     for key in ("max_completion_tokens", "max_tokens"):
         budget = payload.get(key)
