@@ -3,6 +3,7 @@
 import pytest
 from lobes_gateway.app.resume import (
     UsageAsked,
+    _split_usage,
     continuation_body,
     counting_payload,
     resumable_request,
@@ -76,3 +77,27 @@ def test_a_malformed_stream_options_is_left_for_the_replica_to_refuse():
 
 def test_a_stream_that_broke_off_before_its_first_token_is_asked_again_as_it_was():
     assert continuation_body(ASK, "", 0) == ASK
+
+
+CHUNK = (b'{"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+         b'"choices":[{"index":0,"delta":{"content":"a \\"usage\\": {"},'
+         b'"logprobs":null,"finish_reason":null}]')
+
+
+@pytest.mark.parametrize("usage", [
+    b'{"prompt_tokens":7,"total_tokens":12,"completion_tokens":5}',
+    b'{"prompt_tokens":7,"total_tokens":12,"completion_tokens":5,"prompt_tokens_details":null}',
+    b'{"prompt_tokens":7,"total_tokens":12,"completion_tokens":5,'
+    b'"prompt_tokens_details":{"cached_tokens":4}}',
+], ids=["vllm", "with-null-details", "with-cached-details"])
+def test_a_chunks_trailing_usage_is_read_and_cut_by_bytes(usage):
+    assert _split_usage(CHUNK + b',"usage":' + usage + b"}") == (CHUNK + b"}", 5)
+
+
+@pytest.mark.parametrize("chunk", [
+    CHUNK + b"}",  # no usage
+    CHUNK + b',"usage":{"prompt_tokens":7,"completion_tokens":5},"extra":1}',  # not last
+    CHUNK + b',"usage":null}',
+], ids=["none", "not-last", "null"])
+def test_any_other_shape_is_left_to_the_parser(chunk):
+    assert _split_usage(chunk) is None

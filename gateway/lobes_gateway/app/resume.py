@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -66,7 +67,14 @@ _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "st
 _TEXT_DELTA = frozenset({"role", "content"})
 # Byte patterns that tell a plain text-token event from one that must be parsed.
 _NOT_FINISHED, _FINISH = b'"finish_reason":null', b'"finish_reason"'
-_NOT_PLAIN = (b'"error"', b'"usage"', b'"tool_calls"', b'"function_call"', b'"reasoning')
+_NOT_TEXT = (b'"error"', b'"tool_calls"', b'"function_call"', b'"reasoning')
+_USAGE = b'"usage"'
+_NOT_PLAIN = (*_NOT_TEXT, _USAGE)
+# A compact chunk whose last member is its usage (vLLM's continuous_usage_stats): the usage
+# object (one level of nesting: prompt_tokens_details) and its completion tokens.
+_LAST_USAGE = b',"usage":{'
+_USAGE_OBJECT = re.compile(rb"\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}")
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 _TEXT, _EMPTY_TEXT = b'"content":"', b'"content":""'
 # The ids a continuation's events take from the first part's, so the client sees one stream.
 _IDS = ("id", "created", "model")
@@ -287,12 +295,11 @@ class StreamResume:
         if data == _DONE:
             stream.done = True
             return as_is
-        if stream.ids and not stream.continuing and _is_plain(data):
-            # The usual event, one text token: kept as it is, parsed only if a resume needs it.
-            if _TEXT in data and _EMPTY_TEXT not in data:
-                stream.pieces.append(data)
-                stream.part_tokens += 1
-            return as_is
+        if stream.ids and not stream.continuing and _is_text(data):
+            # The usual event, text tokens: kept unparsed until a resume needs its text.
+            relayed = self._plain_event(data, stream)
+            if relayed is not None:
+                return as_is if relayed is data else _chunk(b"data: " + relayed + b"\n\n")
         try:
             chunk = json.loads(data)
         except ValueError:
@@ -315,6 +322,20 @@ class StreamResume:
             return b""
         chunk.update(stream.ids)
         return _dumped(chunk)
+
+    def _plain_event(self, data: bytes, stream: _Stream) -> bytes | None:
+        """The data the client gets for a text-token event, its tokens counted by byte scans
+        (`data` itself when unchanged); None when it must be parsed."""
+        bare, tokens = data, None
+        if _USAGE in data:
+            split = _split_usage(data)
+            if split is None:
+                return None
+            bare, tokens = split
+        if _TEXT in bare and _EMPTY_TEXT not in bare:
+            stream.pieces.append(bare)
+        stream.part_tokens = stream.part_tokens + 1 if tokens is None else tokens
+        return data if tokens is None or self._asked.per_chunk else bare
 
     def _note(self, chunk: dict, stream: _Stream) -> bool:
         """Keep what a continuation needs from one chunk; True when the chunk must change."""
@@ -428,10 +449,23 @@ def _encoded(payload: dict) -> bytes:
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def _is_plain(data: bytes) -> bool:
-    """A chunk with no finish, usage, error or delta other than text (compact JSON, as vLLM
-    writes it; any other spelling is parsed)."""
-    return _NOT_FINISHED in data and not any(marker in data for marker in _NOT_PLAIN)
+def _is_text(data: bytes) -> bool:
+    """A chunk with no finish, error or delta other than text (compact JSON, as vLLM writes
+    it; any other spelling is parsed)."""
+    return _NOT_FINISHED in data and not any(marker in data for marker in _NOT_TEXT)
+
+
+def _split_usage(data: bytes) -> tuple[bytes, int] | None:
+    """A compact chunk whose last member is its usage: (the chunk without it, its completion
+    tokens); None for any other shape (it is parsed instead). A quote inside a JSON string is
+    escaped, so the last `,"usage":{` is the member's own."""
+    at = data.rfind(_LAST_USAGE)
+    start = at + len(_LAST_USAGE) - 1
+    if at < 0 or not data.endswith(b"}") or not _USAGE_OBJECT.fullmatch(data, start,
+                                                                         len(data) - 1):
+        return None
+    tokens = _COMPLETION_TOKENS.search(data, start)
+    return (data[:at] + b"}", int(tokens.group(1))) if tokens is not None else None
 
 
 def _content(data: bytes) -> str:
