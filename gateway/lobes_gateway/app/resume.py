@@ -67,9 +67,10 @@ _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "st
 _TEXT_DELTA = frozenset({"role", "content"})
 # Byte patterns that tell a plain text-token event from one that must be parsed.
 _NOT_FINISHED, _FINISH = b'"finish_reason":null', b'"finish_reason"'
-_NOT_TEXT = (b'"error"', b'"tool_calls"', b'"function_call"', b'"reasoning')
+# One search each, not a scan per marker: this runs for every read of a resumable stream.
+_NOT_TEXT = re.compile(rb'"(?:error|tool_calls|function_call|reasoning)')
+_NOT_PLAIN = re.compile(rb'"(?:error|tool_calls|function_call|reasoning|usage")')
 _USAGE = b'"usage"'
-_NOT_PLAIN = (*_NOT_TEXT, _USAGE)
 # A compact chunk whose last member is its usage (vLLM's continuous_usage_stats): the usage
 # object (one level of nesting: prompt_tokens_details) and its completion tokens.
 _LAST_USAGE = b',"usage":{'
@@ -452,7 +453,7 @@ def _encoded(payload: dict) -> bytes:
 def _is_text(data: bytes) -> bool:
     """A chunk with no finish, error or delta other than text (compact JSON, as vLLM writes
     it; any other spelling is parsed)."""
-    return _NOT_FINISHED in data and not any(marker in data for marker in _NOT_TEXT)
+    return _NOT_FINISHED in data and _NOT_TEXT.search(data) is None
 
 
 def _split_usage(data: bytes) -> tuple[bytes, int] | None:
@@ -562,7 +563,7 @@ class _Events:
         """`data` when it is whole chunks of plain text-token events and nothing is held from
         before (else None: it is cut into events and read one by one)."""
         if (not self._chunked or self._frames or self._text or not data.endswith(b"\n\n\r\n")
-                or any(marker in data for marker in _NOT_PLAIN) or _DONE in data
+                or _NOT_PLAIN.search(data) is not None or _DONE in data
                 or data.count(_NOT_FINISHED) != data.count(_FINISH)):
             return None
         end, last, _missing = scan_chunks(data)
