@@ -320,7 +320,7 @@ async def _stream(
                 raise ClientGone
             # As vLLM, the chat role delta goes out with the first output, after prefill.
             if not opened and sequence.generated:
-                writer.add(_sse(answer.chunk(None, None)))
+                writer.add(_sse(_role_chunk(answer, call)))
                 opened = True
             while count := _chunk_tokens(sequence, sent, per_chunk):
                 piece = "".join(tokens.token(call.offset + sent + i) for i in range(count))
@@ -340,6 +340,15 @@ async def _stream(
         state.engine.abort(sequence)
         conn.drop()
         raise ClientGone from None
+
+
+def _role_chunk(answer: _Answer, call: GenerateCall) -> dict[str, Any]:
+    """A chat stream's opening role delta; with continuous usage it carries vLLM's usage of
+    no completion tokens yet."""
+    chunk = answer.chunk(None, None)
+    if call.include_usage and call.continuous_usage:
+        chunk["usage"] = _usage(call.prompt_tokens, 0)
+    return chunk
 
 
 def _chunk_tokens(sequence: Sequence, sent: int, per_chunk: int) -> int:

@@ -118,6 +118,9 @@ def test_continuous_usage_stats_count_up(sim):
                                           "stream_options": options})
     counts = [e["usage"]["completion_tokens"] for e in reply.events]
     assert counts == [1, 2, 3, 4, 4]
+    chat = stream(sim.url, CHAT, chat_payload(max_tokens=3, stream_options=options))
+    # As vLLM's, a chat stream's opening role delta counts no completion tokens yet.
+    assert [e["usage"]["completion_tokens"] for e in chat.events] == [0, 1, 2, 3, 3]
 
 
 def test_unknown_model_is_vllms_404(sim):
