@@ -35,6 +35,9 @@ class Profile:
     # vLLM's --scheduling-policy: fcfs (its default) or priority (waiting requests ordered by
     # their `priority` field, lower first, then by arrival; running ones are not preempted).
     scheduling_policy: str = "fcfs"
+    # Output tokens per SSE chunk: a gear with speculative decoding (MTP) sends the tokens one
+    # step accepted in one chunk; 1 is plain decoding.
+    tokens_per_chunk: int = 1
 
     def step_seconds(self, batch: int) -> float:
         """Decode time of one engine step that advances ``batch`` sequences by one token."""

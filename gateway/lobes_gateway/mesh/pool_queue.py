@@ -19,8 +19,9 @@ replica's share, an idle never-measured replica explored at once), an interactiv
 the head waits only for the replica the policy would choose for it, and a slow replica is
 never left idle while the policy would have used it. A request placement would not place
 (none selectable, its prompt fits no window, or the queue policy finds every replica full) is
-released without a placement: dispatch answers it as it always did (a 400, or the singular
-peer or local path the pool falls through to), so the queue policy keeps seed 000's baseline.
+released without a placement: dispatch answers it as it always did (a 400, the singular peer
+or local path the pool falls through to, or the queue policy's overflow replica), so the queue
+policy keeps its baseline behaviour.
 """
 
 from __future__ import annotations
