@@ -462,8 +462,9 @@ def _split_usage(data: bytes) -> tuple[bytes, int] | None:
     escaped, so the last `,"usage":{` is the member's own."""
     at = data.rfind(_LAST_USAGE)
     start = at + len(_LAST_USAGE) - 1
-    if at < 0 or not data.endswith(b"}") or not _USAGE_OBJECT.fullmatch(data, start,
-                                                                         len(data) - 1):
+    if at < 0 or not data.endswith(b"}"):
+        return None
+    if not _USAGE_OBJECT.fullmatch(data, start, len(data) - 1):
         return None
     tokens = _COMPLETION_TOKENS.search(data, start)
     return (data[:at] + b"}", int(tokens.group(1))) if tokens is not None else None
