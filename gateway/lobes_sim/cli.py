@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of all generated output")
     parser.add_argument("--embed-dim", type=int, help="embedding dimension (embedder profile)")
     parser.add_argument("--quantization", help="quantization the gear reports (admin GET /health)")
+    parser.add_argument("--chars-per-token", type=int,
+                        help="characters of text a prompt token stands for (default 4)")
     parser.add_argument(
         "--admin-port", type=int, default=0,
         help="port of the admin API (faults, request recorder); 0 picks a free one",
@@ -92,6 +94,7 @@ def profile_from_args(args: argparse.Namespace) -> Profile:
         scheduling_policy=args.scheduling_policy,
         embed_dim=args.embed_dim,
         quantization=args.quantization,
+        chars_per_token=args.chars_per_token,
     )
 
 
