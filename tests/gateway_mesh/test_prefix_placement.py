@@ -16,7 +16,8 @@ from lobes_gateway.policy.placement import (
     RouteReason,
 )
 from lobes_gateway.policy.prefix import (
-    BLOCK_TOKENS,
+    BLOCK_CHARS,
+    CHARS_PER_TOKEN,
     PrefixAffinity,
     RequestShape,
     request_shape,
@@ -74,13 +75,15 @@ def test_a_growing_conversation_shares_its_leading_blocks_and_another_shares_non
 
 def test_affinity_is_bounded_keeps_a_prompts_head_longest_and_forgets_a_dark_replica():
     affinity = PrefixAffinity([A], capacity=4)
-    affinity.remember(A, (1, 2, 3))
-    affinity.remember(A, (7, 8))
+    affinity.remember(A, RequestShape(blocks=(1, 2, 3)))
+    affinity.remember(A, RequestShape(blocks=(7, 8)))
     assert affinity.size(A) == 4
-    assert affinity.cached_tokens(A, (1, 2, 3)) == 2 * BLOCK_TOKENS  # the tail, 3, went first
-    assert affinity.cached_tokens(A, (3, 1)) == 0  # a run counts from the prompt's head
+    # The tail, 3, went first.
+    assert affinity.cached_chars(A, RequestShape(blocks=(1, 2, 3))) == 2 * BLOCK_CHARS
+    # A run counts from the prompt's head.
+    assert affinity.cached_chars(A, RequestShape(blocks=(3, 1))) == 0
     affinity.forget(A)
-    assert affinity.cached_tokens(A, (7, 8)) == 0
+    assert affinity.cached_chars(A, RequestShape(blocks=(7, 8))) == 0
 
 
 def test_a_conversation_goes_back_to_the_replica_that_holds_its_prefix():
@@ -100,7 +103,7 @@ def test_a_cached_prefix_shortens_the_forecast_by_its_prefill():
     cold = p.place([Candidate(A, 2)], request=request)
     warm = p.place([Candidate(A, 2)], request=request)
     saved = cold.forecast.prefill_s - warm.forecast.prefill_s
-    held = len(request.blocks) * BLOCK_TOKENS
+    held = len(request.blocks) * BLOCK_CHARS / CHARS_PER_TOKEN
     assert saved == pytest.approx(held / (48.9 * PREFILL_SPEEDUP))
 
 

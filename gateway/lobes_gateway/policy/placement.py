@@ -42,6 +42,7 @@ from enum import Enum
 from typing import Protocol
 
 from .prefix import PrefixAffinity, RequestShape
+from .tokens import CharsPerToken
 
 DEFAULT_EXPECTED_TOKENS = 256
 DEFAULT_SMOOTHING = 0.3
@@ -308,12 +309,14 @@ class Placement:
     """
 
     def __init__(self, placer: Placer, origin: str, reason: RouteReason,
-                 waves_at_dispatch: int, forecast: Forecast, placed_at: float) -> None:
+                 waves_at_dispatch: int, forecast: Forecast, placed_at: float,
+                 shape: RequestShape) -> None:
         self.placer = placer
         self.origin = origin
         self.reason = reason
         self.waves_at_dispatch = waves_at_dispatch
         self.forecast = forecast
+        self.shape = shape
         self.starts_at = placed_at + forecast.wait_s
         self.released = False
 
@@ -322,8 +325,12 @@ class Placement:
         work = self.forecast.prefill_s + self.forecast.decode_s
         return max(work * MIN_REMAINING_SHARE, work - max(0.0, now - self.starts_at))
 
-    def record_completion(self, tokens: int, elapsed_s: float) -> None:
-        """Teach the pool's answer length and the replica's rate from a completed response."""
+    def record_completion(self, tokens: int, elapsed_s: float,
+                          prompt_tokens: int | None = None) -> None:
+        """Teach the pool's answer length and the replica's rate from a completed response,
+        and the role's characters per token from the prompt tokens it reported."""
+        if prompt_tokens is not None:
+            self.placer.chars_per_token.observe(self.shape, prompt_tokens)
         if tokens <= 0 or elapsed_s <= 0:
             return
         self.placer.learn(self, tokens, elapsed_s)
@@ -364,6 +371,8 @@ class Placer:
         # policies only); None until its first answer with a prefill to learn from.
         self._prefill = {o: RateEstimate(None, smoothing) for o in priors}
         self._affinity = PrefixAffinity(priors)
+        # The role's prompt characters per token, learned from the usage its answers report.
+        self.chars_per_token = CharsPerToken(smoothing)
         # The pool's typical answer, tokens: the size of a request that names no max_tokens.
         self._typical_answer = float(DEFAULT_EXPECTED_TOKENS)
         self._placed = 0
@@ -414,7 +423,7 @@ class Placer:
 
     def views(self, candidates: Sequence[Candidate],
               request: RequestShape | None = None) -> list[ReplicaView]:
-        blocks = request.blocks if request is not None else ()
+        request = request or RequestShape()
         order = {origin: i for i, origin in enumerate(self._active)}
         now = self._clock()
         views = []
@@ -427,7 +436,8 @@ class Placer:
                 in_flight=self.in_flight(c.origin) + self._external[c.origin],
                 rate=rate,
                 work_s=self._work_s(c.origin, rate, now),
-                cached_tokens=self._affinity.cached_tokens(c.origin, blocks),
+                cached_tokens=round(self.chars_per_token.tokens(
+                    self._affinity.cached_chars(c.origin, request))),
                 prefill_rate=self._prefill[c.origin].value or 0.0,
             ))
         return views
@@ -467,9 +477,9 @@ class Placer:
                request: RequestShape) -> Placement:
         # Waves ahead at dispatch (own and other boxes' work): the rate policy's sample divisor.
         placement = Placement(self, view.origin, reason, view.in_flight // view.slots + 1,
-                              forecast(view, request), self._clock())
+                              forecast(view, request), self._clock(), request)
         self._active[view.origin].append(placement)
-        self._affinity.remember(view.origin, request.blocks)
+        self._affinity.remember(view.origin, request)
         self._placed += 1
         return placement
 
