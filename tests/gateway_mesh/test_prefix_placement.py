@@ -13,6 +13,7 @@ from lobes_gateway.policy.placement import (
     Placer,
     PrefixPolicy,
     RatePolicy,
+    ReplicaView,
     RouteReason,
 )
 from lobes_gateway.policy.prefix import (
@@ -250,3 +251,28 @@ def test_prefix_placement_is_never_slower_than_rate_placement_on_a_burst(size):
     prefix = burst_makespan(burst_placement(PrefixPolicy(), size), replicas, SEED_TOKENS)
     rate = burst_makespan(burst_placement(RatePolicy(), size), replicas, SEED_TOKENS)
     assert prefix <= rate * 1.0001
+
+
+def test_a_queued_prefill_holds_up_every_busy_slot_of_the_replica():
+    # Two slots; three requests of 0.8 s prefill + 1.4 s decode. The second's prefill stalls
+    # the first (an engine step prefills before it decodes), the third's stalls the first
+    # again: a slot frees at 3.8 s, not at the 2.2 s that independent slots would give.
+    busy = ReplicaView(A, 0, slots=2, in_flight=3, rate=48.9, work_s=(2.2, 2.2, 2.2),
+                       prefill_left_s=(0.8, 0.8, 0.8))
+    assert busy.slot_wait_s() == pytest.approx(3.8)
+    decoding = ReplicaView(A, 0, slots=2, in_flight=3, rate=48.9, work_s=(2.2, 2.2, 2.2),
+                           prefill_left_s=(0.0, 0.0, 0.0))
+    assert decoding.slot_wait_s() == pytest.approx(2.2)
+
+
+def test_a_placed_requests_prefill_left_counts_down_once_it_starts():
+    clock = Clock()
+    p = placer(priors={A: 10.0, B: 10.0}, clock=clock)
+    first = p.place([Candidate(A, 1)], request=RequestShape(5000, 10))
+    second = p.place([Candidate(A, 1)], request=RequestShape(5000, 10))
+    prefill = first.forecast.prefill_s
+    assert prefill == pytest.approx(5000 / (10.0 * PREFILL_SPEEDUP))
+    assert second.prefill_left_s(clock.now) == pytest.approx(prefill)  # waits: all of it
+    clock.now += prefill / 2
+    assert first.prefill_left_s(clock.now) == pytest.approx(prefill / 2)
+    assert second.prefill_left_s(clock.now) == pytest.approx(prefill)

@@ -105,8 +105,9 @@ class ReplicaView:
     in_flight: int  # this box's dispatches plus other boxes' probed work
     rate: float
     # Seconds of work left of each request in flight there, in dispatch order (other
-    # boxes' first, priced at the pool's typical request).
+    # boxes' first, priced at the pool's typical request), and of that its prefill left.
     work_s: tuple[float, ...] = ()
+    prefill_left_s: tuple[float, ...] = ()
     cached_tokens: int = 0  # of this request's prompt, likely held there
     prefill_rate: float = 0.0  # prompt tok/s; 0 while unknown: PREFILL_SPEEDUP x rate
 
@@ -117,12 +118,23 @@ class ReplicaView:
 
     def slot_wait_s(self) -> float:
         """Seconds until a slot is free for a request placed now: the work in flight run
-        through the slots in order, each taking the first slot to free."""
+        through the slots in order, each taking the first slot to free.
+
+        A request's prefill also holds up every slot busy when it starts: an engine step
+        prefills its newcomers before the running sequences get their next token (vLLM,
+        chunked or not, spends the step's time on both). Without that, a queue of long
+        prompts on a busy replica looks ~40% shorter than it is (issue 13: the first turns
+        of 16 agent sessions over a 6k-token prompt on seed 000's pair)."""
         if len(self.work_s) < self.slots:
             return 0.0
         free_at = [0.0] * self.slots
-        for work in self.work_s:
-            heapq.heappush(free_at, heapq.heappop(free_at) + work)
+        stalls = self.prefill_left_s or (0.0,) * len(self.work_s)
+        for work, stall in zip(self.work_s, stalls, strict=True):
+            start = heapq.heappop(free_at)
+            if stall:
+                free_at = [at + stall if at > start else at for at in free_at]
+                heapq.heapify(free_at)
+            heapq.heappush(free_at, start + work)
         return free_at[0]
 
     def prefill_s(self, prompt_tokens: int) -> float:
@@ -325,6 +337,10 @@ class Placement:
         work = self.forecast.prefill_s + self.forecast.decode_s
         return max(work * MIN_REMAINING_SHARE, work - max(0.0, now - self.starts_at))
 
+    def prefill_left_s(self, now: float) -> float:
+        """Expected seconds of its prefill not yet done (all of it while it waits)."""
+        return max(0.0, self.forecast.prefill_s - max(0.0, now - self.starts_at))
+
     def record_completion(self, tokens: int, elapsed_s: float,
                           prompt_tokens: int | None = None) -> None:
         """Teach the pool's answer length and the replica's rate from a completed response,
@@ -421,6 +437,12 @@ class Placer:
         external = (self._typical_answer / rate,) * self._external[origin]
         return external + tuple(p.remaining_s(now) for p in self._active[origin])
 
+    def _prefill_left_s(self, origin: str, now: float) -> tuple[float, ...]:
+        """Seconds of prefill left of each request on the replica, as _work_s orders them
+        (other boxes' are priced as decode only: their prompts are unknown here)."""
+        external = (0.0,) * self._external[origin]
+        return external + tuple(p.prefill_left_s(now) for p in self._active[origin])
+
     def views(self, candidates: Sequence[Candidate],
               request: RequestShape | None = None) -> list[ReplicaView]:
         request = request or RequestShape()
@@ -436,6 +458,7 @@ class Placer:
                 in_flight=self.in_flight(c.origin) + self._external[c.origin],
                 rate=rate,
                 work_s=self._work_s(c.origin, rate, now),
+                prefill_left_s=self._prefill_left_s(c.origin, now),
                 cached_tokens=round(self.chars_per_token.tokens(
                     self._affinity.cached_chars(c.origin, request))),
                 prefill_rate=self._prefill[c.origin].value or 0.0,
