@@ -276,3 +276,22 @@ def test_a_placed_requests_prefill_left_counts_down_once_it_starts():
     clock.now += prefill / 2
     assert first.prefill_left_s(clock.now) == pytest.approx(prefill / 2)
     assert second.prefill_left_s(clock.now) == pytest.approx(prefill)
+
+
+def test_a_first_burst_that_would_queue_explores_the_idle_unmeasured_replica():
+    # Sessions over a shared 4k system prompt start at once; nothing is measured yet. A holds
+    # the prompt after the first; B's guessed prefill of all of it keeps the forecast off B
+    # while A's two slots queue the burst: one request goes to learn B instead of waiting.
+    p = placer(priors={A: 48.9, B: 11.0})
+    burst = [shape(chat(f"session {i}", max_tokens=64)) for i in range(EXPLORE_AFTER + 1)]
+    placed = [p.place(PAIR, request=request) for request in burst]
+    assert [x.origin for x in placed] == [A] * EXPLORE_AFTER + [B]
+    assert placed[-1].reason == RouteReason.EXPLORE
+
+
+def test_no_exploration_while_the_unmeasured_choice_has_a_free_slot():
+    p = placer(priors={A: 48.9, B: 11.0})
+    for _request in range(2 * EXPLORE_AFTER):
+        placed = p.place(PAIR, request=RequestShape(0, 64))
+        assert placed.origin == A
+        placed.release()

@@ -12,8 +12,9 @@ Policies (GATEWAY_POOL_POLICY):
           what this gateway sent where: policy/prefix.py) and its decode (its max_tokens,
           or the pool's learned answer length). Each replica's decode and prefill rates are
           learned apart from its answers (Placer.learn). A replica whose rate was never
-          measured gets one request once it is idle (exploration); that sample replaces its
-          prior.
+          measured gets one request once it is idle (exploration), also in a first burst
+          that would queue elsewhere; that sample replaces its prior. A queued request's
+          prefill holds up every busy slot of its replica in the wait.
   rate    earliest expected completion: the waves of work queued ahead of the
           request on a replica's slots, plus its own, each taking expected tokens / rate.
           prefix and rate: a slower replica must beat the fastest by SLOWER_REPLICA_MARGIN.
@@ -488,10 +489,14 @@ class Placer:
                   choice: tuple[ReplicaView, RouteReason]) -> tuple[ReplicaView, RouteReason]:
         """An exploring policy's choice handed to an idle replica whose rate was never
         measured, once the pool has warmed up: its prior may be too pessimistic for the
-        policy ever to pick it, and only a sample can tell."""
+        policy ever to pick it, and only a sample can tell. Warmed up means the choice is
+        measured, or the request would queue there: in a first burst nothing is measured
+        yet, and an idle replica's guessed prefill (PREFILL_SPEEDUP) must not keep it idle
+        while the burst queues elsewhere (issue 13: 16 agent sessions starting at once)."""
         chosen = choice[0]
-        if (not self.policy.forecasts or self._placed < EXPLORE_AFTER
-                or self._rates[chosen.origin].samples == 0):
+        if not self.policy.forecasts or self._placed < EXPLORE_AFTER:
+            return choice
+        if self._rates[chosen.origin].samples == 0 and chosen.slot_wait_s() == 0:
             return choice
         unproven = [v for v in views if v.in_flight == 0 and self._rates[v.origin].samples == 0]
         return (unproven[0], RouteReason.EXPLORE) if unproven else choice
