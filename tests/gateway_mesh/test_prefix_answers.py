@@ -88,3 +88,12 @@ def test_a_short_prompt_or_a_missing_usage_teaches_nothing():
     assert reported_prompt_tokens(None) is None
     assert reported_prompt_tokens(b'{"usage":{"completion_tokens":3}}') is None
     assert reported_prompt_tokens(b'{"usage":{"prompt_tokens": 12,"total_tokens":15}}') == 12
+
+
+def test_a_prompt_with_an_image_teaches_no_grain():
+    # An image part is tokens the text does not tell: the sample would be wrong.
+    grain = CharsPerToken(0.3)
+    parts = [{"type": "text", "text": "describe " * 100},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    grain.observe(shape({"messages": [{"role": "user", "content": parts}]}), 300)
+    assert (grain.value, grain.samples) == (4.0, 0)

@@ -76,31 +76,45 @@ def _text_tokens(chars: int, chars_per_token: float) -> int:
     return -int(-chars // chars_per_token)
 
 
-def _chat_text(messages: list) -> tuple[str, int, int]:
-    """The chat as one text (role and content of each message), its content characters and
-    its template tokens."""
+@dataclass(frozen=True)
+class _Prompt:
+    """A prompt as text, its estimated tokens, and what a reported count can teach of it:
+    its plain text characters (0 when parts of it are not plain text, such as images) and
+    the tokens that do not scale with text (template markers, token ids)."""
+
+    text: str
+    tokens: int
+    text_chars: int
+    fixed_tokens: int
+
+
+def _chat_prompt(messages: list, chars_per_token: float) -> _Prompt:
+    """The chat as one text (role and content of each message), priced per message."""
     parts: list[str] = []
-    chars = 0
+    chars, plain = 0, True
+    fixed = TEMPLATE_TOKENS
     tokens = TEMPLATE_TOKENS
     for message in messages:
         if not isinstance(message, dict):
             continue
         content = message.get("content")
+        plain = plain and isinstance(content, str)
         text = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
         parts += [str(message.get("role")), "\x1f", text, _MESSAGE_ENDS]
         chars += len(text)
-        tokens += TOKENS_PER_MESSAGE
-    return "".join(parts), chars, tokens
+        fixed += TOKENS_PER_MESSAGE
+        tokens += TOKENS_PER_MESSAGE + _text_tokens(len(text), chars_per_token)
+    return _Prompt("".join(parts), tokens, chars if plain else 0, fixed)
 
 
-def _prompt_text(prompt: object) -> tuple[str, int, int]:
-    """A text completion's prompt as text, its characters and its fixed tokens (token ids)."""
+def _completion_prompt(prompt: object, chars_per_token: float) -> _Prompt:
+    """A text completion's prompt: a text, token ids (counted exactly), or a list of texts."""
     if isinstance(prompt, str):
-        return prompt, len(prompt), 0
+        return _Prompt(prompt, _text_tokens(len(prompt), chars_per_token), len(prompt), 0)
     if isinstance(prompt, list) and all(isinstance(item, int) for item in prompt):
-        return ",".join(map(str, prompt)), 0, len(prompt)
+        return _Prompt(",".join(map(str, prompt)), len(prompt), 0, len(prompt))
     text = json.dumps(prompt)
-    return text, len(text), 0
+    return _Prompt(text, _text_tokens(len(text), chars_per_token), 0, 0)
 
 
 def chained_blocks(text: str) -> tuple[int, ...]:
@@ -122,16 +136,17 @@ def request_shape(payload: dict | None, with_blocks: bool,
         return RequestShape()
     messages = payload.get("messages")
     if isinstance(messages, list):
-        text, chars, fixed = _chat_text(messages)
+        prompt = _chat_prompt(messages, chars_per_token)
     elif "prompt" in payload:
-        text, chars, fixed = _prompt_text(payload["prompt"])
+        prompt = _completion_prompt(payload["prompt"], chars_per_token)
     else:
         return RequestShape(max_tokens=_max_tokens(payload))
-    tokens = fixed + _text_tokens(chars, chars_per_token)
+    shape = RequestShape(prompt.tokens, _max_tokens(payload), (), prompt.text_chars,
+                         prompt.fixed_tokens)
     if not with_blocks:
-        return RequestShape(tokens, _max_tokens(payload), (), chars, fixed)
-    chat = text if isinstance(messages, list) else ""
-    return RequestShape(tokens, _max_tokens(payload), chained_blocks(text), chars, fixed, chat)
+        return shape
+    chat = prompt.text if isinstance(messages, list) else ""
+    return replace(shape, blocks=chained_blocks(prompt.text), text=chat)
 
 
 class PrefixAffinity:
