@@ -191,7 +191,9 @@ def test_a_replica_with_a_pessimistic_prior_is_explored_once_and_then_priced_as_
         assert placement.origin == A
         placement.record_completion(tokens=100, elapsed_s=2.5)
         placement.release()
-    explored = p.place(PAIR, request=RequestShape(0, 100))
+    busy = [p.place(PAIR, request=RequestShape(0, 100)) for _slot in range(2)]
+    assert [placement.origin for placement in busy] == [A, A]
+    explored = p.place(PAIR, request=RequestShape(0, 100))  # it would queue on A
     assert (explored.origin, explored.reason) == (B, RouteReason.EXPLORE)
     # While it runs, B is not idle: no second exploration.
     assert p.place(PAIR, request=RequestShape(0, 100)).origin == A
@@ -289,9 +291,12 @@ def test_a_first_burst_that_would_queue_explores_the_idle_unmeasured_replica():
     assert placed[-1].reason == RouteReason.EXPLORE
 
 
-def test_no_exploration_while_the_unmeasured_choice_has_a_free_slot():
+def test_no_exploration_while_the_choice_has_a_free_slot():
+    # Measured or not, a choice with a free slot serves the request at once: a sample of
+    # the idle replica would cost it and help no request waiting.
     p = placer(priors={A: 48.9, B: 11.0})
-    for _request in range(2 * EXPLORE_AFTER):
+    for _request in range(3 * EXPLORE_AFTER):
         placed = p.place(PAIR, request=RequestShape(0, 64))
         assert placed.origin == A
+        placed.record_completion(tokens=64, elapsed_s=1.3)
         placed.release()

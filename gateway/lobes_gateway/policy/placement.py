@@ -12,8 +12,8 @@ Policies (GATEWAY_POOL_POLICY):
           what this gateway sent where: policy/prefix.py) and its decode (its max_tokens,
           or the pool's learned answer length). Each replica's decode and prefill rates are
           learned apart from its answers (Placer.learn). A replica whose rate was never
-          measured gets one request once it is idle (exploration), also in a first burst
-          that would queue elsewhere; that sample replaces its prior. A queued request's
+          measured gets one request once it is idle and the request would queue on the
+          policy's choice (exploration); that sample replaces its prior. A queued request's
           prefill holds up every busy slot of its replica in the wait.
   rate    earliest expected completion: the waves of work queued ahead of the
           request on a replica's slots, plus its own, each taking expected tokens / rate.
@@ -488,15 +488,17 @@ class Placer:
     def _explored(self, views: Sequence[ReplicaView],
                   choice: tuple[ReplicaView, RouteReason]) -> tuple[ReplicaView, RouteReason]:
         """An exploring policy's choice handed to an idle replica whose rate was never
-        measured, once the pool has warmed up: its prior may be too pessimistic for the
-        policy ever to pick it, and only a sample can tell. Warmed up means the choice is
-        measured, or the request would queue there: in a first burst nothing is measured
-        yet, and an idle replica's guessed prefill (PREFILL_SPEEDUP) must not keep it idle
-        while the burst queues elsewhere (issue 13: 16 agent sessions starting at once)."""
+        measured, once the pool has warmed up, when the request would queue on the choice:
+        the idle replica's prior (or its guessed prefill, PREFILL_SPEEDUP) may be too
+        pessimistic for the policy ever to pick it, and only a sample can tell. Only when
+        the request would queue: with a slot free on the choice, the sample would cost the
+        request (a session's turn on seed 000's Thor takes ~4x the Spark's) and could not
+        help, as no request waits; and in a first burst, before anything is measured, the
+        idle replica then takes a request instead of the queue (issue 13: 16 agent
+        sessions starting at once)."""
         chosen = choice[0]
-        if not self.policy.forecasts or self._placed < EXPLORE_AFTER:
-            return choice
-        if self._rates[chosen.origin].samples == 0 and chosen.slot_wait_s() == 0:
+        if (not self.policy.forecasts or self._placed < EXPLORE_AFTER
+                or chosen.slot_wait_s() == 0):
             return choice
         unproven = [v for v in views if v.in_flight == 0 and self._rates[v.origin].samples == 0]
         return (unproven[0], RouteReason.EXPLORE) if unproven else choice
