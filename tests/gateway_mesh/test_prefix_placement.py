@@ -292,8 +292,8 @@ def test_a_first_burst_that_would_queue_explores_the_idle_unmeasured_replica():
 
 
 def test_no_exploration_while_the_choice_has_a_free_slot():
-    # Measured or not, a choice with a free slot serves the request at once: a sample of
-    # the idle replica would cost it and help no request waiting.
+    # Measured or not, a choice with a free slot serves the request at once: even as fast
+    # as the choice, the idle replica could not serve it sooner, so a sample only costs it.
     p = placer(priors={A: 48.9, B: 11.0})
     for _request in range(3 * EXPLORE_AFTER):
         placed = p.place(PAIR, request=RequestShape(0, 64))

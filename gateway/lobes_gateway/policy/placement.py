@@ -12,8 +12,8 @@ Policies (GATEWAY_POOL_POLICY):
           what this gateway sent where: policy/prefix.py) and its decode (its max_tokens,
           or the pool's learned answer length). Each replica's decode and prefill rates are
           learned apart from its answers (Placer.learn). A replica whose rate was never
-          measured gets one request once it is idle and the request would queue on the
-          policy's choice (exploration); that sample replaces its prior. A queued request's
+          measured gets one request once it is idle, when priced at the choice's rates it
+          would finish it sooner (exploration); that sample replaces its prior. A queued request's
           prefill holds up every busy slot of its replica in the wait.
   rate    earliest expected completion: the waves of work queued ahead of the
           request on a replica's slots, plus its own, each taking expected tokens / rate.
@@ -38,7 +38,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol
 
@@ -482,25 +482,27 @@ class Placer:
         choice = self.policy.choose(views, shape)
         if choice is None:
             return None
-        view, reason = self._explored(views, choice)
+        view, reason = self._explored(views, choice, shape)
         return self._count(view, reason, shape)
 
-    def _explored(self, views: Sequence[ReplicaView],
-                  choice: tuple[ReplicaView, RouteReason]) -> tuple[ReplicaView, RouteReason]:
+    def _explored(self, views: Sequence[ReplicaView], choice: tuple[ReplicaView, RouteReason],
+                  request: RequestShape) -> tuple[ReplicaView, RouteReason]:
         """An exploring policy's choice handed to an idle replica whose rate was never
-        measured, once the pool has warmed up, when the request would queue on the choice:
-        the idle replica's prior (or its guessed prefill, PREFILL_SPEEDUP) may be too
-        pessimistic for the policy ever to pick it, and only a sample can tell. Only when
-        the request would queue: with a slot free on the choice, the sample would cost the
-        request (a session's turn on seed 000's Thor takes ~4x the Spark's) and could not
-        help, as no request waits; and in a first burst, before anything is measured, the
-        idle replica then takes a request instead of the queue (issue 13: 16 agent
-        sessions starting at once)."""
+        measured, once the pool has warmed up: its prior (or its guessed prefill,
+        PREFILL_SPEEDUP) may be too pessimistic for the policy ever to pick it, and only a
+        sample can tell. Optimistically: only when, priced at the choice's rates, the idle
+        replica would finish the request sooner than the choice. A sample that could not
+        pay even then only costs the request (one turn of an agent session explored on
+        seed 000's idle Thor while the Spark had a slot free cost a short run 20% of its
+        throughput); one that can is taken also in a first burst, before anything is
+        measured (issue 13: 16 agent sessions starting at once on the Spark)."""
         chosen = choice[0]
-        if (not self.policy.forecasts or self._placed < EXPLORE_AFTER
-                or chosen.slot_wait_s() == 0):
+        if not self.policy.forecasts or self._placed < EXPLORE_AFTER:
             return choice
-        unproven = [v for v in views if v.in_flight == 0 and self._rates[v.origin].samples == 0]
+        due = forecast(chosen, request).completion_s
+        as_fast = {"rate": chosen.rate, "prefill_rate": chosen.prefill_rate}
+        unproven = [v for v in views if v.in_flight == 0 and self._rates[v.origin].samples == 0
+                    and forecast(replace(v, **as_fast), request).completion_s < due]
         return (unproven[0], RouteReason.EXPLORE) if unproven else choice
 
     def _count(self, view: ReplicaView, reason: RouteReason,
