@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
              "priority (waiting requests by their priority field, lower first)",
     )
     parser.add_argument(
+        "--tokens-per-chunk", type=int,
+        help="output tokens per streamed chunk, as a gear with speculative decoding (MTP) "
+             "sends them (default 1; the engine's timing is unchanged)",
+    )
+    parser.add_argument(
         "--time-scale", type=float, default=1.0,
         help="run the same schedule this many times faster (default 1: real time)",
     )
@@ -92,6 +97,7 @@ def profile_from_args(args: argparse.Namespace) -> Profile:
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         scheduling_policy=args.scheduling_policy,
+        tokens_per_chunk=args.tokens_per_chunk,
         embed_dim=args.embed_dim,
         quantization=args.quantization,
         chars_per_token=args.chars_per_token,

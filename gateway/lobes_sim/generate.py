@@ -320,18 +320,21 @@ async def _stream(
     plain = _TokenEvents(answer)
     writer = _SseWriter(state.faults.die_after_chunks)
     await conn.start_chunked(200, "text/event-stream; charset=utf-8", keep_alive)
+    per_chunk = max(1, state.profile.tokens_per_chunk)
     sent = 0
+    opened = not call.chat
     try:
         while not sequence.finished or sent < sequence.generated:
             await sequence.progress()
             if sequence.finish_reason == ABORT:
                 raise ClientGone
             # As vLLM, the chat role delta goes out with the first output, after prefill.
-            if call.chat and sent == 0:
-                writer.add(_sse(answer.chunk(None, None)))
-            while sent < sequence.generated:
-                piece = tokens.token(call.offset + sent)
-                sent += 1
+            if not opened and sequence.generated:
+                writer.add(_sse(_role_chunk(answer, call)))
+                opened = True
+            while count := _chunk_tokens(sequence, sent, per_chunk):
+                piece = "".join(tokens.token(call.offset + sent + i) for i in range(count))
+                sent += count
                 if (sequence.finished and sent == sequence.generated) or call.continuous_usage:
                     writer.add(_sse(_final_or_usage_chunk(answer, call, sequence, piece, sent)))
                 else:
@@ -347,6 +350,24 @@ async def _stream(
         state.engine.abort(sequence)
         conn.drop()
         raise ClientGone from None
+
+
+def _role_chunk(answer: _Answer, call: GenerateCall) -> dict[str, Any]:
+    """A chat stream's opening role delta; with continuous usage it carries vLLM's usage of
+    no completion tokens yet."""
+    chunk = answer.chunk(None, None)
+    if call.include_usage and call.continuous_usage:
+        chunk["usage"] = _usage(call.prompt_tokens, 0)
+    return chunk
+
+
+def _chunk_tokens(sequence: Sequence, sent: int, per_chunk: int) -> int:
+    """How many generated tokens the next chunk carries: `per_chunk` of them, fewer only for
+    the answer's last chunk; 0 while fewer are waiting."""
+    waiting = sequence.generated - sent
+    if sequence.finished:
+        return min(waiting, per_chunk)
+    return per_chunk if waiting >= per_chunk else 0
 
 
 def _final_or_usage_chunk(

@@ -39,6 +39,9 @@ class Profile:
     scheduling_policy: str = "fcfs"
     # Characters of text per prompt token: the stand-in tokenizer's grain (vocabularies differ).
     chars_per_token: int = CHARS_PER_TOKEN
+    # Output tokens per SSE chunk: a gear with speculative decoding (MTP) sends the tokens one
+    # step accepted in one chunk; 1 is plain decoding.
+    tokens_per_chunk: int = 1
 
     def step_seconds(self, batch: int) -> float:
         """Decode time of one engine step that advances ``batch`` sequences by one token."""

@@ -81,6 +81,8 @@ def test_every_rendered_env_is_accepted_and_read_back_as_rendered(env_file):
         assert role.route == env[f"{prefix}_ROUTE"]
         assert role.quantization == env.get(f"{prefix}_QUANTIZATION")
         assert role.stream_resume == (env.get(f"{prefix}_STREAM_RESUME") == "true")
+        # Rendered for every pool and for nothing else (the gateway refuses it elsewhere).
+        assert (f"{prefix}_STREAM_RESUME" in env) == (role.route == "pool")
 
 
 @pytest.fixture(scope="module")

@@ -88,6 +88,8 @@ def test_stream_resume_is_per_role_and_off_unless_set():
     assert load_config({}).limits.stream_stall_s == 30.0
     with pytest.raises(ConfigError, match=r"PRIMARY_STREAM_RESUME.*true or false"):
         load_config({"PRIMARY_STREAM_RESUME": "sometimes"})
+    # Off says nothing a lone backend could break.
+    assert not load_config({"PRIMARY_STREAM_RESUME": "false"}).roles["cortex"].stream_resume
 
 
 def test_explicit_pool_key_wins_over_inheritance():
@@ -157,12 +159,18 @@ def test_gateway_api_key_wins_over_culture_key():
     ({"PRIMARY_ROUTE": "refer", "PRIMARY_FEASIBLE": "false",
       "PRIMARY_PEER_ORIGIN": "http://a:1", "PRIMARY_PEER_ORIGINS": "http://a:1"},
      "PRIMARY_PEER_ORIGINS", "route the role as pool"),
+    # Stream resume needs another replica: on a lone backend it would be silently ignored.
+    ({"PRIMARY_STREAM_RESUME": "true"}, "PRIMARY_STREAM_RESUME", "PRIMARY_ROUTE=pool"),
+    ({"PRIMARY_FEASIBLE": "false", "PRIMARY_PEER_ORIGIN": "http://a:1",
+      "PRIMARY_PEER_PROXY": "true", "PRIMARY_STREAM_RESUME": "true"},
+     "PRIMARY_STREAM_RESUME", "remove PRIMARY_STREAM_RESUME"),
 ], ids=["origin-without-scheme", "origin-with-v1", "feasible-not-boolean", "port-not-a-number",
         "window-zero", "swap-threshold-over-100", "alias-without-target", "rates-miscounted",
         "rate-negative", "keys-without-origins", "unknown-pool-policy", "misspelt-global",
         "misspelt-role-variable", "trailing-underscore", "unknown-global", "unknown-route",
         "proxy-without-peer", "refer-while-feasible", "serve-while-infeasible",
-        "pool-without-origins", "owners-without-fleet-key", "refer-with-pool-origins"])
+        "pool-without-origins", "owners-without-fleet-key", "refer-with-pool-origins",
+        "resume-on-a-lone-backend", "resume-on-a-proxied-role"])
 def test_bad_variable_names_itself_and_the_fix(env, variable, fix):
     with pytest.raises(ConfigError) as info:
         load_config(env)

@@ -87,6 +87,19 @@ def test_known_traffic_is_counted_exactly(gateway):
     assert after.content_type.startswith("text/plain; version=0.0.4")
 
 
+def test_an_answer_too_large_to_hold_still_counts_its_tokens(gateway):
+    """Over 256 KiB a JSON answer is relayed as it comes, not held; its usage (at its end) is
+    still counted, as it teaches a pool replica's rate."""
+    before = Scrape.of(gateway.url)
+    reply = chat(gateway.url, {"model": "main", "max_tokens": 60_000, "ignore_eos": True}, AUTH)
+    after = Scrape.of(gateway.url)
+    assert reply.status == 200
+    assert len(reply.body) > 256 * 1024
+    assert reply.json()["usage"]["completion_tokens"] == 60_000
+    assert delta(before, after, "lobes_gateway_completion_tokens_total",
+                 role="cortex", replica="cortex") == 60_000
+
+
 def test_histograms_are_cumulative_and_end_in_their_count(gateway):
     chat(gateway.url, {"model": "main"}, AUTH)
     scrape = Scrape.of(gateway.url)

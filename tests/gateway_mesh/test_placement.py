@@ -132,6 +132,18 @@ def test_completed_responses_teach_the_rate_from_its_prior():
     assert p.rate(A) == pytest.approx(10.0 + 0.3 * (50.0 - 10.0))
 
 
+def test_a_continuation_teaches_its_own_rate_and_the_whole_answers_length():
+    """A resumed stream's last part: its replica's rate from the part's tokens in the part's
+    time; the pool's typical answer from the whole answer the client got."""
+    p = placer(RatePolicy(), {A: 10.0, B: 10.0})
+    before = p.typical_answer_tokens()
+    continuation = p.place(PAIR, 40)
+    continuation.record_completion(tokens=40, elapsed_s=2.0, answer_tokens=120)
+    continuation.release()
+    assert p.rate(A) == pytest.approx(10.0 + 0.3 * (20.0 - 10.0))
+    assert p.typical_answer_tokens() == round(before + 0.3 * (120 - before))
+
+
 def test_a_queued_completion_is_corrected_for_the_waves_ahead_of_it():
     p = placer(RatePolicy(), {A: None, B: None})
     single = [Candidate(A, 1)]

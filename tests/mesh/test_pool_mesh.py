@@ -17,6 +17,7 @@ from tests.support.client import chat
 from tests.support.gateway_proc import start_gateway
 from tests.support.ports import dead_origin
 from tests.support.sim_proc import start_sim
+from tests.support.sse import stream_chat
 from tests.support.wait import wait_until
 
 SERVED = "unsloth/Qwen3.8-27B-NVFP4"
@@ -190,6 +191,61 @@ def test_nothing_selectable_falls_through_to_the_singular_forward(pair):
     assert reply.status == 200
     assert reply.headers["x-lobes-proxied-by"] == spark.url
     assert reply.headers["x-lobes-route-reason"] == "none"
+
+
+def test_a_request_the_full_pool_cannot_place_goes_to_a_live_replica_not_a_dead_one():
+    """Queue placement finds the one live replica full (one slot, a stream held there). The
+    request it cannot place used to fall through to the singular forward, the first replica,
+    which the prober had judged down: a 503 while a replica was up (resume-bench's lost
+    stream). It now goes to the live replica, counted there, and is answered."""
+    held = {"model": "cortex", "messages": [{"role": "user", "content": "go on"}],
+            "max_tokens": 1000, "ignore_eos": True}
+    dead = dead_origin()
+    with start_sim("spark-cortex", time_scale=20) as sim, \
+            start_gateway({**peer_env(sim), "PRIMARY_MAX_ACTIVE": "1"}) as live, \
+            start_gateway(pool_env(dead, [dead, live.url],
+                                   GATEWAY_POOL_POLICY="queue")) as orin, \
+            ThreadPoolExecutor(1) as client:
+        wait_until(lambda: [r["ready"] for r in replicas(orin)] == [False, True],
+                   message="the first replica judged down, the second up")
+        overflowing = []
+
+        def send_once_the_stream_runs(_streamed) -> None:
+            if not overflowing:
+                overflowing.append(client.submit(chat, orin.url, CORTEX))
+
+        streamed = stream_chat(orin.url, held, after_event=send_once_the_stream_runs)
+        reply = overflowing[0].result()
+    assert streamed.done and streamed.headers["x-lobes-proxied-by"] == live.url
+    assert reply.status == 200, reply.body
+    assert (reply.headers["x-lobes-proxied-by"], reply.headers["x-lobes-route-reason"]) == (
+        live.url, "none")
+
+
+def test_a_request_the_full_pool_cannot_place_fails_over_when_its_replica_fails():
+    """Both replicas full (one slot each, a request held on each), the first still judged up
+    by a slow prober but answering 503: the request the policy cannot place goes to it and,
+    not yet started, fails over to the other replica like any placed request."""
+    held = {"model": "cortex", "messages": [{"role": "user", "content": "go on"}],
+            "max_tokens": 1000, "ignore_eos": True}
+    with start_sim("spark-cortex", time_scale=20) as first_sim, \
+            start_sim("spark-cortex", time_scale=20) as second_sim, \
+            start_gateway({**peer_env(first_sim), "PRIMARY_MAX_ACTIVE": "1"}) as first, \
+            start_gateway({**peer_env(second_sim), "PRIMARY_MAX_ACTIVE": "1"}) as second, \
+            start_gateway(pool_env(first.url, [first.url, second.url], PRIMARY_PEER_API_KEY="",
+                                   GATEWAY_POOL_POLICY="queue",
+                                   GATEWAY_PROBE_INTERVAL_S="60")) as orin, \
+            ThreadPoolExecutor(2) as client:
+        all_selectable(orin)
+        holding = [client.submit(chat, orin.url, held) for _each in range(2)]
+        wait_until(lambda: len(posts(first_sim)) == len(posts(second_sim)) == 1,
+                   message="a request held on each replica")
+        first_sim.set_faults({"error_status": 503})
+        reply = chat(orin.url, CORTEX)
+        assert [each.result().status for each in holding] == [200, 200]
+    assert reply.status == 200, reply.body
+    assert (reply.headers["x-lobes-proxied-by"], reply.headers["x-lobes-route-reason"]) == (
+        second.url, "failover")
 
 
 def test_a_peer_that_goes_dark_is_not_compatible_and_comes_back(pair):

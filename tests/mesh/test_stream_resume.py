@@ -166,6 +166,29 @@ def test_a_stopped_replica_is_cut_off_after_the_stall_timeout_and_its_stream_con
     assert streamed.largest_gap() >= 0.5  # the stall it waited out before moving on
 
 
+def learned_rates(gateway) -> dict[str, float]:
+    rows = gateway.get_json("/capabilities")["roles"]["cortex"]["replicas"]
+    return {row["origin"]: row["rate"] for row in rows}
+
+
+def test_the_continuation_teaches_its_replicas_rate_and_the_broken_part_teaches_nothing(
+        pair, reference, faults):
+    """Both replicas declared far faster than the simulators run (~200 tok/s at time-scale 4):
+    the continuation's part, a healthy answer, pulls its replica's estimate down; the first
+    replica, which broke the stream off, keeps its prior."""
+    first, second = pair["first"], pair["second"]
+    faults.set_faults({"die_after_chunks": BROKEN_AFTER})
+    with start_gateway(pool_env([first.url, second.url],
+                                PRIMARY_PEER_RATES="1000,1000")) as pool:
+        ready(pool)
+        assert learned_rates(pool) == {first.url: 1000, second.url: 1000}
+        streamed = stream_chat(pool.url, ASK)
+        assert streamed.finish["lobes_resumed"]["replicas"] == [first.url, second.url]
+        wait_until(lambda: learned_rates(pool)[second.url] < 900,
+                   message="the continuation's replica to learn a rate below its prior")
+        assert learned_rates(pool)[first.url] == 1000
+
+
 def hosted_box(local_sim, order: list[str | None]) -> tuple[str, object]:
     """A box that serves cortex on `local_sim` and pools it with peers; None in `order` is
     this box's own slot."""
@@ -204,9 +227,9 @@ TOOL_CALL = {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
 
 
 @contextmanager
-def breaking_gear(deltas: list[dict]) -> Iterator[str]:
+def breaking_gear(deltas: list[dict], opening: bool = True) -> Iterator[str]:
     """A vLLM stand-in that lists the served model and streams `deltas` (after the role
-    delta), then drops the connection mid-stream; yields its origin."""
+    delta, when `opening`), then drops the connection mid-stream; yields its origin."""
 
     class Gear(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -232,7 +255,8 @@ def breaking_gear(deltas: list[dict]) -> Iterator[str]:
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            for delta in [{"role": "assistant", "content": ""}, *deltas]:
+            opened = [{"role": "assistant", "content": ""}] if opening else []
+            for delta in [*opened, *deltas]:
                 chunk = {"id": "chatcmpl-gear", "object": "chat.completion.chunk", "created": 1,
                          "model": SERVED, "choices": [{"index": 0, "delta": delta,
                                                        "finish_reason": None}]}
@@ -279,6 +303,26 @@ def test_a_stream_is_continued_until_it_carries_a_tool_call(pair, deltas, resume
         assert interrupted(streamed)
         assert posts(pair["second_sim"]) == []
         assert streamed.events[-2]["choices"][0]["delta"] == TOOL_CALL
+
+
+def test_a_stream_broken_off_before_its_first_event_is_answered_whole_by_the_other(
+        pair, reference):
+    """The replica sent its response head and died: the request is sent again as it was
+    (nothing to continue), and its answer relayed as the stream's first part: one role
+    delta, the reference's text and usage."""
+    pair["second_sim"].clear_requests()
+    with breaking_gear([], opening=False) as gear:
+        port = free_port()
+        me = f"http://127.0.0.1:{port}"
+        env = {**pool_env([me, pair["second"].url]), "PRIMARY_BASE_URL": gear,
+               "PRIMARY_SERVED_NAME": SERVED, "PRIMARY_MAX_MODEL_LEN": "262144",
+               "PRIMARY_FEASIBLE": "true", "GATEWAY_SELF_ORIGIN": me}
+        with start_gateway(env, port=port) as box:
+            ready(box)
+            streamed = stream_chat(box.url, ASK)
+    assert_one_unbroken_stream(streamed, reference, [me, pair["second"].url])
+    [again] = posts(pair["second_sim"])
+    assert "continue_final_message" not in json.loads(again["body"])
 
 
 def test_a_client_that_reads_slowly_is_no_stalled_replica():
@@ -369,3 +413,56 @@ def test_a_whole_stream_passes_unchanged_and_unmarked(pair, reference):
     assert streamed.done and streamed.text == reference.text
     assert streamed.usage == reference.usage
     assert "lobes_resumed" not in streamed.finish
+
+
+MTP_TOKENS = 3  # tokens per chunk of a gear with speculative decoding
+
+
+@pytest.fixture(scope="module")
+def mtp_pair():
+    """Two gears that stream three tokens per chunk (lobes_sim --tokens-per-chunk)."""
+    mtp = ["--tokens-per-chunk", str(MTP_TOKENS)]
+    with start_sim("spark-cortex", time_scale=TIME_SCALE, extra_args=mtp) as first_sim, \
+            start_sim("spark-cortex", time_scale=TIME_SCALE, extra_args=mtp) as second_sim, \
+            start_gateway(peer_env(first_sim)) as first, \
+            start_gateway(peer_env(second_sim)) as second:
+        yield {"first": first, "second": second, "first_sim": first_sim,
+               "second_sim": second_sim}
+
+
+@pytest.mark.parametrize("options", [
+    {"include_usage": True},
+    {},
+    {"include_usage": True, "continuous_usage_stats": True},
+], ids=["final-usage", "no-usage", "usage-per-chunk"])
+def test_a_speculative_replicas_tokens_are_counted_not_its_chunks(mtp_pair, options):
+    """Several tokens per chunk: the continuation's max_tokens is what is left of the
+    client's, counted in tokens, so the client gets the answer it asked for, no longer; usage
+    reaches the client as it asked for it, and only then."""
+    ask = {**ASK, "stream_options": options}
+    reference = stream_chat(mtp_pair["second"].url, ask)
+    first, second = mtp_pair["first"], mtp_pair["second"]
+    mtp_pair["second_sim"].clear_requests()
+    mtp_pair["first_sim"].set_faults({"die_after_chunks": BROKEN_AFTER})
+    try:
+        with start_gateway(pool_env([first.url, second.url])) as pool:
+            ready(pool)
+            streamed = stream_chat(pool.url, ask)
+    finally:
+        mtp_pair["first_sim"].set_faults({})
+    assert streamed.done and streamed.text == reference.text
+    [continuation] = posts(mtp_pair["second_sim"])
+    produced = (BROKEN_AFTER - 1) * MTP_TOKENS  # the role delta was one of the chunks
+    assert json.loads(continuation["body"])["max_tokens"] == ASK["max_tokens"] - produced
+    assert streamed.usage == reference.usage
+    with_usage = [event for event in streamed.events if "usage" in event]
+    if options.get("continuous_usage_stats"):
+        assert all("usage" in event for event in streamed.events
+                   if event["choices"] and event["choices"][0]["delta"].get("content"))
+        counted = [event["usage"]["completion_tokens"] for event in with_usage]
+        assert counted == sorted(counted) and counted[-1] == ASK["max_tokens"]
+    elif options:
+        assert with_usage == [streamed.events[-1]]
+        assert streamed.usage["completion_tokens"] == ASK["max_tokens"]
+    else:
+        assert with_usage == [] and streamed.usage is None

@@ -118,6 +118,9 @@ def test_continuous_usage_stats_count_up(sim):
                                           "stream_options": options})
     counts = [e["usage"]["completion_tokens"] for e in reply.events]
     assert counts == [1, 2, 3, 4, 4]
+    chat = stream(sim.url, CHAT, chat_payload(max_tokens=3, stream_options=options))
+    # As vLLM's, a chat stream's opening role delta counts no completion tokens yet.
+    assert [e["usage"]["completion_tokens"] for e in chat.events] == [0, 1, 2, 3, 3]
 
 
 def test_unknown_model_is_vllms_404(sim):
@@ -267,3 +270,25 @@ def test_continue_final_message_is_checked_as_vllm_checks_it(sim, extra, last_ro
     reply = post(sim.url, CHAT, payload)
     assert reply.status == 400
     assert reply.json()["error"]["param"] == "continue_final_message"
+
+
+def _contents(events: list[dict]) -> list[str]:
+    return [e["choices"][0]["delta"]["content"] for e in events
+            if e["choices"] and e["choices"][0]["delta"].get("content")]
+
+
+def test_a_speculative_gear_streams_several_tokens_per_chunk(sim, sim_factory):
+    """--tokens-per-chunk 3 (MTP): the same text in chunks of three tokens, the last one
+    shorter, and usage per chunk counting tokens, not chunks."""
+    ask = chat_payload(max_tokens=100, stream=True,
+                       stream_options={"include_usage": True, "continuous_usage_stats": True})
+    mtp = sim_factory("spark-cortex", time_scale=200, extra_args=["--tokens-per-chunk", "3"])
+    plain_events = stream(sim.url, CHAT, ask).events
+    mtp_events = stream(mtp.url, CHAT, ask).events
+    one_each = _contents(plain_events)
+    assert _contents(mtp_events) == ["".join(one_each[i:i + 3])
+                                     for i in range(0, len(one_each), 3)]
+    counted = [e["usage"]["completion_tokens"] for e in mtp_events
+               if e["choices"] and e["choices"][0]["delta"].get("content")]
+    assert counted == [min(i + 3, len(one_each)) for i in range(0, len(one_each), 3)]
+    assert mtp_events[-1]["usage"] == plain_events[-1]["usage"]

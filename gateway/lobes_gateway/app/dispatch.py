@@ -463,8 +463,11 @@ class Dispatcher:
             yield Answer(too_long, (("X-Lobes-Route-Reason", "none"),))
             return
         resume = self._resume(req, route, role, payload)
+        if resume is not None:  # every replica is asked to count the stream's tokens
+            payload, req.body = resume.payload, resume.body
         while (placement := role.placer.place(role.candidates(tried, request), request=request)
-               or (role.failover(tried, request) if failures else None)) is not None:
+               or (role.failover(tried, request) if failures
+                   else role.overflow(tried, request))) is not None:
             tried.add(placement.origin)
             reason = b"X-Lobes-Route-Reason: " + placement.reason.value.encode()
             if placement.origin == role.local_origin:  # the local path: pressure, tiers

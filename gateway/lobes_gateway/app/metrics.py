@@ -99,9 +99,16 @@ class Metrics:
         latency = self.latency.get((role, lane))
         if latency is None:
             latency = self.latency[role, lane] = Latency()
-        latency.duration.observe(ended - started)
+        # Histogram.observe inlined: this runs once per request.
+        elapsed = ended - started
+        histogram = latency.duration
+        histogram.counts[bisect_left(BUCKETS, elapsed)] += 1
+        histogram.sum += elapsed
         if trace.first_byte:
-            latency.first_byte.observe(trace.first_byte - started)
+            elapsed = trace.first_byte - started
+            histogram = latency.first_byte
+            histogram.counts[bisect_left(BUCKETS, elapsed)] += 1
+            histogram.sum += elapsed
         if trace.tokens:
             self.tokens[role, trace.served] += trace.tokens
         if trace.client:

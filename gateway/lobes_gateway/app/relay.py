@@ -16,13 +16,15 @@ from ..transport.channel import Channel
 from ..transport.http import error_bytes, status_line
 from ..transport.upstream import Connections, Response, finish, read_body
 from .meter import CountingWriter, completion_tokens
+from .stream_pipe import HIGH_WATER, StreamPipe
 
 if TYPE_CHECKING:  # resume.py relays through this module's helpers
     from .resume import StreamResume
 
-# Above this many unsent bytes the relay waits for the client (backpressure).
-HIGH_WATER = 64 * 1024
 _BODY_IN_ONE_READ = 256 * 1024
+# How much of a large answer's end is kept to find its usage block (vLLM writes usage last but
+# for a few short fields).
+_USAGE_TAIL = 4096
 _BROKEN = (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError)
 _STREAM_END = b"0\r\n\r\n"
 _CLOSE = b"Connection: close"
@@ -74,7 +76,7 @@ class Outcome:
         self.tokens = tokens
         if self.placement is not None:
             self.placement.record_completion(tokens, time.monotonic() - self.started,
-                                             reported_prompt_tokens(usage))
+                                             prompt_tokens=reported_prompt_tokens(usage))
 
     def settle(self) -> None:
         """The relay ended: release the placement and the in-flight count."""
@@ -117,8 +119,8 @@ async def _relay_settling(connections: Connections, outcome: Outcome, client: Ch
 
 async def _relay_resumable(connections: Connections, outcome: Outcome, client: Channel,
                            keep_alive: bool) -> bool:
-    """A pooled stream relayed by its StreamResume; a replica's rate is taught only from a
-    stream it served whole."""
+    """A pooled stream relayed by its StreamResume; a replica's rate is taught here only from
+    a stream it served whole (a continued one is taught by the StreamResume)."""
     resume, placement = outcome.resume, outcome.placement
     assert resume is not None and placement is not None
     try:
@@ -193,7 +195,7 @@ async def pass_through(connections: Connections, response: Response, client: Cha
             finish(connections, response)
             return keep_alive
     elif length is not None:
-        return await _relay_large(connections, response, client, extra, keep_alive)
+        return await _relay_large(connections, response, client, extra, keep_alive, meter)
     elif not response.chunked or is_event_stream(response):
         if meter is not None:
             return await _relay_metered_stream(connections, response, client, extra, keep_alive,
@@ -213,10 +215,15 @@ def is_event_stream(response: Response) -> bool:
 
 
 async def _relay_large(connections: Connections, response: Response, client: Channel,
-                       extra: list[bytes], keep_alive: bool) -> bool:
-    """A body too large to hold: the head goes first, so a cut can only end the connection."""
+                       extra: list[bytes], keep_alive: bool, meter: Outcome | None) -> bool:
+    """A body too large to hold: the head goes first, so a cut can only end the connection.
+
+    With a `meter`, the body's last bytes are kept: an OpenAI answer ends in its usage, whose
+    completion tokens are counted (and teach a placed replica's rate) once the body is whole.
+    """
     length = response.length or 0
     upstream = response.conn.channel
+    tail = b""
     try:
         client.write(head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive))
         left = length
@@ -226,11 +233,15 @@ async def _relay_large(connections: Connections, response: Response, client: Cha
                 raise ConnectionResetError("upstream closed mid-body")
             left -= len(data)
             client.write(data)
+            if meter is not None:
+                tail = (tail + data if len(data) < _USAGE_TAIL else data)[-_USAGE_TAIL:]
             await client.drain()
     except _BROKEN:
         response.conn.close()
         return False
     finish(connections, response)
+    if meter is not None:
+        meter.learn(completion_tokens(tail), tail)
     return keep_alive
 
 
@@ -299,43 +310,18 @@ async def _pass_chunks(upstream: Channel, client: Channel,
         upstream.divert(None)
 
 
-class _ChunkPipe(asyncio.Protocol):
-    """The upstream socket's protocol while an event stream passes through it."""
+class _ChunkPipe(StreamPipe):
+    """The upstream socket's protocol while an event stream passes through it verbatim; its
+    outcome is whether the upstream ended cleanly (reusable)."""
 
-    __slots__ = ("_buffer", "_client", "_error", "_trailers", "_upstream", "_waiter", "_write",
-                 "outcome", "paused")
+    __slots__ = ("_buffer", "_trailers", "_write")
 
     def __init__(self, write: Callable[[bytes], None], client: asyncio.WriteTransport,
                  upstream: asyncio.Transport) -> None:
+        super().__init__(client, upstream)
         self._write = write  # the client's write (traced, metered), whole chunks at a time
-        self._client = client
-        self._upstream = upstream
         self._buffer = b""
         self._trailers: bytes | None = None
-        self._waiter: asyncio.Future | None = None
-        self._error: Exception | None = None
-        self.outcome: bool | None = None
-        self.paused = False
-
-    async def wait(self) -> bool | None:
-        """The stream's outcome (clean or not), or None when paused for the client to drain."""
-        if self._error is not None:
-            raise self._error
-        if self.outcome is not None:
-            return self.outcome
-        if self.paused:
-            return None
-        if self._upstream.is_closing():
-            raise ConnectionResetError("upstream closed mid-stream")
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            return await self._waiter
-        finally:
-            self._waiter = None
-
-    def resume(self) -> None:
-        self.paused = False
-        self._upstream.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         if self.outcome is not None or self._error is not None:
@@ -349,15 +335,12 @@ class _ChunkPipe(asyncio.Protocol):
             self._fail(exc)
 
     def _pass(self, buffer: bytes) -> None:
-        end, last, _missing = _scan_chunks(buffer)
+        end, last, _missing = scan_chunks(buffer)
         if end:
             if self._client.is_closing():
                 raise ConnectionResetError("client went away")
             self._write(buffer if end == len(buffer) else buffer[:end])
-            if self._client.get_write_buffer_size() > HIGH_WATER:
-                self._upstream.pause_reading()
-                self.paused = True
-                self._wake(None)
+            self._hold_if_full()
         if last:
             self._buffer = b""
             self._end_of_trailers(buffer[end:])
@@ -370,26 +353,14 @@ class _ChunkPipe(asyncio.Protocol):
             self._trailers = tail
             return
         self._trailers = None
-        self.outcome = clean
-        self._wake(clean)
+        self._end(clean)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.outcome is None:
             self._fail(ConnectionResetError("upstream closed mid-stream"))
 
-    def _fail(self, exc: Exception) -> None:
-        self._error = exc
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
 
-    def _wake(self, outcome: bool | None) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(outcome)
-
-
-def _scan_chunks(buffer: bytes) -> tuple[int, bool, int]:
+def scan_chunks(buffer: bytes) -> tuple[int, bool, int]:
     """(end of the complete chunks, whether the last chunk starts there, bytes still missing)."""
     pos = 0
     size_of_buffer = len(buffer)

@@ -18,16 +18,25 @@ What is not continued (the stream then ends as an unpooled one does, with a
 `stream_interrupted` error event): a request with `n` > 1, a structured-output or
 guided-decoding request (a grammar restarts at the continuation's first token), and a stream
 once it carries a delta other than text (tool calls, reasoning), which a final assistant
-message cannot hold. Tokens are counted one per content chunk unless the stream reports
-usage per chunk (stream_options.continuous_usage_stats): a replica that sends several tokens
-in one chunk (speculative decoding) has its tokens counted short, and its continuation's
-max_tokens too large by the difference.
+message cannot hold.
+
+Tokens are counted from the replicas' own usage: every part is asked for usage on each chunk
+(stream_options.continuous_usage_stats), because a replica with speculative decoding (MTP)
+sends several tokens in one chunk and a chunk count would leave the continuation's max_tokens
+too large. What the client did not ask for is taken out again: the usage of each chunk, and
+the final usage chunk. A replica that ignores the option is counted one token per chunk.
+
+A continuation that ends the stream whole teaches its replica's rate from its own part (its
+tokens after its prompt, in its time) and the pool's answer length from the whole answer; a
+part that broke off teaches nothing (its replica failed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +54,8 @@ from ..transport.upstream import (
     finish,
     request_head,
 )
-from .relay import HIGH_WATER, _scan_chunks, head_bytes, interrupted_event, is_event_stream
+from .relay import head_bytes, interrupted_event, is_event_stream, scan_chunks
+from .stream_pipe import StreamPipe
 
 # How a broken-off stream ended, as lobes_gateway_stream_resumes_total counts it.
 RESUMED, NOT_RESUMABLE, NO_REPLICA = "resumed", "not_resumable", "no_replica"
@@ -57,7 +67,15 @@ _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "st
 _TEXT_DELTA = frozenset({"role", "content"})
 # Byte patterns that tell a plain text-token event from one that must be parsed.
 _NOT_FINISHED, _FINISH = b'"finish_reason":null', b'"finish_reason"'
-_NOT_PLAIN = (b'"error"', b'"usage"', b'"tool_calls"', b'"function_call"', b'"reasoning')
+# One search each, not a scan per marker: this runs for every read of a resumable stream.
+_NOT_TEXT = re.compile(rb'"(?:error|tool_calls|function_call|reasoning)')
+_NOT_PLAIN = re.compile(rb'"(?:error|tool_calls|function_call|reasoning|usage")')
+_USAGE = b'"usage"'
+# A compact chunk whose last member is its usage (vLLM's continuous_usage_stats): the usage
+# object (one level of nesting: prompt_tokens_details) and its completion tokens.
+_LAST_USAGE = b',"usage":{'
+_USAGE_OBJECT = re.compile(rb"\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}")
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 _TEXT, _EMPTY_TEXT = b'"content":"', b'"content":""'
 # The ids a continuation's events take from the first part's, so the client sees one stream.
 _IDS = ("id", "created", "model")
@@ -76,6 +94,33 @@ def resumable_request(payload: dict | None) -> bool:
         return False
     messages = payload.get("messages")
     return isinstance(messages, list) and bool(messages)
+
+
+@dataclass(frozen=True)
+class UsageAsked:
+    """The usage a client asked of its stream (stream_options)."""
+
+    final: bool  # include_usage: a usage chunk before [DONE]
+    per_chunk: bool  # continuous_usage_stats too: usage on every chunk
+
+    @classmethod
+    def of(cls, payload: dict) -> UsageAsked:
+        options = payload.get("stream_options")
+        if not isinstance(options, dict):
+            return cls(False, False)
+        final = options.get("include_usage") is True
+        return cls(final, final and options.get("continuous_usage_stats") is True)
+
+
+def counting_payload(payload: dict) -> dict:
+    """The request as the replicas get it: asking for usage on every chunk, so the tokens a
+    stream carried are known wherever it breaks off (a malformed stream_options is left for
+    the replica to refuse)."""
+    options = payload.get("stream_options", {})
+    if not isinstance(options, dict):
+        return payload
+    return {**payload, "stream_options": {**options, "include_usage": True,
+                                          "continuous_usage_stats": True}}
 
 
 @dataclass(frozen=True)
@@ -128,13 +173,20 @@ class StreamResume:
                  stall_s: float, outcomes: defaultdict[tuple[str, str], int]) -> None:
         self._role = role
         self._outcomes = outcomes
-        self._payload = payload
+        self._asked = UsageAsked.of(payload)
+        self.payload = counting_payload(payload)  # what every part's replica is sent
         self._path = path  # the request target: /v1/chat/completions
         self._target_of = target_of  # a replica's origin -> where and how to send it
         self._timeout = timeout_s
         self._stall = stall_s
         self.resumes = 0  # continuations this stream needed
         self.whole = False  # the stream ended with its [DONE]
+        self._part_started = 0.0  # when the current continuation was sent
+
+    @property
+    def body(self) -> bytes:
+        """The request body every part's replica is sent (the model name left as asked)."""
+        return _encoded(self.payload)
 
     async def relay(self, connections: Connections, response: Response, extra: list[bytes],
                     placement: Placement, client: Channel, keep_alive: bool) -> tuple[bool, int]:
@@ -148,6 +200,8 @@ class StreamResume:
             part: Response | None = response
             while part is not None:
                 whole = await self._relay_part(connections, part, stream, client)
+                if whole and self.resumes:
+                    self._teach(held[-1], stream)
                 held[-1].release()
                 if whole:
                     self.whole = True
@@ -161,6 +215,12 @@ class StreamResume:
         finally:
             for each in held:
                 each.release()
+
+    def _teach(self, placement: Placement, stream: _Stream) -> None:
+        """The continuation that ended the stream whole: its replica's rate from its own part,
+        the pool's answer length from the whole answer."""
+        placement.record_completion(stream.part_tokens, time.monotonic() - self._part_started,
+                                    answer_tokens=stream.tokens)
 
     async def _relay_part(self, connections: Connections, response: Response, stream: _Stream,
                           client: Channel) -> bool:
@@ -178,13 +238,13 @@ class StreamResume:
                 pipe.data_received(held)
             if conn.channel.at_eof():
                 pipe.connection_lost(None)
-            while not await pipe.wait():  # paused for the client to drain
+            while await pipe.wait() is None:  # paused for the client to drain
                 conn.watchdog.disarm()  # a slow client is no stalled replica
                 await client.drain()
                 pipe.arm()
                 pipe.resume()
         except ConnectionError:
-            pass  # the client went away while the relay waited for it to drain
+            pass  # the client went away while the relay waited, or the upstream was gone
         finally:
             conn.channel.divert(None)
             conn.watchdog.disarm()
@@ -236,12 +296,11 @@ class StreamResume:
         if data == _DONE:
             stream.done = True
             return as_is
-        if stream.ids and not stream.continuing and _is_plain(data):
-            # The usual event, one text token: kept as it is, parsed only if a resume needs it.
-            if _TEXT in data and _EMPTY_TEXT not in data:
-                stream.pieces.append(data)
-                stream.part_tokens += 1
-            return as_is
+        if stream.ids and not stream.continuing and _is_text(data):
+            # The usual event, text tokens: kept unparsed until a resume needs its text.
+            relayed = self._plain_event(data, stream)
+            if relayed is not None:
+                return as_is if relayed is data else _chunk(b"data: " + relayed + b"\n\n")
         try:
             chunk = json.loads(data)
         except ValueError:
@@ -251,12 +310,33 @@ class StreamResume:
         if "error" in chunk:
             return None
         changed = self._note(chunk, stream)
+        if "usage" in chunk and not self._asked.per_chunk:
+            if not chunk.get("choices"):  # the final usage chunk
+                if not self._asked.final:
+                    return b""
+            else:
+                del chunk["usage"]
+                changed = True
         if not stream.continuing:
             return _dumped(chunk) if changed else as_is
         if _is_role_only(chunk):
             return b""
         chunk.update(stream.ids)
         return _dumped(chunk)
+
+    def _plain_event(self, data: bytes, stream: _Stream) -> bytes | None:
+        """The data the client gets for a text-token event, its tokens counted by byte scans
+        (`data` itself when unchanged); None when it must be parsed."""
+        bare, tokens = data, None
+        if _USAGE in data:
+            split = _split_usage(data)
+            if split is None:
+                return None
+            bare, tokens = split
+        if _TEXT in bare and _EMPTY_TEXT not in bare:
+            stream.pieces.append(bare)
+        stream.part_tokens = stream.part_tokens + 1 if tokens is None else tokens
+        return data if tokens is None or self._asked.per_chunk else bare
 
     def _note(self, chunk: dict, stream: _Stream) -> bool:
         """Keep what a continuation needs from one chunk; True when the chunk must change."""
@@ -304,7 +384,7 @@ class StreamResume:
         if not stream.resumable or stream.finished:
             return None
         stream.produced, stream.part_tokens = stream.tokens, 0
-        body = continuation_body(self._payload, stream.text, stream.produced)
+        body = continuation_body(self.payload, stream.text, stream.produced)
         if body is None:
             stream.spent = True
             return None
@@ -317,10 +397,10 @@ class StreamResume:
             tried.add(placement.origin)
             held.append(placement)
             target = self._target_of(placement.origin)
-            encoded = json.dumps({**body, "model": target.model} if target.model else body,
-                                 ensure_ascii=False, separators=(",", ":")).encode()
+            encoded = _encoded({**body, "model": target.model} if target.model else body)
             head = request_head("POST", self._path, target.origin, target.headers,
                                 len(encoded))
+            self._part_started = time.monotonic()
             try:
                 response = await exchange(connections, target.origin, head, encoded,
                                           self._timeout)
@@ -328,7 +408,9 @@ class StreamResume:
                 placement.release()
                 continue
             if response.status == 200 and is_event_stream(response):
-                stream.continuing = True
+                # A stream that broke off before its first event is a new answer to the
+                # client: relayed as a first part, its role delta and ids its own.
+                stream.continuing = bool(stream.ids)
                 stream.replicas.append(placement.origin)
                 self.resumes += 1
                 return response
@@ -339,7 +421,9 @@ class StreamResume:
 
 def continuation_body(payload: dict, text: str, produced: int) -> dict | None:
     """The request that continues `text`, `produced` tokens into the answer; None when the
-    token budget is spent."""
+    token budget is spent. Nothing produced yet: the request itself, sent again."""
+    if not text and not produced:
+        return payload
     body = {**payload, "continue_final_message": True, "add_generation_prompt": False}
     for key in ("max_completion_tokens", "max_tokens"):
         budget = payload.get(key)
@@ -362,10 +446,27 @@ def continuation_body(payload: dict, text: str, produced: int) -> dict | None:
     return body
 
 
-def _is_plain(data: bytes) -> bool:
-    """A chunk with no finish, usage, error or delta other than text (compact JSON, as vLLM
-    writes it; any other spelling is parsed)."""
-    return _NOT_FINISHED in data and not any(marker in data for marker in _NOT_PLAIN)
+def _encoded(payload: dict) -> bytes:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _is_text(data: bytes) -> bool:
+    """A chunk with no finish, error or delta other than text (compact JSON, as vLLM writes
+    it; any other spelling is parsed)."""
+    return _NOT_FINISHED in data and _NOT_TEXT.search(data) is None
+
+
+def _split_usage(data: bytes) -> tuple[bytes, int] | None:
+    """A compact chunk whose last member is its usage: (the chunk without it, its completion
+    tokens); None for any other shape (it is parsed instead). A quote inside a JSON string is
+    escaped, so the last `,"usage":{` is the member's own."""
+    at = data.rfind(_LAST_USAGE)
+    start = at + len(_LAST_USAGE) - 1
+    if at < 0 or not data.endswith(b"}") or not _USAGE_OBJECT.fullmatch(data, start,
+                                                                         len(data) - 1):
+        return None
+    tokens = _COMPLETION_TOKENS.search(data, start)
+    return (data[:at] + b"}", int(tokens.group(1))) if tokens is not None else None
 
 
 def _content(data: bytes) -> str:
@@ -411,67 +512,38 @@ def _end_interrupted(client: Channel, error_sent: bool) -> None:
         client.transport.close()
 
 
-class _EventPipe(asyncio.Protocol):
-    """The upstream socket's protocol while one part of a resumable stream passes through it:
-    events are relayed from the socket's own callback, with no future or wake-up per read."""
+class _EventPipe(StreamPipe):
+    """The upstream socket's protocol while one part of a resumable stream passes through it,
+    its events relayed as they come; its outcome is True once the part ended (whole, broken
+    off, or its client gone), judged by what the stream saw."""
 
-    __slots__ = ("_client", "_events", "_relay", "_upstream", "_waiter", "arm", "ended",
-                 "paused")
+    __slots__ = ("_events", "_relay", "_write", "arm")
 
     def __init__(self, relay: Callable[[bytes], tuple[list[bytes], bool]], events: _Events,
                  client: Channel, upstream: asyncio.Transport, arm: Callable[[], None]) -> None:
+        super().__init__(client.transport, upstream)
         self._relay = relay  # data in, (the client's bytes, whether the part broke off) out
         self._events = events
-        self._client = client
-        self._upstream = upstream
-        self._waiter: asyncio.Future | None = None
+        self._write = client.write
         self.arm = arm  # (re)starts the part's deadline: the watchdog aborts a stalled replica
-        self.ended = False  # the part ended: whole, broken off, or its client gone
-        self.paused = False  # upstream reads wait for the client to drain
-
-    async def wait(self) -> bool:
-        """True once the part ended; False when paused for the client to drain."""
-        if self.ended or self.paused:
-            return self.ended
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            return await self._waiter
-        finally:
-            self._waiter = None
-
-    def resume(self) -> None:
-        self.paused = False
-        self._upstream.resume_reading()
 
     def data_received(self, data: bytes) -> None:
-        if self.ended:
+        if self.outcome is not None:
             return
         self.arm()
-        client = self._client.transport
         try:
             out, broke = self._relay(data)
         except ValueError:  # broken chunk framing
             out, broke = [], True
-        if out and not client.is_closing():
-            self._client.write(b"".join(out))
-        if broke or self._events.ended or client.is_closing():
-            self._end()
-        elif client.get_write_buffer_size() > HIGH_WATER:
-            self._upstream.pause_reading()
-            self.paused = True
-            self._wake(False)
+        if out and not self._client.is_closing():
+            self._write(b"".join(out))
+        if broke or self._events.ended or self._client.is_closing():
+            self._end(True)
+        else:
+            self._hold_if_full()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._end()
-
-    def _end(self) -> None:
-        self.ended = True
-        self._wake(True)
-
-    def _wake(self, ended: bool) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(ended)
+        self._end(True)
 
 
 class _Events:
@@ -491,10 +563,10 @@ class _Events:
         """`data` when it is whole chunks of plain text-token events and nothing is held from
         before (else None: it is cut into events and read one by one)."""
         if (not self._chunked or self._frames or self._text or not data.endswith(b"\n\n\r\n")
-                or any(marker in data for marker in _NOT_PLAIN) or _DONE in data
+                or _NOT_PLAIN.search(data) is not None or _DONE in data
                 or data.count(_NOT_FINISHED) != data.count(_FINISH)):
             return None
-        end, last, _missing = _scan_chunks(data)
+        end, last, _missing = scan_chunks(data)
         if last or end != len(data):
             return None
         self.seen = True

@@ -41,6 +41,8 @@ class PooledRole:
     replicas: ReplicaSet
     placer: Placer
     default_slots: int
+    # The replica a peer-only pool's fall-through names (P_PEER_ORIGIN, else the first one).
+    singular: str | None = None
 
     def candidates(self, exclude: set[str],
                    request: RequestShape | None = None) -> list[Candidate]:
@@ -66,6 +68,18 @@ class PooledRole:
         if not left:
             return None
         return self.placer.occupy(left[0].origin, left[0].slots, RouteReason.FAILOVER)
+
+    def overflow(self, tried: set[str], request: RequestShape | None = None) -> Placement | None:
+        """When the policy finds every selectable replica full (queue): the replica the pool
+        falls through to (this box's own, else the singular peer) while it is selectable, else
+        the first selectable one, counted there; None when none is selectable. A request is
+        never sent to a replica the prober judged down while another one is up."""
+        left = self.candidates(tried, request)
+        if not left:
+            return None
+        preferred = self.local_origin or self.singular
+        chosen = next((c for c in left if c.origin == preferred), left[0])
+        return self.placer.occupy(chosen.origin, chosen.slots, RouteReason.NONE)
 
     @property
     def local_origin(self) -> str | None:
@@ -121,7 +135,9 @@ def _pooled_role(route: PoolRoute, policy: Policy, self_origin: str | None) -> P
     if rc.base_url is not None:
         specs = with_local_replica(specs, local_url=rc.base_url.url, self_origin=self_origin)
     placer = Placer(policy, {s.origin: s.prior_rate for s in specs})
-    return PooledRole(route.role, ReplicaSet(route.role, specs), placer, rc.max_active or 1)
+    singular = route.fall_through.origin if isinstance(route.fall_through, ProxyRoute) else None
+    return PooledRole(route.role, ReplicaSet(route.role, specs), placer, rc.max_active or 1,
+                      singular)
 
 
 def _probe_target(config: GatewayConfig, role: str) -> ProbeTarget:

@@ -282,6 +282,13 @@ def _role(env: _Env, role: RoleSpec, fleet_key: str | None) -> RoleConfig:
     if route == OWNERS and fleet_key is None:
         raise ConfigError(f"{p}_ROUTE", "is owners but GATEWAY_FLEET_KEY is not set",
                           "set GATEWAY_FLEET_KEY (owners are asked under the fleet key)")
+    stream_resume = bool(env.bool(f"{p}_STREAM_RESUME", False))
+    if stream_resume and route != POOL:
+        # Read for a pool only: accepted elsewhere it would promise a resume that never happens.
+        raise ConfigError(f"{p}_STREAM_RESUME", f"is true but the role's route is {route}, "
+                          "not pool (a lone backend has no replica to continue a stream on)",
+                          f"remove {p}_STREAM_RESUME, or pool the role ({p}_ROUTE=pool with "
+                          f"{p}_PEER_ORIGINS)")
     return RoleConfig(
         role=role,
         route=route,
@@ -294,7 +301,7 @@ def _role(env: _Env, role: RoleSpec, fleet_key: str | None) -> RoleConfig:
         peer_api_key=peer_key,
         peers=peers,
         quantization=env.str(f"{p}_QUANTIZATION"),
-        stream_resume=bool(env.bool(f"{p}_STREAM_RESUME", False)),
+        stream_resume=stream_resume,
         priority_scheduling=bool(env.bool(f"{p}_PRIORITY_SCHEDULING", False)),
     )
 

@@ -29,8 +29,10 @@ X-Lobes-Route-Reason vocabulary (closed; RouteReason):
   earliest-completion prefix, rate: the replica with the earliest expected completion
   explore             prefix: an idle replica whose rate was never measured, once
   pinned              pinned: the first selectable replica in declaration order
-  none                nothing was placed: the request fell through to the singular forward or
-                      the local path, or every replica tried failed
+  none                the policy placed nothing: every replica full (queue), taken by the
+                      pool's fall-through replica or the first selectable one (PooledRole.
+                      overflow); or nothing selectable, fell through to the singular forward
+                      or the local path; or every replica tried failed
 """
 
 from __future__ import annotations
@@ -343,14 +345,17 @@ class Placement:
         return max(0.0, self.forecast.prefill_s - max(0.0, now - self.starts_at))
 
     def record_completion(self, tokens: int, elapsed_s: float,
+                          answer_tokens: int | None = None,
                           prompt_tokens: int | None = None) -> None:
-        """Teach the pool's answer length and the replica's rate from a completed response,
-        and the role's characters per token from the prompt tokens it reported."""
+        """Teach the replica's rate from a completed response of `tokens` in `elapsed_s`, and
+        the pool's answer length from it, or from `answer_tokens` when the response was the
+        last part of a longer answer (a resumed stream's continuation); and the role's
+        characters per token from the `prompt_tokens` the response reported."""
         if prompt_tokens is not None:
             self.placer.chars_per_token.observe(self.shape, prompt_tokens)
         if tokens <= 0 or elapsed_s <= 0:
             return
-        self.placer.learn(self, tokens, elapsed_s)
+        self.placer.learn(self, tokens, elapsed_s, answer_tokens)
 
     def release(self) -> None:
         """Stop counting this request; safe to call more than once."""
@@ -525,8 +530,10 @@ class Placer:
     def release(self, placement: Placement) -> None:
         self._active[placement.origin].remove(placement)
 
-    def learn(self, placement: Placement, tokens: int, elapsed_s: float) -> None:
-        """A completed answer: the pool's typical answer length, and the replica's rate.
+    def learn(self, placement: Placement, tokens: int, elapsed_s: float,
+              answer_tokens: int | None = None) -> None:
+        """A completed answer: the pool's typical answer length (`answer_tokens`, else
+        `tokens`), and the replica's rate.
 
         The rate policy's sample is tokens x waves / elapsed (the elapsed time covered the
         waves ahead). A forecasting policy's answer teaches the replica's decode and prefill
@@ -536,7 +543,8 @@ class Placer:
         decode rate; a long uncached prompt mostly the prefill rate; over many answers of
         different mixes both settle where the forecasts come true.
         """
-        self._typical_answer += self._smoothing * (tokens - self._typical_answer)
+        answer = tokens if answer_tokens is None else answer_tokens
+        self._typical_answer += self._smoothing * (answer - self._typical_answer)
         if not self.policy.forecasts:
             self.observe_rate(placement.origin, tokens * placement.waves_at_dispatch / elapsed_s)
             return

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -13,14 +12,13 @@ from .watchdog import Watchdog
 
 MAX_IDLE_PER_ORIGIN = 512
 MAX_BODY_READ = 256 * 1024
-# Response header lines that describe the upstream hop, never relayed as they are (the gateway
-# sets its own X-Request-Id: the id it sent, which a peer gateway echoes).
-_HOP_LINES = re.compile(rb"^(?:connection|keep-alive|transfer-encoding|content-length|"
-                        rb"proxy-connection|te|trailer|upgrade|x-request-id)[ \t]*:[^\r\n]*\r\n",
-                        re.I | re.M)
-# (name, value) of the response headers the gateway acts on, found in the lowered head.
-_READ_HEADERS = re.compile(rb"\r\n(connection|transfer-encoding|content-length|content-type)"
-                           rb"[ \t]*:[ \t]*([^\r\n]*?)[ \t]*(?=\r\n)")
+# Response headers that describe the upstream hop, never relayed as they are (the gateway sets
+# its own X-Request-Id: the id it sent, which a peer gateway echoes).
+_HOP_HEADERS = frozenset((b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
+                          b"proxy-connection", b"te", b"trailer", b"upgrade", b"x-request-id"))
+# The response headers the gateway acts on itself.
+_READ_HEADERS = frozenset((b"connection", b"transfer-encoding", b"content-length",
+                           b"content-type"))
 
 
 class Origin(NamedTuple):
@@ -71,10 +69,22 @@ class Response:
         self.conn = conn
         self.raw = raw
         self.status = int(raw[9:12])
-        # The few headers the gateway reads itself, names and values lowered.
-        self.headers = headers = dict(_READ_HEADERS.findall(raw.lower()))
-        # The header lines a client may see, each ending CRLF (hop-by-hop lines dropped).
-        self.relayed = _HOP_LINES.sub(b"", raw[raw.find(b"\r\n") + 2:-2])
+        # One pass over the header lines (a loop of bytes methods costs less here than the two
+        # case-insensitive regex scans it replaced): the few headers the gateway reads itself,
+        # names and values lowered, and the lines a client may see, hop-by-hop ones dropped.
+        headers: dict[bytes, bytes] = {}
+        relayed: list[bytes] = []
+        block = raw[raw.find(b"\r\n") + 2:-4]
+        for line in block.split(b"\r\n") if block else ():
+            name = line.partition(b":")[0].rstrip().lower()
+            if name in _READ_HEADERS:
+                headers[name] = line[line.find(b":") + 1:].strip().lower()
+            if name not in _HOP_HEADERS:
+                relayed.append(line)
+        if relayed:
+            relayed.append(b"")  # each line ends CRLF
+        self.headers = headers
+        self.relayed = b"\r\n".join(relayed)
         self.keep_alive = headers.get(b"connection") != b"close"
         self.chunked = b"chunked" in headers.get(b"transfer-encoding", b"")
         raw_length = headers.get(b"content-length")

@@ -1,0 +1,74 @@
+"""The one owner of a relayed stream's wait and backpressure: an upstream socket's protocol
+while a stream passes through it to a client.
+
+Bytes are relayed from the socket's own callback (data_received), with no future or task
+wake-up per read; the relaying task waits only for the stream's end, or for the client to
+drain when it has more than HIGH_WATER bytes unsent (upstream reads pause meanwhile). relay.py's
+chunk pipe (streams passed through verbatim) and resume.py's event pipe (resumable pooled
+streams) are the two kinds; each decides what its outcome means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+# Above this many unsent bytes the relay waits for the client (backpressure).
+HIGH_WATER = 64 * 1024
+
+
+class StreamPipe(asyncio.Protocol):
+    """Waiting, pausing and resuming for a stream relayed from the upstream's callback."""
+
+    __slots__ = ("_client", "_error", "_upstream", "_waiter", "outcome", "paused")
+
+    def __init__(self, client: asyncio.WriteTransport, upstream: asyncio.Transport) -> None:
+        self._client = client
+        self._upstream = upstream
+        self._waiter: asyncio.Future | None = None
+        self._error: Exception | None = None
+        self.outcome: bool | None = None  # set once the stream ended; its meaning is the kind's
+        self.paused = False  # upstream reads wait for the client to drain
+
+    async def wait(self) -> bool | None:
+        """The outcome once the stream ended, or None when paused for the client to drain;
+        raises what broke the stream (the upstream closing before its end, for one)."""
+        if self._error is not None:
+            raise self._error
+        if self.outcome is not None or self.paused:
+            return self.outcome
+        if self._upstream.is_closing():
+            # Its loss may have reached the socket before this pipe took it: none would wake it.
+            raise ConnectionResetError("upstream closed mid-stream")
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            return await self._waiter
+        finally:
+            self._waiter = None
+
+    def resume(self) -> None:
+        """The client drained: read the upstream again."""
+        self.paused = False
+        self._upstream.resume_reading()
+
+    def _hold_if_full(self) -> None:
+        """Pause upstream reads, and wake the relaying task to drain, while the client has
+        more than HIGH_WATER bytes unsent."""
+        if self._client.get_write_buffer_size() > HIGH_WATER:
+            self._upstream.pause_reading()
+            self.paused = True
+            self._wake(None)
+
+    def _end(self, outcome: bool) -> None:
+        self.outcome = outcome
+        self._wake(outcome)
+
+    def _fail(self, exc: Exception) -> None:
+        self._error = exc
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    def _wake(self, outcome: bool | None) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(outcome)
