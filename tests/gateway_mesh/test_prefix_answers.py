@@ -83,7 +83,8 @@ def test_reported_prompt_tokens_teach_the_grain_and_price_later_prompts():
 
 def test_a_short_prompt_or_a_missing_usage_teaches_nothing():
     grain = CharsPerToken(0.3)
-    grain.observe(request_shape({"prompt": "x" * 100}, False), 10)
+    short = request_shape({"prompt": "x" * 100}, False)
+    grain.observe(short.text_chars, short.fixed_tokens, 10)
     assert (grain.value, grain.samples) == (4.0, 0)
     assert reported_prompt_tokens(None) is None
     assert reported_prompt_tokens(b'{"usage":{"completion_tokens":3}}') is None
@@ -95,5 +96,6 @@ def test_a_prompt_with_an_image_teaches_no_grain():
     grain = CharsPerToken(0.3)
     parts = [{"type": "text", "text": "describe " * 100},
              {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
-    grain.observe(shape({"messages": [{"role": "user", "content": parts}]}), 300)
+    multimodal = shape({"messages": [{"role": "user", "content": parts}]})
+    grain.observe(multimodal.text_chars, multimodal.fixed_tokens, 300)
     assert (grain.value, grain.samples) == (4.0, 0)

@@ -331,7 +331,8 @@ class Placement:
         self.reason = reason
         self.waves_at_dispatch = waves_at_dispatch
         self.forecast = forecast
-        self.shape = shape
+        # What its reported prompt tokens teach of the grain (not the prompt: it may be long).
+        self.text_chars, self.fixed_tokens = shape.text_chars, shape.fixed_tokens
         self.starts_at = placed_at + forecast.wait_s
         self.released = False
 
@@ -352,7 +353,8 @@ class Placement:
         last part of a longer answer (a resumed stream's continuation); and the role's
         characters per token from the `prompt_tokens` the response reported."""
         if prompt_tokens is not None:
-            self.placer.chars_per_token.observe(self.shape, prompt_tokens)
+            self.placer.chars_per_token.observe(self.text_chars, self.fixed_tokens,
+                                                prompt_tokens)
         if tokens <= 0 or elapsed_s <= 0:
             return
         self.placer.learn(self, tokens, elapsed_s, answer_tokens)

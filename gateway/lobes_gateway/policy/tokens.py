@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from .prefix import CHARS_PER_TOKEN, RequestShape
+from .prefix import CHARS_PER_TOKEN
 
 # A sample from a prompt this short is mostly template and rounding: it teaches nothing.
 MIN_SAMPLE_CHARS = 256
@@ -40,13 +40,13 @@ class CharsPerToken:
         self.samples = 0
         self._smoothing = smoothing
 
-    def observe(self, request: RequestShape, prompt_tokens: int) -> None:
-        """A backend counted `prompt_tokens` for the request: learn its grain."""
-        text_tokens = prompt_tokens - request.fixed_tokens
-        if request.text_chars < MIN_SAMPLE_CHARS or text_tokens <= 0:
+    def observe(self, text_chars: int, fixed_tokens: int, prompt_tokens: int) -> None:
+        """A backend counted `prompt_tokens` for a prompt of `text_chars` plain text
+        characters and `fixed_tokens` that do not scale with text (RequestShape's)."""
+        text_tokens = prompt_tokens - fixed_tokens
+        if text_chars < MIN_SAMPLE_CHARS or text_tokens <= 0:
             return
-        sample = min(MAX_CHARS_PER_TOKEN,
-                     max(MIN_CHARS_PER_TOKEN, request.text_chars / text_tokens))
+        sample = min(MAX_CHARS_PER_TOKEN, max(MIN_CHARS_PER_TOKEN, text_chars / text_tokens))
         self.value += self._smoothing * (sample - self.value)
         self.samples += 1
 
