@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of all generated output")
     parser.add_argument("--embed-dim", type=int, help="embedding dimension (embedder profile)")
     parser.add_argument("--quantization", help="quantization the gear reports (admin GET /health)")
+    parser.add_argument("--chars-per-token", type=int,
+                        help="characters of text a prompt token stands for (default 4)")
     parser.add_argument(
         "--admin-port", type=int, default=0,
         help="port of the admin API (faults, request recorder); 0 picks a free one",
@@ -98,6 +100,7 @@ def profile_from_args(args: argparse.Namespace) -> Profile:
         tokens_per_chunk=args.tokens_per_chunk,
         embed_dim=args.embed_dim,
         quantization=args.quantization,
+        chars_per_token=args.chars_per_token,
     )
 
 

@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 from collections import Counter, deque
 from collections.abc import Callable
+from collections.abc import Sequence as Units
 
-from .prefix_cache import BLOCK_SIZE, PrefixCache
+from .prefix_cache import BLOCK_SIZE, NO_PROMPT, PrefixCache, PromptBlocks
 from .profiles import Profile
 
 # If the loop falls behind its schedule (CPU saturated), it catches up at most this much, so a
@@ -31,22 +32,26 @@ class Sequence:
 
     __slots__ = (
         "_waiter",
-        "block_hashes",
+        "answer_units",
         "cached_tokens",
         "finish_reason",
         "generated",
         "max_tokens",
         "priority",
+        "prompt",
         "prompt_tokens",
         "stop_at",
         "stops_naturally",
     )
 
     def __init__(self, prompt_tokens: int, max_tokens: int, natural: int | None,
-                 priority: int = 0, block_hashes: tuple[int, ...] = ()) -> None:
+                 priority: int = 0, prompt: PromptBlocks = NO_PROMPT,
+                 answer_units: Callable[[int], Units[object]] | None = None) -> None:
         self.priority = priority
         self.prompt_tokens = prompt_tokens
-        self.block_hashes = block_hashes
+        self.prompt = prompt
+        # The stand-ins of the first n output tokens, as a next turn's prompt re-reads them.
+        self.answer_units = answer_units
         self.cached_tokens = 0  # of the prompt, found in the prefix cache at admission
         self.max_tokens = max_tokens
         # natural=None: generate until max_tokens (ignore_eos, or a pooling request with 0).
@@ -109,6 +114,7 @@ class Engine:
             return
         if sequence in self.running:
             self.running.remove(sequence)
+            self._cache_blocks(sequence)
         else:
             with contextlib.suppress(ValueError):
                 self.waiting.remove(sequence)
@@ -148,7 +154,7 @@ class Engine:
             sequence = self.waiting.popleft()
             self.running.append(sequence)
             self.prompt_tokens_total += sequence.prompt_tokens
-            sequence.cached_tokens = self.prefix_cache.admit(sequence.block_hashes,
+            sequence.cached_tokens = self.prefix_cache.admit(sequence.prompt.hashes,
                                                              sequence.prompt_tokens)
             admitted = (admitted or 0) + sequence.prompt_tokens - sequence.cached_tokens
         return admitted
@@ -167,11 +173,19 @@ class Engine:
                 sequence.generated += 1
                 self.generation_tokens_total += 1
             if sequence.generated >= sequence.stop_at:
+                self._cache_blocks(sequence)
                 self._finish(sequence, STOP if sequence.stops_naturally else LENGTH)
             else:
                 still_running.append(sequence)
                 sequence._notify()
         self.running = still_running
+
+    def _cache_blocks(self, sequence: Sequence) -> None:
+        """A running sequence leaves: the full blocks of its prompt and output stay cached."""
+        if sequence.answer_units is None:
+            return
+        output = sequence.answer_units(sequence.generated)
+        self.prefix_cache.keep(sequence.prompt.with_output(output))
 
     def _finish(self, sequence: Sequence, reason: str) -> None:
         sequence.finish_reason = reason

@@ -12,10 +12,12 @@ from typing import Any
 from . import errors
 from .engine import ABORT, PRIORITY, Sequence
 from .httpio import Connection, Request, stop_watching
-from .prefix_cache import block_hashes
+from .prefix_cache import NO_PROMPT, PromptBlocks
 from .state import ClientGone, SimState
 from .textgen import (
+    CHARS_PER_TOKEN,
     TokenStream,
+    answer_token_units,
     chat_token_units,
     count_chat_tokens,
     count_prompt_tokens,
@@ -51,7 +53,13 @@ class GenerateCall:
     include_usage: bool
     continuous_usage: bool
     priority: int = 0
-    block_hashes: tuple[int, ...] = ()
+    prompt: PromptBlocks = NO_PROMPT
+    chars_per_token: int = CHARS_PER_TOKEN
+
+    def answer_units(self, generated: int) -> list[object]:
+        """The stand-ins of the first `generated` output tokens, as a next turn re-reads them."""
+        text = TokenStream(self.seed).text(generated, start=self.offset)
+        return answer_token_units(text, self.chars_per_token)
 
 
 def _has_strict_tool(body: dict[str, Any]) -> bool:
@@ -63,7 +71,7 @@ def _has_strict_tool(body: dict[str, Any]) -> bool:
     )
 
 
-def _prompt(body: dict[str, Any], chat: bool) -> tuple[int, str, str | None]:
+def _prompt(body: dict[str, Any], chat: bool, chars: int) -> tuple[int, str, str | None]:
     """Prompt tokens, a canonical text of the prompt (for the output seed), and the final
     assistant message's text when the request continues it (continue_final_message)."""
     if chat:
@@ -75,11 +83,11 @@ def _prompt(body: dict[str, Any], chat: bool) -> tuple[int, str, str | None]:
             # The answer so far is not part of the prompt the seed is drawn from: a continuation
             # draws the same sequence as the request that produced the prefix.
             messages = messages[:-1]
-        return count_chat_tokens(messages), json.dumps(messages, sort_keys=True), prefix
+        return count_chat_tokens(messages, chars), json.dumps(messages, sort_keys=True), prefix
     prompt = body.get("prompt")
     if not isinstance(prompt, str | list) or not prompt:
         raise errors.bad_request("'prompt' must be a string or a list.", param="prompt")
-    return count_prompt_tokens(prompt), json.dumps(prompt, sort_keys=True), None
+    return count_prompt_tokens(prompt, chars), json.dumps(prompt, sort_keys=True), None
 
 
 def _continued_text(body: dict[str, Any], messages: list[Any]) -> str | None:
@@ -112,11 +120,12 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
     model = checked_model(state, body)
     if chat and state.faults.reject_strict_tools and _has_strict_tool(body):
         raise errors.bad_request(errors.GRAMMAR_COMPILE_FAILURE)
-    prompt_tokens, prompt_text, prefix = _prompt(body, chat)
+    chars = state.profile.chars_per_token
+    prompt_tokens, prompt_text, prefix = _prompt(body, chat, chars)
     seed = digest_seed(state.seed, body.get("seed"), prompt_text)
     offset = 0
     if prefix is not None:
-        offset, prefix_tokens = _continue_at(seed, prefix)
+        offset, prefix_tokens = _continue_at(seed, prefix, chars)
         prompt_tokens += prefix_tokens
         if offset is None:  # not this seed's words: go on with the sequence of the whole prompt
             seed, offset = digest_seed(seed, prefix), 0
@@ -146,18 +155,19 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
         include_usage=bool(options.get("include_usage")),
         continuous_usage=bool(options.get("continuous_usage_stats")),
         priority=priority,
-        block_hashes=_prompt_blocks(body, chat),
+        prompt=_prompt_blocks(body, chat, chars),
+        chars_per_token=chars,
     )
 
 
-def _prompt_blocks(body: dict[str, Any], chat: bool) -> tuple[int, ...]:
-    """The prefix-cache block hashes of a validated prompt."""
+def _prompt_blocks(body: dict[str, Any], chat: bool, chars: int) -> PromptBlocks:
+    """The prefix-cache stand-ins and block hashes of a validated prompt."""
     if chat:
-        return block_hashes(chat_token_units(body["messages"]))
-    return block_hashes(prompt_token_units(body["prompt"]))
+        return PromptBlocks.of(chat_token_units(body["messages"], chars))
+    return PromptBlocks.of(prompt_token_units(body["prompt"], chars))
 
 
-def _continue_at(seed: int, prefix: str) -> tuple[int | None, int]:
+def _continue_at(seed: int, prefix: str, chars: int) -> tuple[int | None, int]:
     """(the output token a continuation starts at, the prefix's prompt tokens): the prefix's
     length in the seed's tokens when it is exactly their start, else (None, its text's count)."""
     tokens = TokenStream(seed)
@@ -167,7 +177,7 @@ def _continue_at(seed: int, prefix: str) -> tuple[int | None, int]:
         count += 1
     if text == prefix:
         return count, count
-    return None, count_text_tokens(prefix)
+    return None, count_text_tokens(prefix, chars)
 
 
 def _priority(state: SimState, body: dict[str, Any]) -> int:
@@ -276,7 +286,7 @@ async def handle_generate(
     """Run one chat or text completion through the engine and answer it."""
     call = parse_call(state, request_json(request), chat)
     sequence = Sequence(call.prompt_tokens, call.max_tokens, call.natural, call.priority,
-                        call.block_hashes)
+                        call.prompt, call.answer_units)
     state.engine.submit(sequence)
     watcher = asyncio.create_task(conn.watch_disconnect(lambda: state.engine.abort(sequence)))
     try:

@@ -1,28 +1,30 @@
-"""vLLM's automatic prefix caching, per simulated replica: full prompt blocks, chained, LRU.
+"""vLLM's automatic prefix caching, per simulated replica: full blocks, chained, LRU.
 
-vLLM hashes a prompt in blocks of BLOCK_SIZE tokens, each hash chained to its parent's, so a
-block matches only when everything before it matches too. A new request reuses the longest
+vLLM hashes a sequence in blocks of BLOCK_SIZE tokens, each hash chained to its parent's, so
+a block matches only when everything before it matches too. A new request reuses the longest
 run of leading blocks the cache still holds and prefills only the rest; at least its last
-token is always computed (the engine needs its logits). Freed blocks stay cached until the
-KV capacity is needed again, least recently used first (a prompt's tail before its head).
+token is always computed (the engine needs its logits). The full blocks of the output are
+hashed on the same chain, so the next turn of a conversation, whose prompt carries the
+answer, finds those too. Freed blocks stay cached until the KV capacity is needed again,
+least recently used first (a sequence's tail before its head).
 
-Simplifications, stated: only prompt blocks are cached (vLLM also caches the full blocks of
-the output, so a following turn re-reads a reply's blocks here at full price), and the
-capacity is the profile's whole KV cache, not what the running sequences leave free.
+Simplifications, stated: output blocks enter the cache when the sequence ends (vLLM hashes
+each as it fills: the same for a next turn, which comes after the answer), and the capacity
+is the profile's whole KV cache, not what the running sequences leave free.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 BLOCK_SIZE = 16  # vLLM's default --block-size
 
 
-def block_hashes(units: Sequence[object]) -> tuple[int, ...]:
-    """The chained hashes of the full blocks of a prompt's token stand-ins."""
+def block_hashes(units: Sequence[object], parent: int = 0) -> tuple[int, ...]:
+    """The chained hashes of the full blocks of token stand-ins (after the block `parent`)."""
     hashes: list[int] = []
-    parent = 0
     for start in range(0, len(units) - BLOCK_SIZE + 1, BLOCK_SIZE):
         parent = hash((parent, tuple(units[start:start + BLOCK_SIZE])))
         hashes.append(parent)
@@ -51,11 +53,38 @@ class PrefixCache:
         self._remember(hashes)
         return cached
 
+    def keep(self, hashes: Sequence[int]) -> None:
+        """A sequence ended: its full blocks, prompt and output, stay cached (and recent)."""
+        self._remember(hashes)
+
     def _remember(self, hashes: Sequence[int]) -> None:
-        """Every block of the prompt becomes recently used, its head most: vLLM frees a
-        request's blocks tail first, so a shared head outlives the tails behind it."""
+        """Every block becomes recently used, the head most: vLLM frees a request's blocks
+        tail first, so a shared head outlives the tails behind it."""
         for block in reversed(hashes):
             self._blocks[block] = None
             self._blocks.move_to_end(block)
         while len(self._blocks) > self.capacity_blocks:
             self._blocks.popitem(last=False)
+
+
+
+@dataclass(frozen=True)
+class PromptBlocks:
+    """A prompt's token stand-ins and the chained hashes of their full blocks."""
+
+    units: tuple[object, ...] = ()
+    hashes: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, units: Sequence[object]) -> PromptBlocks:
+        return cls(tuple(units), block_hashes(units))
+
+    def with_output(self, output_units: Sequence[object]) -> tuple[int, ...]:
+        """The hashes of the whole sequence's full blocks: the prompt's, then those its
+        output completes, on the same chain."""
+        parent = self.hashes[-1] if self.hashes else 0
+        rest = [*self.units[len(self.hashes) * BLOCK_SIZE:], *output_units]
+        return self.hashes + block_hashes(rest, parent)
+
+
+NO_PROMPT = PromptBlocks()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .textgen import CHARS_PER_TOKEN
+
 GENERATE = "generate"
 EMBED = "embed"
 SCORE = "score"
@@ -35,6 +37,8 @@ class Profile:
     # vLLM's --scheduling-policy: fcfs (its default) or priority (waiting requests ordered by
     # their `priority` field, lower first, then by arrival; running ones are not preempted).
     scheduling_policy: str = "fcfs"
+    # Characters of text per prompt token: the stand-in tokenizer's grain (vocabularies differ).
+    chars_per_token: int = CHARS_PER_TOKEN
     # Output tokens per SSE chunk: a gear with speculative decoding (MTP) sends the tokens one
     # step accepted in one chunk; 1 is plain decoding.
     tokens_per_chunk: int = 1

@@ -13,6 +13,9 @@ from typing import Any
 CHARS_PER_TOKEN = 4
 # Chat templates wrap each message in role markers; vLLM counts those as prompt tokens.
 TOKENS_PER_MESSAGE = 4
+# The generation prompt is an assistant message's opening marker (half of its four): an answer
+# and the assistant message that later carries it start alike, as real chat templates do.
+GENERATION_PROMPT_TOKENS = 2
 TOKENS_PER_NON_TEXT_PART = 64
 
 _WORDS = (
@@ -26,40 +29,42 @@ _WORDS = (
 _WORD_RE = re.compile(r"[a-z0-9]+")
 
 
-def count_text_tokens(text: str) -> int:
-    """Prompt tokens of a plain text (at least one for a non-empty text)."""
+def count_text_tokens(text: str, chars: int = CHARS_PER_TOKEN) -> int:
+    """Prompt tokens of a plain text at `chars` characters a token (at least one for a
+    non-empty text)."""
     if not text:
         return 0
-    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+    return max(1, math.ceil(len(text) / chars))
 
 
-def _content_tokens(content: Any) -> int:
+def _content_tokens(content: Any, chars: int) -> int:
     if isinstance(content, str):
-        return count_text_tokens(content)
+        return count_text_tokens(content, chars)
     if isinstance(content, list):
         total = 0
         for part in content:
             if isinstance(part, dict) and part.get("type") == "text":
-                total += count_text_tokens(str(part.get("text", "")))
+                total += count_text_tokens(str(part.get("text", "")), chars)
             else:
                 total += TOKENS_PER_NON_TEXT_PART
         return total
     return 0
 
 
-def count_chat_tokens(messages: list[dict[str, Any]]) -> int:
+def count_chat_tokens(messages: list[dict[str, Any]], chars: int = CHARS_PER_TOKEN) -> int:
     """Prompt tokens of a chat: message contents plus the template's per-message markers."""
-    return sum(_content_tokens(m.get("content")) + TOKENS_PER_MESSAGE for m in messages) + 2
+    return sum(_content_tokens(m.get("content"), chars) + TOKENS_PER_MESSAGE
+               for m in messages) + GENERATION_PROMPT_TOKENS
 
 
-def count_prompt_tokens(prompt: Any) -> int:
+def count_prompt_tokens(prompt: Any, chars: int = CHARS_PER_TOKEN) -> int:
     """Prompt tokens of a /v1/completions prompt: a text, a token-id list, or a list of texts."""
     if isinstance(prompt, str):
-        return count_text_tokens(prompt)
+        return count_text_tokens(prompt, chars)
     if isinstance(prompt, list):
         if all(isinstance(item, int) for item in prompt):
             return len(prompt)
-        return sum(count_prompt_tokens(item) for item in prompt)
+        return sum(count_prompt_tokens(item, chars) for item in prompt)
     return 0
 
 
@@ -120,40 +125,58 @@ def relevance(query: str, document: str) -> float:
     return 1.0 / (1.0 + math.exp(-(8.0 * overlap - 3.0))) * 0.99 + jitter
 
 
-def _content_units(content: Any) -> list[object]:
-    """The token stand-ins of one message's content: its text in CHARS_PER_TOKEN slices."""
+def _content_units(content: Any, chars: int) -> list[object]:
+    """The token stand-ins of one message's content: its text in `chars`-character slices."""
     if isinstance(content, str):
-        return [content[i:i + CHARS_PER_TOKEN] for i in range(0, len(content), CHARS_PER_TOKEN)]
+        return [content[i:i + chars] for i in range(0, len(content), chars)]
     units: list[object] = []
     for part in content if isinstance(content, list) else []:
         if isinstance(part, dict) and part.get("type") == "text":
-            units += _content_units(str(part.get("text", "")))
+            units += _content_units(str(part.get("text", "")), chars)
         else:
             part_key = digest_seed(part)
             units += [(part_key, i) for i in range(TOKENS_PER_NON_TEXT_PART)]
     return units
 
 
-def chat_token_units(messages: list[dict[str, Any]]) -> list[object]:
+def _opening(role: str) -> list[object]:
+    """A message's opening marker: the role's header (the generation prompt's, for the
+    assistant)."""
+    return [("open", role, i) for i in range(GENERATION_PROMPT_TOKENS)]
+
+
+def _closing() -> list[object]:
+    return [("close", i) for i in range(TOKENS_PER_MESSAGE - GENERATION_PROMPT_TOKENS)]
+
+
+def chat_token_units(messages: list[dict[str, Any]], chars: int = CHARS_PER_TOKEN) -> list[object]:
     """One stand-in per prompt token of a chat, as many as count_chat_tokens counts.
 
     Equal leading messages give equal leading units, so a conversation that grows by
-    appending messages shares its earlier blocks, as real token ids do.
+    appending messages shares its earlier blocks, as real token ids do; and a prompt's
+    stand-ins followed by its answer's (answer_token_units) are those of the next turn's
+    prompt that carries that answer as an assistant message.
     """
     units: list[object] = []
     for message in messages:
-        role = str(message.get("role"))
-        units += [("role", role, i) for i in range(TOKENS_PER_MESSAGE)]
-        units += _content_units(message.get("content"))
-    return [*units, ("generation-prompt", 0), ("generation-prompt", 1)]
+        units += _opening(str(message.get("role")))
+        units += _content_units(message.get("content"), chars)
+        units += _closing()
+    return [*units, *_opening("assistant")]
 
 
-def prompt_token_units(prompt: Any) -> list[object]:
+def answer_token_units(text: str, chars: int = CHARS_PER_TOKEN) -> list[object]:
+    """The stand-ins of a generated answer as a following prompt re-reads them: its text,
+    sliced as prompt content is (the closing marker is never computed by the engine)."""
+    return _content_units(text, chars)
+
+
+def prompt_token_units(prompt: Any, chars: int = CHARS_PER_TOKEN) -> list[object]:
     """One stand-in per prompt token of a /v1/completions prompt."""
     if isinstance(prompt, str):
-        return list(_content_units(prompt))
+        return list(_content_units(prompt, chars))
     if isinstance(prompt, list) and all(isinstance(item, int) for item in prompt):
         return list(prompt)
     if isinstance(prompt, list):
-        return [unit for item in prompt for unit in prompt_token_units(item)]
+        return [unit for item in prompt for unit in prompt_token_units(item, chars)]
     return []

@@ -13,10 +13,12 @@ from lobes_gateway.policy.placement import (
     Placer,
     PrefixPolicy,
     RatePolicy,
+    ReplicaView,
     RouteReason,
 )
 from lobes_gateway.policy.prefix import (
-    BLOCK_TOKENS,
+    BLOCK_CHARS,
+    CHARS_PER_TOKEN,
     PrefixAffinity,
     RequestShape,
     request_shape,
@@ -74,13 +76,15 @@ def test_a_growing_conversation_shares_its_leading_blocks_and_another_shares_non
 
 def test_affinity_is_bounded_keeps_a_prompts_head_longest_and_forgets_a_dark_replica():
     affinity = PrefixAffinity([A], capacity=4)
-    affinity.remember(A, (1, 2, 3))
-    affinity.remember(A, (7, 8))
+    affinity.remember(A, RequestShape(blocks=(1, 2, 3)))
+    affinity.remember(A, RequestShape(blocks=(7, 8)))
     assert affinity.size(A) == 4
-    assert affinity.cached_tokens(A, (1, 2, 3)) == 2 * BLOCK_TOKENS  # the tail, 3, went first
-    assert affinity.cached_tokens(A, (3, 1)) == 0  # a run counts from the prompt's head
+    # The tail, 3, went first.
+    assert affinity.cached_chars(A, RequestShape(blocks=(1, 2, 3))) == 2 * BLOCK_CHARS
+    # A run counts from the prompt's head.
+    assert affinity.cached_chars(A, RequestShape(blocks=(3, 1))) == 0
     affinity.forget(A)
-    assert affinity.cached_tokens(A, (7, 8)) == 0
+    assert affinity.cached_chars(A, RequestShape(blocks=(7, 8))) == 0
 
 
 def test_a_conversation_goes_back_to_the_replica_that_holds_its_prefix():
@@ -100,7 +104,7 @@ def test_a_cached_prefix_shortens_the_forecast_by_its_prefill():
     cold = p.place([Candidate(A, 2)], request=request)
     warm = p.place([Candidate(A, 2)], request=request)
     saved = cold.forecast.prefill_s - warm.forecast.prefill_s
-    held = len(request.blocks) * BLOCK_TOKENS
+    held = len(request.blocks) * BLOCK_CHARS / CHARS_PER_TOKEN
     assert saved == pytest.approx(held / (48.9 * PREFILL_SPEEDUP))
 
 
@@ -187,7 +191,9 @@ def test_a_replica_with_a_pessimistic_prior_is_explored_once_and_then_priced_as_
         assert placement.origin == A
         placement.record_completion(tokens=100, elapsed_s=2.5)
         placement.release()
-    explored = p.place(PAIR, request=RequestShape(0, 100))
+    busy = [p.place(PAIR, request=RequestShape(0, 100)) for _slot in range(2)]
+    assert [placement.origin for placement in busy] == [A, A]
+    explored = p.place(PAIR, request=RequestShape(0, 100))  # it would queue on A
     assert (explored.origin, explored.reason) == (B, RouteReason.EXPLORE)
     # While it runs, B is not idle: no second exploration.
     assert p.place(PAIR, request=RequestShape(0, 100)).origin == A
@@ -247,3 +253,50 @@ def test_prefix_placement_is_never_slower_than_rate_placement_on_a_burst(size):
     prefix = burst_makespan(burst_placement(PrefixPolicy(), size), replicas, SEED_TOKENS)
     rate = burst_makespan(burst_placement(RatePolicy(), size), replicas, SEED_TOKENS)
     assert prefix <= rate * 1.0001
+
+
+def test_a_queued_prefill_holds_up_every_busy_slot_of_the_replica():
+    # Two slots; three requests of 0.8 s prefill + 1.4 s decode. The second's prefill stalls
+    # the first (an engine step prefills before it decodes), the third's stalls the first
+    # again: a slot frees at 3.8 s, not at the 2.2 s that independent slots would give.
+    busy = ReplicaView(A, 0, slots=2, in_flight=3, rate=48.9, work_s=(2.2, 2.2, 2.2),
+                       prefill_left_s=(0.8, 0.8, 0.8))
+    assert busy.slot_wait_s() == pytest.approx(3.8)
+    decoding = ReplicaView(A, 0, slots=2, in_flight=3, rate=48.9, work_s=(2.2, 2.2, 2.2),
+                           prefill_left_s=(0.0, 0.0, 0.0))
+    assert decoding.slot_wait_s() == pytest.approx(2.2)
+
+
+def test_a_placed_requests_prefill_left_counts_down_once_it_starts():
+    clock = Clock()
+    p = placer(priors={A: 10.0, B: 10.0}, clock=clock)
+    first = p.place([Candidate(A, 1)], request=RequestShape(5000, 10))
+    second = p.place([Candidate(A, 1)], request=RequestShape(5000, 10))
+    prefill = first.forecast.prefill_s
+    assert prefill == pytest.approx(5000 / (10.0 * PREFILL_SPEEDUP))
+    assert second.prefill_left_s(clock.now) == pytest.approx(prefill)  # waits: all of it
+    clock.now += prefill / 2
+    assert first.prefill_left_s(clock.now) == pytest.approx(prefill / 2)
+    assert second.prefill_left_s(clock.now) == pytest.approx(prefill)
+
+
+def test_a_first_burst_that_would_queue_explores_the_idle_unmeasured_replica():
+    # Sessions over a shared 4k system prompt start at once; nothing is measured yet. A holds
+    # the prompt after the first; B's guessed prefill of all of it keeps the forecast off B
+    # while A's two slots queue the burst: one request goes to learn B instead of waiting.
+    p = placer(priors={A: 48.9, B: 11.0})
+    burst = [shape(chat(f"session {i}", max_tokens=64)) for i in range(EXPLORE_AFTER + 1)]
+    placed = [p.place(PAIR, request=request) for request in burst]
+    assert [x.origin for x in placed] == [A] * EXPLORE_AFTER + [B]
+    assert placed[-1].reason == RouteReason.EXPLORE
+
+
+def test_no_exploration_while_the_choice_has_a_free_slot():
+    # Measured or not, a choice with a free slot serves the request at once: even as fast
+    # as the choice, the idle replica could not serve it sooner, so a sample only costs it.
+    p = placer(priors={A: 48.9, B: 11.0})
+    for _request in range(3 * EXPLORE_AFTER):
+        placed = p.place(PAIR, request=RequestShape(0, 64))
+        assert placed.origin == A
+        placed.record_completion(tokens=64, elapsed_s=1.3)
+        placed.release()

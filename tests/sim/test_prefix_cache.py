@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from lobes_sim.prefix_cache import BLOCK_SIZE, PrefixCache, block_hashes
-from lobes_sim.textgen import chat_token_units, count_chat_tokens
+from lobes_sim.prefix_cache import BLOCK_SIZE, PrefixCache, PromptBlocks, block_hashes
+from lobes_sim.textgen import answer_token_units, chat_token_units, count_chat_tokens
 
 from .client import post, stream
 from .test_engine import metrics
@@ -84,3 +84,40 @@ def test_a_cached_4k_prompt_answers_its_first_token_sooner(sim_factory):
     # Uncached: 0.06 + 0.00037 x 4,013 + one 20 ms step = 1.56 s, the GB10's 4k prefill.
     assert 1.56 * 0.9 <= cold.first_event_s * scale <= 1.56 * 1.3
     assert warm.first_event_s * scale < 0.5
+
+
+def test_the_next_turn_finds_the_answer_it_carries_cached(sim_factory):
+    """vLLM caches the full blocks of the output too: a next turn that carries the answer as
+    an assistant message reads its prompt and the answer from the cache."""
+    sim = sim_factory("instant")
+    first = conversation("turn one")
+    answer = post(sim.url, CHAT, {"messages": first, "max_tokens": 64, "ignore_eos": True})
+    text = answer.json()["choices"][0]["message"]["content"]
+    before = metrics(sim.url)["vllm:prefix_cache_hits_total"]
+    second = [*first, {"role": "assistant", "content": text}, {"role": "user", "content": "two"}]
+    post(sim.url, CHAT, {"messages": second, "max_tokens": 2})
+    hits = metrics(sim.url)["vllm:prefix_cache_hits_total"] - before
+    sequence = len(chat_token_units(first)) + len(answer_token_units(text))
+    assert hits == sequence // BLOCK_SIZE * BLOCK_SIZE
+    assert hits > (len(chat_token_units(first)) // BLOCK_SIZE + 2) * BLOCK_SIZE
+
+
+def test_an_answer_reread_with_other_words_misses_from_there():
+    blocks = PromptBlocks.of(chat_token_units(conversation("turn one")))
+    kept = blocks.with_output(answer_token_units(" the model answers" * 20))
+    cache = PrefixCache(capacity_blocks=4096)
+    cache.keep(kept)
+    other = [*conversation("turn one"), {"role": "assistant", "content": " other words" * 30}]
+    reread = block_hashes(chat_token_units(other))
+    assert cache.admit(reread, len(reread) * BLOCK_SIZE) == len(blocks.hashes) * BLOCK_SIZE
+
+
+def test_a_coarser_tokenizer_counts_fewer_prompt_tokens(sim_factory):
+    """--chars-per-token sets the stand-in tokenizer's grain (the gateway must learn it)."""
+    fine = sim_factory("instant")
+    coarse = sim_factory("instant", extra_args=["--chars-per-token", "6"])
+    payload = {"messages": conversation("What runs where?"), "max_tokens": 2}
+    counted = [post(s.url, CHAT, payload).json()["usage"]["prompt_tokens"] for s in (fine, coarse)]
+    assert counted == [count_chat_tokens(payload["messages"]),
+                       count_chat_tokens(payload["messages"], chars=6)]
+    assert counted[1] < counted[0] * 0.7

@@ -460,7 +460,8 @@ class Dispatcher:
             return
         tried: set[str] = set()
         failures: list[Failure] = []
-        request = request_shape(payload, role.placer.prices_prefix)
+        request = request_shape(payload, role.placer.prices_prefix,
+                                role.placer.chars_per_token.value)
         too_long = role.too_long(request)
         if too_long is not None:
             yield Answer(too_long, (("X-Lobes-Route-Reason", "none"),))

@@ -24,7 +24,7 @@ _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 class CountingWriter:
     """A client channel as relay() uses it (write, drain, transport), counting events."""
 
-    __slots__ = ("_client", "done", "events", "transport", "usage_tokens")
+    __slots__ = ("_client", "done", "events", "transport", "usage_data", "usage_tokens")
 
     def __init__(self, client: Channel) -> None:
         self._client = client
@@ -32,6 +32,7 @@ class CountingWriter:
         self.events = 0
         self.done = 0
         self.usage_tokens: int | None = None
+        self.usage_data: bytes | None = None  # the last bytes that carried a usage
 
     def write(self, data: bytes) -> None:
         self.count(data)
@@ -46,6 +47,7 @@ class CountingWriter:
             found = _USAGE.findall(data)
             if found:
                 self.usage_tokens = int(found[-1])
+                self.usage_data = data
 
     async def drain(self) -> None:
         await self._client.drain()

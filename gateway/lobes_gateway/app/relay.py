@@ -10,6 +10,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING
 
 from ..policy.placement import Placement
+from ..policy.tokens import reported_prompt_tokens
 from ..transport import errors
 from ..transport.channel import Channel
 from ..transport.http import error_bytes, status_line
@@ -68,11 +69,14 @@ class Outcome:
         """Hold one of `role`'s in-flight count in `counter` until the relay ends."""
         self.counter, self.role = counter, role
 
-    def learn(self, tokens: int) -> None:
-        """A metered answer carried `tokens`; a placed replica's rate is taught from them."""
+    def learn(self, tokens: int, usage: bytes | None = None) -> None:
+        """A metered answer carried `tokens`; a placed replica's rate is taught from them,
+        and its role's characters per token from the prompt tokens `usage` (the answer's
+        bytes that carry its usage, if any) reports: read only for a placed answer."""
         self.tokens = tokens
         if self.placement is not None:
-            self.placement.record_completion(tokens, time.monotonic() - self.started)
+            self.placement.record_completion(tokens, time.monotonic() - self.started,
+                                             prompt_tokens=reported_prompt_tokens(usage))
 
     def settle(self) -> None:
         """The relay ended: release the placement and the in-flight count."""
@@ -164,7 +168,7 @@ async def _relay_metered_stream(connections: Connections, response: Response, cl
     kept = await _relay_stream(connections, response, counted,  # type: ignore[arg-type]
                                extra, keep_alive)
     if counted.done or counted.usage_tokens is not None:
-        meter.learn(counted.completion_tokens)
+        meter.learn(counted.completion_tokens, counted.usage_data)
     return kept
 
 
@@ -185,7 +189,7 @@ async def pass_through(connections: Connections, response: Response, client: Cha
         body = response.conn.channel.take(length)
         if body is not None:
             if meter is not None:
-                meter.learn(completion_tokens(body))
+                meter.learn(completion_tokens(body), body)
             client.write(head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive)
                          + body)
             finish(connections, response)
@@ -202,7 +206,7 @@ async def pass_through(connections: Connections, response: Response, client: Cha
     if body is None:
         return _broke_off(client)
     if meter is not None:
-        meter.learn(completion_tokens(body))
+        meter.learn(completion_tokens(body), body)
     return _write_read(response, body, extra, client, keep_alive)
 
 
@@ -237,7 +241,7 @@ async def _relay_large(connections: Connections, response: Response, client: Cha
         return False
     finish(connections, response)
     if meter is not None:
-        meter.learn(completion_tokens(tail))
+        meter.learn(completion_tokens(tail), tail)
     return keep_alive
 
 

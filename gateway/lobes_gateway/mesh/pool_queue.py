@@ -55,22 +55,27 @@ _NOTHING = RequestShape()
 
 class VirtualLoad:
     """The work of requests priced ahead in the queue, per replica, as placement would see it
-    had they been placed: each counted in flight, with its expected seconds of work."""
+    had they been placed: each counted in flight, with its expected seconds of work and of
+    that its prefill (which holds up the replica's busy slots, ReplicaView.slot_wait_s)."""
 
     def __init__(self) -> None:
         self._work: dict[str, tuple[float, ...]] = {}
+        self._prefill: dict[str, tuple[float, ...]] = {}
 
     def add(self, view: ReplicaView, shape: RequestShape) -> None:
         work = forecast(view, shape)
         self._work[view.origin] = (*self._work.get(view.origin, ()),
                                    work.prefill_s + work.decode_s)
+        self._prefill[view.origin] = (*self._prefill.get(view.origin, ()), work.prefill_s)
 
     def on(self, view: ReplicaView) -> ReplicaView:
         """The replica as a request behind the priced ones sees it."""
         work = self._work.get(view.origin)
         if not work:
             return view
-        return replace(view, in_flight=view.in_flight + len(work), work_s=view.work_s + work)
+        prefill = view.prefill_left_s or (0.0,) * len(view.work_s)
+        return replace(view, in_flight=view.in_flight + len(work), work_s=view.work_s + work,
+                       prefill_left_s=prefill + self._prefill[view.origin])
 
 
 class Priced:
@@ -122,7 +127,7 @@ class PoolQueue(Waiting):
             views = [load.on(view) for view in placer.views(candidates, shape)]
             choice = placer.policy.choose(views, shape) if views else None
             if choice is not None:  # an idle, never measured replica takes it, as on arrival
-                choice = placer.explored(views, choice)
+                choice = placer.explored(views, choice, shape)
             yield Priced(ticket, shape, views, choice)
             if choice is not None:
                 load.add(choice[0], shape)

@@ -12,8 +12,9 @@ Policies (GATEWAY_POOL_POLICY):
           what this gateway sent where: policy/prefix.py) and its decode (its max_tokens,
           or the pool's learned answer length). Each replica's decode and prefill rates are
           learned apart from its answers (Placer.learn). A replica whose rate was never
-          measured gets one request once it is idle (exploration); that sample replaces its
-          prior.
+          measured gets one request once it is idle, when priced at the choice's rates it
+          would finish it sooner (exploration); that sample replaces its prior. A queued request's
+          prefill holds up every busy slot of its replica in the wait.
   rate    earliest expected completion: the waves of work queued ahead of the
           request on a replica's slots, plus its own, each taking expected tokens / rate.
           prefix and rate: a slower replica must beat the fastest by SLOWER_REPLICA_MARGIN.
@@ -39,11 +40,12 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol
 
 from .prefix import PrefixAffinity, RequestShape
+from .tokens import CharsPerToken
 
 DEFAULT_EXPECTED_TOKENS = 256
 DEFAULT_SMOOTHING = 0.3
@@ -106,8 +108,9 @@ class ReplicaView:
     in_flight: int  # this box's dispatches plus other boxes' probed work
     rate: float
     # Seconds of work left of each request in flight there, in dispatch order (other
-    # boxes' first, priced at the pool's typical request).
+    # boxes' first, priced at the pool's typical request), and of that its prefill left.
     work_s: tuple[float, ...] = ()
+    prefill_left_s: tuple[float, ...] = ()
     cached_tokens: int = 0  # of this request's prompt, likely held there
     prefill_rate: float = 0.0  # prompt tok/s; 0 while unknown: PREFILL_SPEEDUP x rate
 
@@ -118,12 +121,23 @@ class ReplicaView:
 
     def slot_wait_s(self) -> float:
         """Seconds until a slot is free for a request placed now: the work in flight run
-        through the slots in order, each taking the first slot to free."""
+        through the slots in order, each taking the first slot to free.
+
+        A request's prefill also holds up every slot busy when it starts: an engine step
+        prefills its newcomers before the running sequences get their next token (vLLM,
+        chunked or not, spends the step's time on both). Without that, a queue of long
+        prompts on a busy replica looks ~40% shorter than it is (issue 13: the first turns
+        of 16 agent sessions over a 6k-token prompt on seed 000's pair)."""
         if len(self.work_s) < self.slots:
             return 0.0
         free_at = [0.0] * self.slots
-        for work in self.work_s:
-            heapq.heappush(free_at, heapq.heappop(free_at) + work)
+        stalls = self.prefill_left_s or (0.0,) * len(self.work_s)
+        for work, stall in zip(self.work_s, stalls, strict=True):
+            start = heapq.heappop(free_at)
+            if stall:
+                free_at = [at + stall if at > start else at for at in free_at]
+                heapq.heapify(free_at)
+            heapq.heappush(free_at, start + work)
         return free_at[0]
 
     def prefill_s(self, prompt_tokens: int) -> float:
@@ -310,12 +324,15 @@ class Placement:
     """
 
     def __init__(self, placer: Placer, origin: str, reason: RouteReason,
-                 waves_at_dispatch: int, forecast: Forecast, placed_at: float) -> None:
+                 waves_at_dispatch: int, forecast: Forecast, placed_at: float,
+                 shape: RequestShape) -> None:
         self.placer = placer
         self.origin = origin
         self.reason = reason
         self.waves_at_dispatch = waves_at_dispatch
         self.forecast = forecast
+        # What its reported prompt tokens teach of the grain (not the prompt: it may be long).
+        self.text_chars, self.fixed_tokens = shape.text_chars, shape.fixed_tokens
         self.starts_at = placed_at + forecast.wait_s
         self.released = False
 
@@ -324,11 +341,20 @@ class Placement:
         work = self.forecast.prefill_s + self.forecast.decode_s
         return max(work * MIN_REMAINING_SHARE, work - max(0.0, now - self.starts_at))
 
+    def prefill_left_s(self, now: float) -> float:
+        """Expected seconds of its prefill not yet done (all of it while it waits)."""
+        return max(0.0, self.forecast.prefill_s - max(0.0, now - self.starts_at))
+
     def record_completion(self, tokens: int, elapsed_s: float,
-                          answer_tokens: int | None = None) -> None:
+                          answer_tokens: int | None = None,
+                          prompt_tokens: int | None = None) -> None:
         """Teach the replica's rate from a completed response of `tokens` in `elapsed_s`, and
         the pool's answer length from it, or from `answer_tokens` when the response was the
-        last part of a longer answer (a resumed stream's continuation)."""
+        last part of a longer answer (a resumed stream's continuation); and the role's
+        characters per token from the `prompt_tokens` the response reported."""
+        if prompt_tokens is not None:
+            self.placer.chars_per_token.observe(self.text_chars, self.fixed_tokens,
+                                                prompt_tokens)
         if tokens <= 0 or elapsed_s <= 0:
             return
         self.placer.learn(self, tokens, elapsed_s, answer_tokens)
@@ -369,6 +395,8 @@ class Placer:
         # policies only); None until its first answer with a prefill to learn from.
         self._prefill = {o: RateEstimate(None, smoothing) for o in priors}
         self._affinity = PrefixAffinity(priors)
+        # The role's prompt characters per token, learned from the usage its answers report.
+        self.chars_per_token = CharsPerToken(smoothing)
         # The pool's typical answer, tokens: the size of a request that names no max_tokens.
         self._typical_answer = float(DEFAULT_EXPECTED_TOKENS)
         self._placed = 0
@@ -429,9 +457,15 @@ class Placer:
         external = (self._typical_answer / rate,) * self._external[origin]
         return external + tuple(p.remaining_s(now) for p in self._active[origin])
 
+    def _prefill_left_s(self, origin: str, now: float) -> tuple[float, ...]:
+        """Seconds of prefill left of each request on the replica, as _work_s orders them
+        (other boxes' are priced as decode only: their prompts are unknown here)."""
+        external = (0.0,) * self._external[origin]
+        return external + tuple(p.prefill_left_s(now) for p in self._active[origin])
+
     def views(self, candidates: Sequence[Candidate],
               request: RequestShape | None = None) -> list[ReplicaView]:
-        blocks = request.blocks if request is not None else ()
+        request = request or RequestShape()
         order = {origin: i for i, origin in enumerate(self._active)}
         now = self._clock()
         views = []
@@ -444,7 +478,9 @@ class Placer:
                 in_flight=self.in_flight(c.origin) + self._external[c.origin],
                 rate=rate,
                 work_s=self._work_s(c.origin, rate, now),
-                cached_tokens=self._affinity.cached_tokens(c.origin, blocks),
+                prefill_left_s=self._prefill_left_s(c.origin, now),
+                cached_tokens=round(self.chars_per_token.tokens(
+                    self._affinity.cached_chars(c.origin, request))),
                 prefill_rate=self._prefill[c.origin].value or 0.0,
             ))
         return views
@@ -475,28 +511,37 @@ class Placer:
                shape: RequestShape) -> Placement:
         """Count the request on the policy's choice among `views` (or the replica it explores
         instead): the placement, in flight from now."""
-        view, reason = self.explored(views, choice)
+        view, reason = self.explored(views, choice, shape)
         return self._count(view, reason, shape)
 
-    def explored(self, views: Sequence[ReplicaView],
-                 choice: tuple[ReplicaView, RouteReason]) -> tuple[ReplicaView, RouteReason]:
+    def explored(self, views: Sequence[ReplicaView], choice: tuple[ReplicaView, RouteReason],
+                 request: RequestShape) -> tuple[ReplicaView, RouteReason]:
         """An exploring policy's choice handed to an idle replica whose rate was never
-        measured, once the pool has warmed up: its prior may be too pessimistic for the
-        policy ever to pick it, and only a sample can tell."""
+        measured, once the pool has warmed up: its prior (or its guessed prefill,
+        PREFILL_SPEEDUP) may be too pessimistic for the policy ever to pick it, and only a
+        sample can tell. Optimistically: only when, priced at the choice's rates, the idle
+        replica would finish the request sooner than the choice. A sample that could not
+        pay even then only costs the request (one turn of an agent session explored on
+        seed 000's idle Thor while the Spark had a slot free cost a short run 20% of its
+        throughput); one that can is taken also in a first burst, before anything is
+        measured (issue 13: 16 agent sessions starting at once on the Spark)."""
         chosen = choice[0]
         if (not self.policy.forecasts or self._placed < EXPLORE_AFTER
-                or self._rates[chosen.origin].samples == 0):
+                or choice[1] is RouteReason.EXPLORE):  # explored already (the pool queue's)
             return choice
-        unproven = [v for v in views if v.in_flight == 0 and self._rates[v.origin].samples == 0]
+        due = forecast(chosen, request).completion_s
+        as_fast = {"rate": chosen.rate, "prefill_rate": chosen.prefill_rate}
+        unproven = [v for v in views if v.in_flight == 0 and self._rates[v.origin].samples == 0
+                    and forecast(replace(v, **as_fast), request).completion_s < due]
         return (unproven[0], RouteReason.EXPLORE) if unproven else choice
 
     def _count(self, view: ReplicaView, reason: RouteReason,
                request: RequestShape) -> Placement:
         # Waves ahead at dispatch (own and other boxes' work): the rate policy's sample divisor.
         placement = Placement(self, view.origin, reason, view.in_flight // view.slots + 1,
-                              forecast(view, request), self._clock())
+                              forecast(view, request), self._clock(), request)
         self._active[view.origin].append(placement)
-        self._affinity.remember(view.origin, request.blocks)
+        self._affinity.remember(view.origin, request)
         self._placed += 1
         return placement
 

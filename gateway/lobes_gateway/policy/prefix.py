@@ -1,12 +1,19 @@
 """What placement knows of a request before sending it: its shape, and who holds its prefix.
 
-The shape is the prompt's size in tokens (estimated as the simulator and the window check
-count: a token per four characters, four per chat message, two for the template), the
-answer's budget (max_tokens, None when the caller named none) and the chained hashes of the
-prompt's leading blocks. Prefix affinity is learned from what this gateway itself sent where,
-with no round trip: each placed prompt's blocks are remembered against its replica, a bounded
-LRU per replica, and a later prompt's expected cache hit on a replica is its leading run of
-blocks found there. A replica that went dark restarts with an empty cache, so it is forgotten.
+The shape is the prompt's size in tokens (its text at the role's learned characters per token,
+policy/tokens.py, four until learned; four per chat message and two for the template, as the
+simulator and the window check count), the answer's budget (max_tokens, None when the caller
+named none) and the chained hashes of the prompt's leading blocks. Prefix affinity is learned
+from what this gateway itself sent where, with no round trip: each placed prompt's blocks are
+remembered against its replica, a bounded LRU per replica, and a later prompt's expected cache
+hit on a replica is its leading run of blocks found there. A replica that went dark restarts
+with an empty cache, so it is forgotten.
+
+The answer counts too: vLLM caches the full blocks of what it generated, so the next turn of a
+conversation finds the answer it carries. The gateway credits it without reading any answer
+(a stream's chunks are passed through unparsed): it remembers where each chat prompt it sent
+ended, and a later prompt whose run of held blocks reaches such an end and goes on with an
+assistant message is taken to hold that message too, the answer the replica wrote there.
 """
 
 from __future__ import annotations
@@ -21,11 +28,15 @@ TOKENS_PER_MESSAGE = 4
 TEMPLATE_TOKENS = 2
 # 64 characters is ~16 tokens, vLLM's block size: an affinity block is about a cache block.
 BLOCK_CHARS = 64
-BLOCK_TOKENS = BLOCK_CHARS // CHARS_PER_TOKEN
 # Hash at most this many leading blocks (256 KiB of prompt): bounded work per request.
 MAX_PROMPT_BLOCKS = 4096
 # Remembered per replica: ~512k tokens of prompt, a few MB; the oldest go first.
 BLOCKS_PER_REPLICA = 32768
+# Prompt ends remembered per replica (each a sent chat prompt an answer may follow).
+ENDS_PER_REPLICA = 4096
+# How the chat text marks an assistant message that follows a prompt's end.
+_ASSISTANT_OPENS = "assistant\x1f"
+_MESSAGE_ENDS = "\x1e"
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,11 @@ class RequestShape:
     prompt_tokens: int = 0
     max_tokens: int | None = None
     blocks: tuple[int, ...] = ()
+    # The prompt's text characters and its tokens that do not scale with them (template
+    # markers, token ids): what a reported prompt_tokens teaches the characters per token.
+    text_chars: int = 0
+    fixed_tokens: int = 0
+    text: str = ""  # the chat as hashed, kept only with blocks: an answer that follows is found
 
     def fits(self, window: int | None) -> bool:
         """vLLM's window check: the prompt leaves room, and so does prompt plus max_tokens."""
@@ -56,27 +72,49 @@ def _max_tokens(payload: dict) -> int | None:
     return None
 
 
-def _chat_text(messages: list) -> tuple[str, int]:
-    """The chat as one text (role and content of each message) and its estimated tokens."""
+def _text_tokens(chars: int, chars_per_token: float) -> int:
+    return -int(-chars // chars_per_token)
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    """A prompt as text, its estimated tokens, and what a reported count can teach of it:
+    its plain text characters (0 when parts of it are not plain text, such as images) and
+    the tokens that do not scale with text (template markers, token ids)."""
+
+    text: str
+    tokens: int
+    text_chars: int
+    fixed_tokens: int
+
+
+def _chat_prompt(messages: list, chars_per_token: float) -> _Prompt:
+    """The chat as one text (role and content of each message), priced per message."""
     parts: list[str] = []
+    chars, plain = 0, True
+    fixed = TEMPLATE_TOKENS
     tokens = TEMPLATE_TOKENS
     for message in messages:
         if not isinstance(message, dict):
             continue
         content = message.get("content")
+        plain = plain and isinstance(content, str)
         text = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
-        parts += [str(message.get("role")), "\x1f", text, "\x1e"]
-        tokens += TOKENS_PER_MESSAGE + -(-len(text) // CHARS_PER_TOKEN)
-    return "".join(parts), tokens
+        parts += [str(message.get("role")), "\x1f", text, _MESSAGE_ENDS]
+        chars += len(text)
+        fixed += TOKENS_PER_MESSAGE
+        tokens += TOKENS_PER_MESSAGE + _text_tokens(len(text), chars_per_token)
+    return _Prompt("".join(parts), tokens, chars if plain else 0, fixed)
 
 
-def _prompt_text(prompt: object) -> tuple[str, int]:
+def _completion_prompt(prompt: object, chars_per_token: float) -> _Prompt:
+    """A text completion's prompt: a text, token ids (counted exactly), or a list of texts."""
     if isinstance(prompt, str):
-        return prompt, -(-len(prompt) // CHARS_PER_TOKEN)
+        return _Prompt(prompt, _text_tokens(len(prompt), chars_per_token), len(prompt), 0)
     if isinstance(prompt, list) and all(isinstance(item, int) for item in prompt):
-        return ",".join(map(str, prompt)), len(prompt)
+        return _Prompt(",".join(map(str, prompt)), len(prompt), 0, len(prompt))
     text = json.dumps(prompt)
-    return text, -(-len(text) // CHARS_PER_TOKEN)
+    return _Prompt(text, _text_tokens(len(text), chars_per_token), 0, 0)
 
 
 def chained_blocks(text: str) -> tuple[int, ...]:
@@ -90,51 +128,84 @@ def chained_blocks(text: str) -> tuple[int, ...]:
     return tuple(hashes)
 
 
-def request_shape(payload: dict | None, with_blocks: bool) -> RequestShape:
-    """The shape of a chat or text completion payload; blocks only when asked (they cost)."""
+def request_shape(payload: dict | None, with_blocks: bool,
+                  chars_per_token: float = CHARS_PER_TOKEN) -> RequestShape:
+    """The shape of a chat or text completion payload, its text priced at chars_per_token;
+    blocks only when asked (they cost)."""
     if not payload:
         return RequestShape()
     messages = payload.get("messages")
     if isinstance(messages, list):
-        text, tokens = _chat_text(messages)
+        prompt = _chat_prompt(messages, chars_per_token)
     elif "prompt" in payload:
-        text, tokens = _prompt_text(payload["prompt"])
+        prompt = _completion_prompt(payload["prompt"], chars_per_token)
     else:
         return RequestShape(max_tokens=_max_tokens(payload))
-    blocks = chained_blocks(text) if with_blocks else ()
-    return RequestShape(tokens, _max_tokens(payload), blocks)
+    shape = RequestShape(prompt.tokens, _max_tokens(payload), (), prompt.text_chars,
+                         prompt.fixed_tokens)
+    if not with_blocks:
+        return shape
+    chat = prompt.text if isinstance(messages, list) else ""
+    return replace(shape, blocks=chained_blocks(prompt.text), text=chat)
 
 
 class PrefixAffinity:
-    """The prompt blocks this gateway sent to each replica, most recent last, bounded."""
+    """The blocks this gateway sent to each replica, most recent last, bounded; and where
+    the chat prompts it sent there ended, so the answers that followed count as held."""
 
     def __init__(self, origins: Iterable[str], capacity: int = BLOCKS_PER_REPLICA) -> None:
         self.capacity = capacity
         self._held: dict[str, OrderedDict[int, None]] = {o: OrderedDict() for o in origins}
+        # A sent chat prompt's last full block -> the prompt's length in characters.
+        self._ends: dict[str, OrderedDict[int, int]] = {o: OrderedDict() for o in self._held}
 
-    def cached_tokens(self, origin: str, blocks: tuple[int, ...]) -> int:
-        """Prompt tokens the replica likely holds: its leading run of this prompt's blocks."""
+    def cached_chars(self, origin: str, request: RequestShape) -> int:
+        """Prompt characters the replica likely holds: its leading run of this prompt's
+        blocks, and through the answer that followed a prompt it was sent, when the run
+        reaches that prompt's end."""
         held = self._held[origin]
         run = 0
-        for block in blocks:
+        for block in request.blocks:
             if block not in held:
                 break
             run += 1
-        return run * BLOCK_TOKENS
+        if run == 0:
+            return 0
+        ended_at = self._ends[origin].get(request.blocks[run - 1])
+        return max(run * BLOCK_CHARS, _answer_end(request.text, ended_at))
 
-    def remember(self, origin: str, blocks: tuple[int, ...]) -> None:
+    def remember(self, origin: str, request: RequestShape) -> None:
         """The replica will hold these blocks. Tail first, so a prompt's head is the most
         recent and goes last, as vLLM frees a request's blocks tail first."""
         held = self._held[origin]
-        for block in reversed(blocks):
+        for block in reversed(request.blocks):
             held[block] = None
             held.move_to_end(block)
         while len(held) > self.capacity:
             held.popitem(last=False)
+        if request.blocks and len(request.blocks) == len(request.text) // BLOCK_CHARS:
+            self._note_end(origin, request.blocks[-1], len(request.text))
+
+    def _note_end(self, origin: str, last_block: int, length: int) -> None:
+        ends = self._ends[origin]
+        ends[last_block] = length
+        ends.move_to_end(last_block)
+        if len(ends) > ENDS_PER_REPLICA:
+            ends.popitem(last=False)
 
     def forget(self, origin: str) -> None:
         """The replica went dark: whatever it held is gone."""
         self._held[origin].clear()
+        self._ends[origin].clear()
 
     def size(self, origin: str) -> int:
         return len(self._held[origin])
+
+
+def _answer_end(text: str, ended_at: int | None) -> int:
+    """Where the assistant message that follows a sent prompt's end closes, in full blocks
+    (the replica cached the answer it wrote there); 0 when none follows."""
+    if ended_at is None or not text.startswith(_ASSISTANT_OPENS, ended_at):
+        return 0
+    closes = text.find(_MESSAGE_ENDS, ended_at + len(_ASSISTANT_OPENS))
+    return 0 if closes < 0 else closes // BLOCK_CHARS * BLOCK_CHARS

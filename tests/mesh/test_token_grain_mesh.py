@@ -1,0 +1,74 @@
+"""The pool learns its backends' characters per token from the usage their answers report:
+real processes, a pooling gateway in front of two peer gateways, each fronting a simulator
+whose tokenizer counts eight characters a token (the gateway assumes four until it learns).
+The window check is where the grain shows: a prompt of 6,000 tokens at four characters fits
+the 4,096-token window at eight."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.client import chat
+from tests.support.gateway_proc import start_gateway
+from tests.support.sim_proc import start_sim
+
+from .test_pool_mesh import SERVED, all_selectable
+
+WINDOW = 4096
+GRAIN = ["--chars-per-token", "8", "--max-model-len", str(WINDOW)]
+LONG_PROMPT = "w" * 24_000  # 6,000 tokens at four characters, 3,000 at eight
+TEACHING_PROMPT = "t" * 2_000
+
+
+@pytest.fixture
+def pool():
+    with start_sim("spark-cortex", time_scale=50, extra_args=GRAIN) as first_sim, \
+            start_sim("spark-cortex", time_scale=50, extra_args=GRAIN) as second_sim, \
+            start_gateway(peer_env(first_sim)) as first, \
+            start_gateway(peer_env(second_sim)) as second, \
+            start_gateway({"PRIMARY_FEASIBLE": "false", "PRIMARY_PEER_ORIGIN": first.url,
+                           "PRIMARY_PEER_PROXY": "true",
+                           "PRIMARY_PEER_ORIGINS": f"{first.url},{second.url}",
+                           "PRIMARY_MAX_ACTIVE": "2",
+                           "GATEWAY_PROBE_INTERVAL_S": "0.1"}) as orin:
+        all_selectable(orin)
+        yield orin
+
+
+def peer_env(sim) -> dict[str, str]:
+    return {"PRIMARY_BASE_URL": sim.url, "PRIMARY_SERVED_NAME": SERVED,
+            "PRIMARY_MAX_MODEL_LEN": str(WINDOW), "PRIMARY_MAX_ACTIVE": "2"}
+
+
+def ask(orin, content: str, **options: object):
+    return chat(orin.url, {"model": "cortex", "max_tokens": 4,
+                           "messages": [{"role": "user", "content": content}], **options})
+
+
+def test_answers_teach_the_grain_and_a_prompt_that_fits_is_no_longer_refused(pool):
+    refused = ask(pool, LONG_PROMPT)
+    assert refused.status == 400
+    assert refused.json()["error"]["code"] == "context_length_exceeded"
+    for _turn in range(6):
+        assert ask(pool, TEACHING_PROMPT).status == 200
+    reply = ask(pool, LONG_PROMPT)
+    assert reply.status == 200, reply.body
+    assert reply.json()["usage"]["prompt_tokens"] == 3000 + 4 + 2
+
+
+def test_streams_that_report_usage_teach_the_grain_too(pool):
+    for _turn in range(6):
+        reply = ask(pool, TEACHING_PROMPT, stream=True, stream_options={"include_usage": True})
+        assert reply.status == 200
+        assert b'"prompt_tokens":256' in reply.body  # 2,000 / 8 + the template's 6
+    assert ask(pool, LONG_PROMPT).status == 200
+
+
+def test_streams_without_usage_teach_nothing(pool):
+    for _turn in range(6):
+        assert ask(pool, TEACHING_PROMPT, stream=True).status == 200
+    refused = ask(pool, LONG_PROMPT)
+    assert refused.status == 400
+    assert "4096" in json.dumps(refused.json())
