@@ -7,6 +7,8 @@ the 4,096-token window at eight."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -24,6 +26,18 @@ TEACHING_PROMPT = "t" * 2_000
 
 @pytest.fixture
 def pool():
+    with pooling_gateway({}) as orin:
+        yield orin
+
+
+@pytest.fixture
+def resumable_pool():
+    with pooling_gateway({"PRIMARY_STREAM_RESUME": "true"}) as orin:
+        yield orin
+
+
+@contextmanager
+def pooling_gateway(extra: dict[str, str]) -> Iterator:
     with start_sim("spark-cortex", time_scale=50, extra_args=GRAIN) as first_sim, \
             start_sim("spark-cortex", time_scale=50, extra_args=GRAIN) as second_sim, \
             start_gateway(peer_env(first_sim)) as first, \
@@ -32,7 +46,7 @@ def pool():
                            "PRIMARY_PEER_PROXY": "true",
                            "PRIMARY_PEER_ORIGINS": f"{first.url},{second.url}",
                            "PRIMARY_MAX_ACTIVE": "2",
-                           "GATEWAY_PROBE_INTERVAL_S": "0.1"}) as orin:
+                           "GATEWAY_PROBE_INTERVAL_S": "0.1", **extra}) as orin:
         all_selectable(orin)
         yield orin
 
@@ -72,3 +86,13 @@ def test_streams_without_usage_teach_nothing(pool):
     refused = ask(pool, LONG_PROMPT)
     assert refused.status == 400
     assert "4096" in json.dumps(refused.json())
+
+
+def test_resumable_streams_teach_the_grain_from_the_usage_resume_asks_for(resumable_pool):
+    """With P_STREAM_RESUME each part is asked for usage per chunk (stripped again for a
+    client that did not ask): the prompt tokens it reports teach the grain like a JSON answer's."""
+    for _turn in range(6):
+        reply = ask(resumable_pool, TEACHING_PROMPT, stream=True)
+        assert reply.status == 200
+        assert b'"usage"' not in reply.body
+    assert ask(resumable_pool, LONG_PROMPT).status == 200

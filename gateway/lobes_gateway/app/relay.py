@@ -69,14 +69,18 @@ class Outcome:
         """Hold one of `role`'s in-flight count in `counter` until the relay ends."""
         self.counter, self.role = counter, role
 
-    def learn(self, tokens: int, usage: bytes | None = None) -> None:
+    def learn(self, tokens: int, usage: bytes | None = None,
+              prompt_tokens: int | None = None) -> None:
         """A metered answer carried `tokens`; a placed replica's rate is taught from them,
-        and its role's characters per token from the prompt tokens `usage` (the answer's
-        bytes that carry its usage, if any) reports: read only for a placed answer."""
+        and its role's characters per token from the prompt tokens reported: `prompt_tokens`
+        when counted already (a resumable stream's), else read from `usage` (the answer's
+        bytes that carry its usage, if any), only for a placed answer."""
         self.tokens = tokens
         if self.placement is not None:
+            if prompt_tokens is None:
+                prompt_tokens = reported_prompt_tokens(usage)
             self.placement.record_completion(tokens, time.monotonic() - self.started,
-                                             prompt_tokens=reported_prompt_tokens(usage))
+                                             prompt_tokens=prompt_tokens)
 
     def settle(self) -> None:
         """The relay ended: release the placement and the in-flight count."""
@@ -127,7 +131,7 @@ async def _relay_resumable(connections: Connections, outcome: Outcome, client: C
         kept, tokens = await resume.relay(connections, outcome.response, outcome.extra,
                                           placement, client, keep_alive)
         if resume.whole and not resume.resumes:
-            outcome.learn(tokens)
+            outcome.learn(tokens, prompt_tokens=resume.prompt_tokens)
         else:
             outcome.tokens = tokens
         return kept

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from ..mesh.peers import PooledRole
 from ..policy.placement import Placement
 from ..policy.prefix import request_shape
+from ..policy.tokens import reported_prompt_tokens
 from ..transport.channel import Channel
 from ..transport.upstream import (
     Connections,
@@ -141,6 +142,7 @@ class _Stream:
     pieces: list[str | bytes | _Block] = field(default_factory=list)
     produced: int = 0  # completion tokens of the parts before the current one
     part_tokens: int = 0  # completion tokens of the current part
+    part_prompt_tokens: int | None = None  # the prompt tokens the current part's usage reports
     ids: dict[str, object] = field(default_factory=dict)
     continuing: bool = False  # the current part is a continuation
     resumable: bool = True  # only text deltas so far
@@ -181,6 +183,9 @@ class StreamResume:
         self._stall = stall_s
         self.resumes = 0  # continuations this stream needed
         self.whole = False  # the stream ended with its [DONE]
+        # The prompt tokens the usage of the part that ended the stream reported (taught to
+        # the pool's characters per token by the relay of a stream served whole).
+        self.prompt_tokens: int | None = None
         self._part_started = 0.0  # when the current continuation was sent
 
     @property
@@ -205,6 +210,7 @@ class StreamResume:
                 held[-1].release()
                 if whole:
                     self.whole = True
+                    self.prompt_tokens = stream.part_prompt_tokens
                     client.write(_STREAM_END)
                     return keep_alive, stream.tokens
                 if client.transport.is_closing():
@@ -220,7 +226,8 @@ class StreamResume:
         """The continuation that ended the stream whole: its replica's rate from its own part,
         the pool's answer length from the whole answer."""
         placement.record_completion(stream.part_tokens, time.monotonic() - self._part_started,
-                                    answer_tokens=stream.tokens)
+                                    answer_tokens=stream.tokens,
+                                    prompt_tokens=stream.part_prompt_tokens)
 
     async def _relay_part(self, connections: Connections, response: Response, stream: _Stream,
                           client: Channel) -> bool:
@@ -333,6 +340,8 @@ class StreamResume:
             if split is None:
                 return None
             bare, tokens = split
+            if stream.part_prompt_tokens is None:
+                stream.part_prompt_tokens = reported_prompt_tokens(data)
         if _TEXT in bare and _EMPTY_TEXT not in bare:
             stream.pieces.append(bare)
         stream.part_tokens = stream.part_tokens + 1 if tokens is None else tokens
@@ -360,6 +369,8 @@ class StreamResume:
         usage = chunk.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             stream.part_tokens = usage["completion_tokens"]
+            if isinstance(usage.get("prompt_tokens"), int) and stream.part_prompt_tokens is None:
+                stream.part_prompt_tokens = usage["prompt_tokens"]  # as the replica counted
             if stream.continuing:
                 _count_once(usage, stream.produced)
                 changed = True
@@ -384,6 +395,7 @@ class StreamResume:
         if not stream.resumable or stream.finished:
             return None
         stream.produced, stream.part_tokens = stream.tokens, 0
+        stream.part_prompt_tokens = None
         body = continuation_body(self.payload, stream.text, stream.produced)
         if body is None:
             stream.spent = True
@@ -391,7 +403,8 @@ class StreamResume:
         # Placed as its own request: the window must hold the prompt, the text so far and
         # what is left to generate, and a replica holding the prefix is cheaper.
         role = self._role
-        request = request_shape(body, role.placer.prices_prefix)
+        request = request_shape(body, role.placer.prices_prefix,
+                                role.placer.chars_per_token.value)
         while (placement := role.placer.place(role.candidates(tried, request), request=request)
                or role.failover(tried, request)) is not None:
             tried.add(placement.origin)
