@@ -67,7 +67,6 @@ class PrefixCache:
             self._blocks.popitem(last=False)
 
 
-
 @dataclass(frozen=True)
 class PromptBlocks:
     """A prompt's token stand-ins and the chained hashes of their full blocks."""
