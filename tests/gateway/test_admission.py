@@ -9,15 +9,15 @@ the test's, not the threads'.
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 
 import pytest
 
+from tests.support.admission import assert_two_agents_and_one_person_queued, leave_while_queued
 from tests.support.client import Reply, call, chat, wired
 from tests.support.gateway_proc import start_gateway
 from tests.support.metrics import Scrape
+from tests.support.senders import Sender
 from tests.support.sim_proc import start_sim
 from tests.support.wait import wait_until
 
@@ -71,32 +71,10 @@ def admission(gateway) -> dict:
     return gateway.get_json("/status")["admission"][ROLE]
 
 
-class Sender:
-    """Requests sent from threads; their replies by marker once joined."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.threads: list[threading.Thread] = []
-        self.replies: dict[str, Reply] = {}
-
-    def send(self, marker: str, name: str, tokens: int = 8, **headers: str) -> None:
-        def run() -> None:
-            self.replies[marker] = ask(self.url, marker, name, tokens, **headers)
-
-        thread = threading.Thread(target=run)
-        thread.start()
-        self.threads.append(thread)
-
-    def join(self) -> dict[str, Reply]:
-        for thread in self.threads:
-            thread.join(timeout=60)
-        return self.replies
-
-
 def hold_then_queue(gateway, sim, requests: list[tuple[str, str, dict[str, str]]]) -> Sender:
     """Occupy the one slot with a long request, then queue `requests` (marker, key, headers)
     in order, each once the queue shows it waiting."""
-    sender = Sender(gateway.url)
+    sender = Sender(gateway.url, ask)
     sender.send("holder", "agents", HOLD_TOKENS)
     wait_until(lambda: "holder" in reached(sim), timeout=10, interval=0.02,
                message="the holder to start")
@@ -216,17 +194,9 @@ def test_a_request_still_waiting_at_its_deadline_is_refused_never_started(gatewa
 def test_a_client_that_leaves_while_queued_never_reaches_the_gear(gear):
     gateway, sim = gear
     sender = hold_then_queue(gateway, sim, [])
-    body = json.dumps({"model": "main", "max_tokens": 8,
-                       "messages": [{"role": "user", "content": "gone"}]}).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {KEYS['evals']}\r\nContent-Length: {len(body)}\r\n\r\n")
     before = Scrape.of(gateway.url).value("lobes_gateway_admission_total", outcome="client_gone")
-    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5) as sock:
-        sock.sendall(head.encode() + body)
-        wait_until(lambda: admission(gateway)["queued_by_client"] == {"evals": 1}, timeout=10,
-                   interval=0.02, message="the request to wait")
-    wait_until(lambda: admission(gateway)["queued_by_client"] == {}, timeout=10, interval=0.02,
-               message="the queue to drop the request whose client left")
+    leave_while_queued(gateway.port, "main", KEYS["evals"],
+                       lambda: admission(gateway)["queued_by_client"])
     sender.join()
     after = Scrape.of(gateway.url).value("lobes_gateway_admission_total", outcome="client_gone")
     assert after == before + 1
@@ -241,12 +211,7 @@ def test_the_queue_shows_on_status_and_metrics_by_class_and_key_name(gear, acces
     scrape = Scrape.of(gateway.url)
     sender.join()
     assert status["slots"] == 1 and status["running"] == 1
-    assert status["queued"] == {"interactive": 1, "standard": 0, "batch": 2}
-    assert status["queued_by_client"] == {"agents": 2, "person": 1}
-    depth = "lobes_gateway_admission_queue_depth"
-    assert scrape.value(depth, role=ROLE, **{"class": "batch"}) == 2
-    assert scrape.value(depth, role=ROLE, **{"class": "interactive"}) == 1
-    assert scrape.value(f"{depth}_by_client", role=ROLE, client="agents") == 2
+    assert_two_agents_and_one_person_queued(status, scrape, ROLE)
     assert all(KEYS["agents"] not in line for line in scrape.text.splitlines())
     after = Scrape.of(gateway.url)
     assert after.value("lobes_gateway_client_requests_total", client="person", code="200") >= 1
@@ -257,7 +222,7 @@ def test_the_queue_shows_on_status_and_metrics_by_class_and_key_name(gear, acces
 
 def test_a_named_key_has_its_own_in_flight_limit(gear):
     gateway, sim = gear
-    sender = Sender(gateway.url)
+    sender = Sender(gateway.url, ask)
     sender.send("solo-1", "solo", HOLD_TOKENS)
     wait_until(lambda: reached(sim), timeout=10, interval=0.02, message="solo-1 to start")
     second = ask(gateway.url, "solo-2", "solo")

@@ -13,15 +13,15 @@ shows the one before it waiting, so the queue's order is the test's, not the thr
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 
 import pytest
 
+from tests.support.admission import assert_two_agents_and_one_person_queued, leave_while_queued
 from tests.support.client import Reply, chat
 from tests.support.gateway_proc import start_gateway
 from tests.support.metrics import Scrape
+from tests.support.senders import Sender
 from tests.support.sim_proc import start_sim
 from tests.support.wait import wait_until
 
@@ -71,7 +71,7 @@ def held(pool):
                interval=0.05, message="the previous test's requests to end")
     first_sim.clear_requests()
     second_sim.clear_requests()
-    sender = Sender(pooler.url)
+    sender = Sender(pooler.url, ask)
     # The long holder first, wherever placement puts it (learned rates, prefix affinity);
     # the short one then goes to the idle replica, where the queued requests will follow it.
     sender.send("hold-long", "agents", LONG_HOLD)
@@ -113,28 +113,6 @@ def reached(sim) -> list[str]:
             if r["method"] == "POST"]
 
 
-class Sender:
-    """Requests sent from threads; their replies by marker once joined."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.threads: list[threading.Thread] = []
-        self.replies: dict[str, Reply] = {}
-
-    def send(self, marker: str, name: str, tokens: int = 8, **headers: str) -> None:
-        def run() -> None:
-            self.replies[marker] = ask(self.url, marker, name, tokens, **headers)
-
-        thread = threading.Thread(target=run)
-        thread.start()
-        self.threads.append(thread)
-
-    def join(self) -> dict[str, Reply]:
-        for thread in self.threads:
-            thread.join(timeout=60)
-        return self.replies
-
-
 def queue_in_order(pooler, sender: Sender, requests: list[tuple[str, str]]) -> None:
     """Queue (marker, key) requests in order, each once the queue shows it waiting."""
     for count, (marker, name) in enumerate(requests, start=1):
@@ -165,18 +143,10 @@ def test_keys_share_a_class_fairly_on_a_pool(held):
 
 def test_a_client_that_leaves_while_held_on_a_pool_never_reaches_a_replica(held):
     pooler, first_sim, sender = held
-    body = json.dumps({"model": ROLE, "max_tokens": 8,
-                       "messages": [{"role": "user", "content": "gone"}]}).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {KEYS['evals']}\r\nContent-Length: {len(body)}\r\n\r\n")
     before = Scrape.of(pooler.url).value("lobes_gateway_admission_total", role=ROLE,
                                          outcome="client_gone")
-    with socket.create_connection(("127.0.0.1", pooler.port), timeout=5) as sock:
-        sock.sendall(head.encode() + body)
-        wait_until(lambda: admission(pooler)["queued_by_client"] == {"evals": 1}, timeout=10,
-                   interval=0.02, message="the request to wait")
-    wait_until(lambda: admission(pooler)["queued_by_client"] == {}, timeout=10, interval=0.02,
-               message="the pool's queue to drop the request whose client left")
+    leave_while_queued(pooler.port, ROLE, KEYS["evals"],
+                       lambda: admission(pooler)["queued_by_client"])
     sender.join()
     after = Scrape.of(pooler.url).value("lobes_gateway_admission_total", role=ROLE,
                                         outcome="client_gone")
@@ -210,12 +180,7 @@ def test_the_pools_queue_shows_on_status_and_metrics(held):
     scrape = Scrape.of(pooler.url)
     sender.join()
     assert status["slots"] == 2 and status["running"] == 3
-    assert status["queued"] == {"interactive": 1, "standard": 0, "batch": 2}
-    assert status["queued_by_client"] == {"agents": 2, "person": 1}
-    depth = "lobes_gateway_admission_queue_depth"
-    assert scrape.value(depth, role=ROLE, **{"class": "batch"}) == 2
-    assert scrape.value(depth, role=ROLE, **{"class": "interactive"}) == 1
-    assert scrape.value(f"{depth}_by_client", role=ROLE, client="agents") == 2
+    assert_two_agents_and_one_person_queued(status, scrape, ROLE)
     assert scrape.value("lobes_gateway_admission_running", role=ROLE) == 3
 
 
@@ -234,7 +199,7 @@ def test_a_burst_held_at_the_pool_spreads_as_rate_placement_spreads_it():
         wait_until(lambda: all(row["ready"] for row in replicas(pooler)) and
                    len(replicas(pooler)) == 2, message="both replicas ready")
         peak = {"queued": 0, "spark": 0, "thor": 0}
-        sender = Sender(pooler.url)
+        sender = Sender(pooler.url, ask)
         for n in range(16):
             sender.send(f"burst-{n}", "agents", 160)
         while any(thread.is_alive() for thread in sender.threads):

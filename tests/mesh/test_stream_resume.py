@@ -199,6 +199,19 @@ def hosted_box(local_sim, order: list[str | None]) -> tuple[str, object]:
     return me, start_gateway(env, port=port)
 
 
+@contextmanager
+def box_over_gear(gear: str, other: str) -> Iterator[tuple[str, object]]:
+    """A ready box pooling its own gear (at `gear`) with the peer `other`: its origin and it."""
+    port = free_port()
+    me = f"http://127.0.0.1:{port}"
+    env = {**pool_env([me, other]), "PRIMARY_BASE_URL": gear, "PRIMARY_SERVED_NAME": SERVED,
+           "PRIMARY_MAX_MODEL_LEN": "262144", "PRIMARY_FEASIBLE": "true",
+           "GATEWAY_SELF_ORIGIN": me}
+    with start_gateway(env, port=port) as box:
+        ready(box)
+        yield me, box
+
+
 def test_a_hosted_pool_continues_its_own_gears_broken_stream_on_the_peer(
         pair, reference, faults):
     faults.set_faults({"die_after_chunks": BROKEN_AFTER})
@@ -282,16 +295,9 @@ def test_a_stream_is_continued_until_it_carries_a_tool_call(pair, deltas, resume
     """A final assistant message cannot hold a tool call: once one has been streamed, a broken
     stream ends as an unpooled one does (documented), and no continuation is sent."""
     pair["second_sim"].clear_requests()
-    with breaking_gear(deltas) as gear:
-        port = free_port()
-        me = f"http://127.0.0.1:{port}"
-        env = {**pool_env([me, pair["second"].url]), "PRIMARY_BASE_URL": gear,
-               "PRIMARY_SERVED_NAME": SERVED, "PRIMARY_MAX_MODEL_LEN": "262144",
-               "PRIMARY_FEASIBLE": "true", "GATEWAY_SELF_ORIGIN": me}
-        with start_gateway(env, port=port) as box:
-            ready(box)
-            streamed = stream_chat(box.url, ASK)
-            scrape = Scrape.of(box.url)
+    with breaking_gear(deltas) as gear, box_over_gear(gear, pair["second"].url) as (_me, box):
+        streamed = stream_chat(box.url, ASK)
+        scrape = Scrape.of(box.url)
     assert streamed.text.startswith("Let me")
     outcome = "resumed" if resumed else "not_resumable"
     assert scrape.value(RESUMES, role="cortex", outcome=outcome) == 1
@@ -311,15 +317,9 @@ def test_a_stream_broken_off_before_its_first_event_is_answered_whole_by_the_oth
     (nothing to continue), and its answer relayed as the stream's first part: one role
     delta, the reference's text and usage."""
     pair["second_sim"].clear_requests()
-    with breaking_gear([], opening=False) as gear:
-        port = free_port()
-        me = f"http://127.0.0.1:{port}"
-        env = {**pool_env([me, pair["second"].url]), "PRIMARY_BASE_URL": gear,
-               "PRIMARY_SERVED_NAME": SERVED, "PRIMARY_MAX_MODEL_LEN": "262144",
-               "PRIMARY_FEASIBLE": "true", "GATEWAY_SELF_ORIGIN": me}
-        with start_gateway(env, port=port) as box:
-            ready(box)
-            streamed = stream_chat(box.url, ASK)
+    with breaking_gear([], opening=False) as gear, \
+            box_over_gear(gear, pair["second"].url) as (me, box):
+        streamed = stream_chat(box.url, ASK)
     assert_one_unbroken_stream(streamed, reference, [me, pair["second"].url])
     [again] = posts(pair["second_sim"])
     assert "continue_final_message" not in json.loads(again["body"])
