@@ -31,7 +31,6 @@ from ..policy.admission import CLASSES, AdmissionQueue, Ticket, effective_class
 from ..policy.auth import Caller
 from ..policy.config import GatewayConfig
 from ..policy.placement import expected_tokens
-from ..policy.prefix import request_shape
 from ..policy.pressure import PressureMonitor
 from ..policy.routing import LocalRoute, PoolRoute, Route
 from ..transport import errors
@@ -106,7 +105,7 @@ class AdmissionGate:
             return deadline
         if queue is None:
             return True
-        shape = (request_shape(payload, queue.pooled.placer.prices_prefix)
+        shape = (queue.pooled.placer.shape_of(payload)
                  if isinstance(queue, PoolQueue) else None)
         ticket = Ticket(caller.key_id, klass, expected_tokens(payload), shape)
         now = time.monotonic()

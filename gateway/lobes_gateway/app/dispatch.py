@@ -33,7 +33,6 @@ from lobes_contract import DEFAULT_PRIORITY_CLASS, VLLM_PRIORITY
 from ..mesh.peers import PeerWatch, PooledRole
 from ..policy.config import GatewayConfig
 from ..policy.placement import Placement
-from ..policy.prefix import request_shape
 from ..policy.pressure import PressureMonitor
 from ..policy.routing import (
     LocalRoute,
@@ -460,8 +459,7 @@ class Dispatcher:
             return
         tried: set[str] = set()
         failures: list[Failure] = []
-        request = request_shape(payload, role.placer.prices_prefix,
-                                role.placer.chars_per_token.value)
+        request = role.placer.shape_of(payload)
         too_long = role.too_long(request)
         if too_long is not None:
             yield Answer(too_long, (("X-Lobes-Route-Reason", "none"),))

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 
 from ..mesh.peers import PooledRole
 from ..policy.placement import Placement
-from ..policy.prefix import request_shape
 from ..policy.tokens import reported_prompt_tokens
 from ..transport.channel import Channel
 from ..transport.upstream import (
@@ -403,8 +402,7 @@ class StreamResume:
         # Placed as its own request: the window must hold the prompt, the text so far and
         # what is left to generate, and a replica holding the prefix is cheaper.
         role = self._role
-        request = request_shape(body, role.placer.prices_prefix,
-                                role.placer.chars_per_token.value)
+        request = role.placer.shape_of(body)
         while (placement := role.placer.place(role.candidates(tried, request), request=request)
                or role.failover(tried, request)) is not None:
             tried.add(placement.origin)

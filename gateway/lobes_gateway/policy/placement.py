@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol
 
-from .prefix import PrefixAffinity, RequestShape
+from .prefix import PrefixAffinity, RequestShape, request_shape
 from .tokens import CharsPerToken
 
 DEFAULT_EXPECTED_TOKENS = 256
@@ -408,6 +408,11 @@ class Placer:
     def prices_prefix(self) -> bool:
         """Whether requests should carry their prompt's block hashes (they cost to make)."""
         return self.policy.forecasts
+
+    def shape_of(self, payload: dict | None) -> RequestShape:
+        """A payload's shape as this pool prices it: blocks when the policy prices prefixes,
+        text at the characters per token the pool has learned."""
+        return request_shape(payload, self.prices_prefix, self.chars_per_token.value)
 
     def in_flight(self, origin: str) -> int:
         return len(self._active[origin])
