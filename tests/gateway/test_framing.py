@@ -4,6 +4,8 @@ and its connection closed, so the bytes after it are never read as a second requ
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.support.client import raw_exchange, wired
@@ -75,3 +77,21 @@ def test_ambiguous_framing_is_refused_and_nothing_after_it_is_served(
 def test_one_clear_framing_serves_both_requests_on_the_connection(box, framing, body):
     reply = raw_exchange(box[0].url, post(framing, body), timeout=2)
     assert reply.count(b"HTTP/1.1 200 ") == 2, reply
+
+
+def test_requests_of_one_shape_with_other_lengths_are_each_read_whole(box):
+    """The gateway parses a head's shape once (transport/heads.py): a keep-alive client's next
+    request differs only in its Content-Length, and each body must still be read to its own."""
+    gateway, sim = box
+    sim.clear_requests()
+    contents = ["hi", "x" * 3000, "yo"]
+    data = b""
+    for content in contents:
+        body = json.dumps({"messages": [{"role": "user", "content": content}],
+                           "max_tokens": 4}).encode()
+        data += (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    reply = raw_exchange(gateway.url, data, timeout=2)
+    assert reply.count(b"HTTP/1.1 200 ") == 3, reply
+    posted = [r for r in sim.requests() if r["method"] == "POST"]
+    assert [json.loads(r["body"])["messages"][0]["content"] for r in posted] == contents

@@ -20,6 +20,7 @@ from lobes_gateway.app.meter import completion_tokens
 from lobes_gateway.policy.placement import DEFAULT_EXPECTED_TOKENS, expected_tokens
 from lobes_gateway.policy.prefix import request_shape
 from lobes_gateway.transport.http import Request, parse_head
+from lobes_gateway.transport.trace import Trace
 
 # (rule, status, moves on): seed 003 for replicas and owners, seed 004 for the one peer.
 MOVING_ON = [
@@ -42,8 +43,11 @@ def test_which_statuses_move_on_under_each_rule(rule, status, moves):
 
 
 def _request(*header_lines: str) -> Request:
+    """A parsed request, named by a trace as the gateway names each (its id: the caller's)."""
     head = "POST /v1/chat/completions HTTP/1.1\r\n" + "".join(f"{h}\r\n" for h in header_lines)
-    return parse_head((head + "\r\n").encode("latin-1"))
+    request = parse_head((head + "\r\n").encode("latin-1"))
+    Trace(lambda _data: None, 0.0, "own-id").identify(request, "chat")
+    return request
 
 
 CALLER = _request("Authorization: Bearer caller", "Content-Type: application/json",
@@ -65,7 +69,7 @@ def test_a_proxy_keeps_the_owner_forwarding_mark():
 
 def test_peer_headers_without_a_key_send_none():
     headers = peer_headers(_request("authorization: Bearer caller"), None, [])
-    assert headers == ""
+    assert headers == "X-Request-Id: own-id\r\n"  # the request's id, and no key
 
 
 def test_local_forwarding_drops_hop_headers_and_the_callers_key():

@@ -46,6 +46,7 @@ from ..policy.routing import (
 from ..transport import errors
 from ..transport.channel import Channel
 from ..transport.errors import ApiError
+from ..transport.heads import ShapeMemo
 from ..transport.http import Request, error_bytes, header_block, header_names
 from ..transport.upstream import (
     Connections,
@@ -81,6 +82,8 @@ _MARKERS = ("x-lobes-forwarded-by", "x-lobes-proxied")
 _NOT_FORWARDED = header_names("connection", "keep-alive", "proxy-connection", "te", "trailer",
                               "transfer-encoding", "upgrade", "host", "content-length",
                               "expect", "authorization")
+# The end-to-end lines of each header block: a block is one per head shape (http.parse_head).
+_END_TO_END: ShapeMemo[str] = ShapeMemo()
 # What a peer must not see of earlier hops' markers (a proxy keeps X-Lobes-Forwarded-By, so an
 # owner-forwarded request stays marked).
 TO_PROXY_PEER = header_names(prefixes=("x-lobes-proxied",))
@@ -95,8 +98,16 @@ _CHAT_PATH = "/chat/completions"
 
 
 def forward_headers(req: Request) -> str:
-    """The caller's end-to-end header lines, as forwarded to a local backend (its key left out)."""
-    return _NOT_FORWARDED.sub("", req.header_block)
+    """The caller's end-to-end header lines, as forwarded to a local backend (its key left out),
+    and the request's id."""
+    block = req.header_block
+    kept = _END_TO_END.get(block)
+    if kept is None:
+        kept = _NOT_FORWARDED.sub("", block)
+        _END_TO_END.put(block, kept)
+    if req.request_id is None:
+        return kept
+    return f"{kept}X-Request-Id: {req.request_id}\r\n"
 
 
 def peer_headers(req: Request, api_key: str | None, markers: list[tuple[str, str]],

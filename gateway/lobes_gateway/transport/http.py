@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 from http import HTTPStatus
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from lobes_contract import DEFAULT_PRIORITY_CLASS
 
 from . import errors
 from .channel import Channel
 from .errors import ApiError
+from .heads import ShapeMemo, split_head
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ class Request:
     """A parsed request head; the body is read separately, after the auth gate."""
 
     __slots__ = ("body", "header_block", "headers", "keep_alive", "method", "path", "priority",
-                 "target", "trace", "version", "watchdog")
+                 "request_id", "target", "trace", "version", "watchdog")
 
     def __init__(self, method: str, target: str, version: str, headers: dict[str, str],
                  header_block: str) -> None:
@@ -44,8 +45,11 @@ class Request:
         self.path = target.split("?", 1)[0]
         self.version = version
         self.headers = headers
-        # The header lines as they came (each ending CRLF): forwarded without rebuilding.
+        # The header lines as they came (each ending CRLF), less Content-Length and
+        # X-Request-Id (parse_head): one block per head shape, forwarded without rebuilding.
         self.header_block = header_block
+        # The id every upstream hop is sent (the trace's choice), None until it is named.
+        self.request_id: str | None = None
         self.body = b""
         connection = headers.get("connection", "").lower()
         self.keep_alive = (connection == "keep-alive" if version == "HTTP/1.0"
@@ -58,8 +62,45 @@ class Request:
         self.priority = DEFAULT_PRIORITY_CLASS
 
 
+class _RequestShape(NamedTuple):
+    """What a request head's shape (heads.py) parses to."""
+
+    method: str
+    target: str
+    version: str
+    headers: dict[str, str]
+    block: str
+
+
+_REQUEST_SHAPES: ShapeMemo[_RequestShape] = ShapeMemo()
+
+
 def parse_head(head: bytes) -> Request:
-    """Parse a request line and header block (ending in a blank line)."""
+    """Parse a request line and header block (ending in a blank line). The block a request keeps
+    has neither Content-Length nor X-Request-Id: each hop frames its own body, and the trace
+    adds the id it keeps."""
+    key, lengths, ids = split_head(head)
+    shape = _REQUEST_SHAPES.get(key)
+    if shape is None:
+        shape = _parse_shape(key)
+        _REQUEST_SHAPES.put(key, shape)
+    headers = dict(shape.headers)  # the request's own: the trace sets its id there
+    if lengths:
+        _add_values(headers, "content-length", lengths)
+    if ids:
+        _add_values(headers, "x-request-id", ids)
+    if "transfer-encoding" in headers:
+        _check_chunked_framing(headers)
+    return Request(shape.method, shape.target, shape.version, headers, shape.block)
+
+
+def _add_values(headers: dict[str, str], name: str, values: tuple[bytes, ...]) -> None:
+    """Add a header's values as the parser joins repeated lines: comma-separated, in order."""
+    value = b", ".join(values).decode("latin-1")
+    headers[name] = f"{headers[name]}, {value}" if name in headers else value
+
+
+def _parse_shape(head: bytes) -> _RequestShape:
     text = head.decode("latin-1")
     lines = text.count("\r\n")
     if text.count("\n") != lines or text.count("\r") != lines:
@@ -83,9 +124,7 @@ def parse_head(head: bytes) -> Request:
         key = name.lower()
         value = value.strip()
         headers[key] = f"{headers[key]}, {value}" if key in headers else value
-    if "transfer-encoding" in headers:
-        _check_chunked_framing(headers)
-    return Request(method, target, version, headers, block)
+    return _RequestShape(method, target, version, headers, block)
 
 
 def _check_chunked_framing(headers: dict[str, str]) -> None:

@@ -17,8 +17,6 @@ from .http import Request
 
 # A caller's X-Request-Id is kept only when it is short and made of these characters.
 _SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
-# A caller's X-Request-Id line, dropped from what is forwarded when it is not kept.
-_ID_LINE = re.compile(r"^x-request-id[ \t]*:[^\r\n]*\r\n", re.I | re.M)
 _STATUS_LINE = b"HTTP/1.1 "
 _CONTINUE = 100
 # Nothing was answered: the client left, or the connection broke first (nginx's convention).
@@ -59,10 +57,9 @@ class Trace:
         given = req.headers.get("x-request-id")
         if given is not None and _SAFE_ID.fullmatch(given):
             self.request_id = given
-            return
-        block = req.header_block if given is None else _ID_LINE.sub("", req.header_block)
-        req.header_block = f"{block}X-Request-Id: {self.request_id}\r\n"
-        req.headers["x-request-id"] = self.request_id
+        else:
+            req.headers["x-request-id"] = self.request_id
+        req.request_id = self.request_id
 
     def write(self, data: bytes) -> None:
         """The client channel's write while the request is answered. The answer's head (not a

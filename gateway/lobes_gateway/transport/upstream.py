@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import NamedTuple
 
 from .channel import Channel
+from .heads import ShapeMemo, split_head
 from .http import MAX_HEAD_BYTES, header_block
 from .watchdog import Watchdog
 
@@ -17,8 +18,7 @@ MAX_BODY_READ = 256 * 1024
 _HOP_HEADERS = frozenset((b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
                           b"proxy-connection", b"te", b"trailer", b"upgrade", b"x-request-id"))
 # The response headers the gateway acts on itself.
-_READ_HEADERS = frozenset((b"connection", b"transfer-encoding", b"content-length",
-                           b"content-type"))
+_READ_HEADERS = frozenset((b"connection", b"transfer-encoding", b"content-type"))
 
 
 class Origin(NamedTuple):
@@ -60,6 +60,19 @@ class Connection:
         self.channel.abort()
 
 
+class _ResponseShape(NamedTuple):
+    """What a response head's shape (heads.py) parses to."""
+
+    status: int
+    headers: dict[bytes, bytes]  # shared by every response of the shape: read, never written
+    relayed: bytes
+    keep_alive: bool
+    chunked: bool
+
+
+_RESPONSE_SHAPES: ShapeMemo[_ResponseShape] = ShapeMemo()
+
+
 class Response:
     """A response head read from upstream; the body is still on `conn`."""
 
@@ -68,27 +81,43 @@ class Response:
     def __init__(self, conn: Connection, raw: bytes) -> None:
         self.conn = conn
         self.raw = raw
-        self.status = int(raw[9:12])
-        # One pass over the header lines (a loop of bytes methods costs less here than the two
-        # case-insensitive regex scans it replaced): the few headers the gateway reads itself,
-        # names and values lowered, and the lines a client may see, hop-by-hop ones dropped.
-        headers: dict[bytes, bytes] = {}
-        relayed: list[bytes] = []
-        block = raw[raw.find(b"\r\n") + 2:-4]
-        for line in block.split(b"\r\n") if block else ():
-            name = line.partition(b":")[0].rstrip().lower()
-            if name in _READ_HEADERS:
-                headers[name] = line[line.find(b":") + 1:].strip().lower()
-            if name not in _HOP_HEADERS:
-                relayed.append(line)
-        if relayed:
-            relayed.append(b"")  # each line ends CRLF
-        self.headers = headers
-        self.relayed = b"\r\n".join(relayed)
-        self.keep_alive = headers.get(b"connection") != b"close"
-        self.chunked = b"chunked" in headers.get(b"transfer-encoding", b"")
-        raw_length = headers.get(b"content-length")
-        self.length = int(raw_length) if raw_length is not None else None
+        key, lengths, _ids = split_head(raw)  # the id is the gateway's own, set per hop
+        shape = _RESPONSE_SHAPES.get(key)
+        if shape is None:
+            shape = _parse_shape(key)
+            _RESPONSE_SHAPES.put(key, shape)
+        self.status, self.headers, self.relayed, self.keep_alive, self.chunked = shape
+        self.length = _content_length(lengths) if lengths else None
+
+
+def _content_length(values: tuple[bytes, ...]) -> int:
+    """The length its Content-Length lines agree on; a ValueError when they do not or it is not
+    a number (the body's end is then unknown)."""
+    if not values[0].isdigit() or values.count(values[0]) != len(values):
+        raise ValueError(f"bad Content-Length {values!r}")
+    return int(values[0])
+
+
+def _parse_shape(raw: bytes) -> _ResponseShape:
+    """One pass over the header lines (a loop of bytes methods costs less here than the two
+    case-insensitive regex scans it replaced): the few headers the gateway reads itself, names
+    and values lowered, and the lines a client may see, hop-by-hop ones dropped."""
+    headers: dict[bytes, bytes] = {}
+    relayed: list[bytes] = []
+    block = raw[raw.find(b"\r\n") + 2:-4]
+    for line in block.split(b"\r\n") if block else ():
+        name = line.partition(b":")[0].rstrip().lower()
+        if name == b"content-length":  # split_head takes every well-formed one
+            raise ValueError(f"bad Content-Length line {line[:40]!r}")
+        if name in _READ_HEADERS:
+            headers[name] = line[line.find(b":") + 1:].strip().lower()
+        if name not in _HOP_HEADERS:
+            relayed.append(line)
+    if relayed:
+        relayed.append(b"")  # each line ends CRLF
+    keep_alive = headers.get(b"connection") != b"close"
+    chunked = b"chunked" in headers.get(b"transfer-encoding", b"")
+    return _ResponseShape(int(raw[9:12]), headers, b"\r\n".join(relayed), keep_alive, chunked)
 
 
 class Connections:

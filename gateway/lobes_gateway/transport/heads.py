@@ -1,0 +1,58 @@
+"""Heads parsed once per shape.
+
+A keep-alive client, a backend and a peer gateway send the same head again and again, but for
+the lines that differ from message to message: the body's length and the request id. A head is
+split into those lines and the rest, its shape; a shape is parsed once and kept in a bounded
+memo, so the usual request and response skip the header loop (about a tenth of the gateway's
+per-request work).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Generic, TypeVar
+
+# A per-message line with the CRLF before it, so a head's first line never matches: its value as
+# group 1 (a length) or group 2 (an id). A line with an empty value, or space before its colon,
+# stays in the shape, where the parsers refuse it.
+_PER_MESSAGE = re.compile(rb"\r\n(?:content-length:[ \t]*([^ \t\r\n][^\r\n]*?)|"
+                          rb"x-request-id:[ \t]*([^ \t\r\n][^\r\n]*?))[ \t]*(?=\r\n)", re.I)
+# Heads longer than this are parsed each time rather than kept: a usual head is a few hundred
+# bytes, and the memo's memory stays bounded whatever a hostile client sends.
+MAX_SHAPE_BYTES = 4096
+MAX_SHAPES = 256
+
+Shape = TypeVar("Shape")
+
+
+def split_head(head: bytes) -> tuple[bytes, tuple[bytes, ...], tuple[bytes, ...]]:
+    """A head's shape (the head without its per-message lines), then the values of its
+    Content-Length lines and of its X-Request-Id lines, each in order."""
+    parts = _PER_MESSAGE.split(head)
+    if len(parts) == 1:
+        return head, (), ()
+    if len(parts) == 4:  # the usual: one line, a length or an id
+        length, request_id = parts[1], parts[2]
+        return (parts[0] + parts[3], (length,) if length else (),
+                (request_id,) if request_id else ())
+    # A match's values are never empty: filter(None) drops the other group's Nones.
+    return b"".join(parts[::3]), tuple(filter(None, parts[1::3])), tuple(filter(None, parts[2::3]))
+
+
+class ShapeMemo(Generic[Shape]):
+    """Parsed shapes by their bytes (or text), the oldest dropped first beyond MAX_SHAPES."""
+
+    __slots__ = ("_shapes",)
+
+    def __init__(self) -> None:
+        self._shapes: dict[bytes | str, Shape] = {}
+
+    def get(self, key: bytes | str) -> Shape | None:
+        return self._shapes.get(key)
+
+    def put(self, key: bytes | str, shape: Shape) -> None:
+        if len(key) > MAX_SHAPE_BYTES:
+            return
+        if len(self._shapes) >= MAX_SHAPES:
+            del self._shapes[next(iter(self._shapes))]
+        self._shapes[key] = shape

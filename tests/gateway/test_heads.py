@@ -1,0 +1,82 @@
+"""Heads parsed once per shape (transport/heads.py): the per-message lines are split off
+exactly, a shape is shared only where nothing else differs, and the memo stays bounded."""
+
+from __future__ import annotations
+
+import pytest
+from lobes_gateway.transport import heads
+from lobes_gateway.transport.heads import ShapeMemo, split_head
+from lobes_gateway.transport.http import HttpError, parse_head
+
+HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nAuthorization: Bearer k\r\n\r\n")
+
+
+def test_the_length_and_the_id_are_split_off_in_any_case_and_the_rest_is_kept():
+    head = (b"POST / HTTP/1.1\r\ncontent-LENGTH:  12 \r\nHost: x\r\nX-Request-ID: abc\r\n"
+            b"Content-Length: 13\r\n\r\n")
+    shape, lengths, ids = split_head(head)
+    assert shape == b"POST / HTTP/1.1\r\nHost: x\r\n\r\n"
+    assert lengths == (b"12", b"13")
+    assert ids == (b"abc",)
+
+
+def test_a_head_without_per_message_lines_is_its_own_shape():
+    head = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    assert split_head(head) == (head, (), ())
+
+
+@pytest.mark.parametrize("line", [
+    b"Content-Length : 5",  # space before the colon: the parser refuses it
+    b"Content-Length:",  # no value
+    b"Content-Length: \t",
+    b"X-Content-Length: 5",  # another header that merely ends so
+])
+def test_a_line_that_is_not_a_clean_per_message_line_stays_in_the_shape(line):
+    head = b"POST / HTTP/1.1\r\nHost: x\r\n" + line + b"\r\n\r\n"
+    shape, lengths, ids = split_head(head)
+    assert shape == head and lengths == () and ids == ()
+
+
+def test_the_first_line_is_never_taken_for_a_header():
+    head = b"Content-Length: 5 / HTTP/1.1\r\nHost: x\r\n\r\n"
+    assert split_head(head)[0] == head
+    with pytest.raises(HttpError):
+        parse_head(head)
+
+
+def test_requests_of_one_shape_each_get_their_own_length_and_headers():
+    first, second = parse_head(HEAD % 10), parse_head(HEAD % 2048)
+    assert first.headers["content-length"] == "10"
+    assert second.headers["content-length"] == "2048"
+    first.headers["x-request-id"] = "mine"  # the trace writes its id into its request's headers
+    assert "x-request-id" not in second.headers
+    assert "x-request-id" not in parse_head(HEAD % 10).headers
+    # The block forwarded upstream carries neither line: each hop frames its own body.
+    assert "ength" not in second.header_block and "Authorization: Bearer k\r\n" in \
+        second.header_block
+
+
+def test_repeated_lengths_are_joined_as_the_parser_joins_any_repeated_header():
+    head = HEAD.replace(b"Host: x\r\n", b"Host: x\r\nContent-Length: 4\r\n") % 5
+    assert parse_head(head).headers["content-length"] == "4, 5"
+
+
+def test_chunked_framing_with_a_length_is_refused_also_once_its_shape_is_known():
+    chunked = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+               b"\r\n")
+    assert parse_head(chunked).headers["transfer-encoding"] == "chunked"
+    with pytest.raises(HttpError, match="both Transfer-Encoding and Content-Length"):
+        parse_head(chunked[:-2] + b"Content-Length: 4\r\n\r\n")
+
+
+def test_the_memo_keeps_at_most_its_bound_dropping_the_oldest_and_no_long_shape():
+    memo: ShapeMemo[int] = ShapeMemo()
+    for number in range(heads.MAX_SHAPES + 10):
+        memo.put(b"shape %d" % number, number)
+    assert memo.get(b"shape 0") is None and memo.get(b"shape 9") is None
+    assert memo.get(b"shape 10") == 10
+    assert memo.get(b"shape %d" % (heads.MAX_SHAPES + 9)) == heads.MAX_SHAPES + 9
+    long_shape = b"x" * (heads.MAX_SHAPE_BYTES + 1)
+    memo.put(long_shape, 1)
+    assert memo.get(long_shape) is None
