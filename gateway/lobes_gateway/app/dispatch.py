@@ -82,8 +82,8 @@ _MARKERS = ("x-lobes-forwarded-by", "x-lobes-proxied")
 _NOT_FORWARDED = header_names("connection", "keep-alive", "proxy-connection", "te", "trailer",
                               "transfer-encoding", "upgrade", "host", "content-length",
                               "expect", "authorization")
-# The end-to-end lines of each header block: a block is one per head shape (http.parse_head).
-_END_TO_END: ShapeMemo[str] = ShapeMemo()
+# The end-to-end lines of each header block, per extra filter (forward_headers).
+_END_TO_END: dict[re.Pattern[str] | None, ShapeMemo[str]] = {}
 # What a peer must not see of earlier hops' markers (a proxy keeps X-Lobes-Forwarded-By, so an
 # owner-forwarded request stays marked).
 TO_PROXY_PEER = header_names(prefixes=("x-lobes-proxied",))
@@ -97,14 +97,20 @@ _NO_ROUTE_REASON = b"X-Lobes-Route-Reason: none"
 _CHAT_PATH = "/chat/completions"
 
 
-def forward_headers(req: Request) -> str:
-    """The caller's end-to-end header lines, as forwarded to a local backend (its key left out),
-    and the request's id."""
+def forward_headers(req: Request, strip: re.Pattern[str] | None = None) -> str:
+    """The caller's end-to-end header lines, as forwarded to a local backend (its key left out;
+    and what `strip` matches), then the request's id. The lines are filtered once per header
+    block: a block is one per head shape (http.parse_head)."""
+    memo = _END_TO_END.get(strip)
+    if memo is None:
+        memo = _END_TO_END[strip] = ShapeMemo()
     block = req.header_block
-    kept = _END_TO_END.get(block)
+    kept = memo.get(block)
     if kept is None:
         kept = _NOT_FORWARDED.sub("", block)
-        _END_TO_END.put(block, kept)
+        if strip is not None:
+            kept = strip.sub("", kept)
+        memo.put(block, kept)
     if req.request_id is None:
         return kept
     return f"{kept}X-Request-Id: {req.request_id}\r\n"
@@ -114,7 +120,7 @@ def peer_headers(req: Request, api_key: str | None, markers: list[tuple[str, str
                  strip: re.Pattern[str] = TO_PEER) -> str:
     """The caller's header lines for a peer: without its key, `strip`ped of earlier markers,
     with the peer's key, the request's class (when not standard) and our markers attached."""
-    block = strip.sub("", forward_headers(req))
+    block = forward_headers(req, strip)
     if api_key:
         block += f"Authorization: Bearer {api_key}\r\n"
     if req.priority != DEFAULT_PRIORITY_CLASS:
@@ -511,7 +517,7 @@ class Dispatcher:
         if not (route.config.stream_resume and req.target.endswith(_CHAT_PATH)
                 and payload is not None and resumable_request(payload)):
             return None
-        caller = TO_PEER.sub("", forward_headers(req))  # kept: req's own block is dropped
+        caller = forward_headers(req, TO_PEER)  # kept: req's own block is dropped
         local = route.config
 
         def target(origin: str) -> ContinuationTarget:
