@@ -9,6 +9,7 @@ seed 000's pair and on a homogeneous pair.
 For each pool policy: time to first token (streamed) p50/p95 and aggregate tok/s, in seed time.
 
     PYTHONPATH=gateway python3 bench/agent_sessions_bench.py [--time-scale 10] [--write-docs]
+    PYTHONPATH=gateway python3 bench/agent_sessions_bench.py --scenario 2 --pair homogeneous
 """
 
 from __future__ import annotations
@@ -107,6 +108,14 @@ SCENARIOS = (
     # and its time to first token is its prefill, which is what affinity saves.
     Scenario("added scenario, not the issue's: 4 sessions (the pair not saturated), "
              "issue 13's turns", 920, 2.0, ("rate", "prefix"), sessions=4),
+)
+
+
+# (--pair name, table title, the two simulators' profiles)
+PAIRS = (
+    ("seed", "seed 000 pair: spark-cortex + thor-cortex", ("spark-cortex", "thor-cortex")),
+    ("homogeneous", "homogeneous pair: spark-cortex + spark-cortex",
+     ("spark-cortex", "spark-cortex")),
 )
 
 
@@ -225,8 +234,15 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=10.0)
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--scenario", type=int, action="append", choices=range(len(SCENARIOS)),
+                        help="run only this scenario (its index in SCENARIOS, from 0); "
+                             "repeatable; all when absent")
+    parser.add_argument("--pair", choices=[name for name, _, _ in PAIRS], action="append",
+                        help="run only this pair; repeatable; both when absent")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
+    if args.write_docs and (args.scenario or args.pair):
+        parser.error("--write-docs writes the whole section: drop --scenario and --pair")
     section = [
         f"Run `{' '.join(['python3', 'bench/agent_sessions_bench.py', *sys.argv[1:]])}` on "
         f"{platform.machine()} / {platform.python_version()}, "
@@ -240,12 +256,13 @@ def main() -> None:
         "(and size) awareness, the new default.",
         "",
     ]
-    for scenario in SCENARIOS:
+    for index, scenario in enumerate(SCENARIOS):
+        if args.scenario and index not in args.scenario:
+            continue
         section += [f"### {scenario.title}", ""]
-        for title, profiles in (
-            ("seed 000 pair: spark-cortex + thor-cortex", ("spark-cortex", "thor-cortex")),
-            ("homogeneous pair: spark-cortex + spark-cortex", ("spark-cortex", "spark-cortex")),
-        ):
+        for name, title, profiles in PAIRS:
+            if args.pair and name not in args.pair:
+                continue
             print(f"{scenario.title}; {title}", flush=True)
             section += table(title, measure_pair(profiles, scenario, args))
     print("\n".join(section))
