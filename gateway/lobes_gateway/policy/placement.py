@@ -14,7 +14,8 @@ Policies (GATEWAY_POOL_POLICY):
           learned apart from its answers (Placer.learn). A replica whose rate was never
           measured gets one request once it is idle, when priced at the choice's rates it
           would finish it sooner (exploration); that sample replaces its prior. A queued request's
-          prefill holds up every busy slot of its replica in the wait.
+          prefill holds up every busy slot of its replica in the wait, and a prefill under way
+          holds up a request placed there even with a slot free.
   rate    earliest expected completion: the waves of work queued ahead of the
           request on a replica's slots, plus its own, each taking expected tokens / rate.
           prefix and rate: a slower replica must beat the fastest by SLOWER_REPLICA_MARGIN.
@@ -120,25 +121,36 @@ class ReplicaView:
         return waves * expected_tokens / self.rate
 
     def slot_wait_s(self) -> float:
-        """Seconds until a slot is free for a request placed now: the work in flight run
-        through the slots in order, each taking the first slot to free.
+        """Seconds until a request placed now starts its prefill: the work in flight run
+        through the slots in order, each taking the first slot to free, and the engine done
+        with the prefills ahead of it.
 
-        A request's prefill also holds up every slot busy when it starts: an engine step
-        prefills its newcomers before the running sequences get their next token (vLLM,
-        chunked or not, spends the step's time on both). Without that, a queue of long
-        prompts on a busy replica looks ~40% shorter than it is (issue 13: the first turns
-        of 16 agent sessions over a 6k-token prompt on seed 000's pair)."""
-        if len(self.work_s) < self.slots:
-            return 0.0
-        free_at = [0.0] * self.slots
+        Prefill is compute-bound and holds up the whole engine: a step prefills what it
+        admitted before the running sequences get their next token (vLLM, chunked or not,
+        spends the step's time on both), and a newcomer's prefill waits for those ahead.
+        So a queued request's prefill delays every slot busy when it starts (without that, a
+        queue of long prompts looked ~40% shorter than it is: issue 13, 16 agent sessions
+        over a 6k-token prompt on seed 000's pair), and a replica still prefilling is not
+        free with a slot open (priced free, one busy with a session's 4k-token first prompt
+        took the next two sessions too, each waiting unforecast, and learned from that a
+        decode rate 20-30% below its identical twin's: issue 13's 4 sessions on the
+        homogeneous pair, split 12/20 with 4-5% less throughput than `rate`)."""
         stalls = self.prefill_left_s or (0.0,) * len(self.work_s)
-        for work, stall in zip(self.work_s, stalls, strict=True):
-            start = heapq.heappop(free_at)
+        running = min(self.slots, len(self.work_s))
+        # The prefills under way: until they are done nothing decodes and nothing starts.
+        engine = sum(stalls[:running])
+        free_at = [engine + work - stall
+                   for work, stall in zip(self.work_s[:running], stalls[:running], strict=True)]
+        free_at += [0.0] * (self.slots - running)
+        heapq.heapify(free_at)
+        for work, stall in zip(self.work_s[running:], stalls[running:], strict=True):
+            start = max(heapq.heappop(free_at), engine)
             if stall:
                 free_at = [at + stall if at > start else at for at in free_at]
                 heapq.heapify(free_at)
+                engine = start + stall
             heapq.heappush(free_at, start + work)
-        return free_at[0]
+        return max(free_at[0], engine)
 
     def prefill_s(self, prompt_tokens: int) -> float:
         """Seconds of prefill for the part of the prompt the replica likely lacks."""
