@@ -50,7 +50,8 @@ def test_help_documents_every_option():
         cwd=GATEWAY_DIR, capture_output=True, text=True, check=True,
     )
     for option in ("--host", "--port", "--profile", "--served-name", "--max-model-len",
-                   "--max-num-seqs", "--time-scale", "--prefill-scale", "--seed", "--embed-dim", "--quantization",
+                   "--max-num-seqs", "--time-scale", "--prefill-scale", "--seed", "--embed-dim",
+                   "--quantization",
                    "--admin-port", "--fault-refuse", "--fault-status", "--fault-hang",
                    "--fault-hang-s", "--fault-die-after-chunks", "--fault-slow",
                    "--fault-reject-strict-tools"):
