@@ -100,6 +100,16 @@ def test_a_conversation_goes_back_to_the_replica_that_holds_its_prefix():
                    ).origin == A
 
 
+def test_a_twin_learned_a_hair_faster_does_not_take_a_conversation_off_its_prefix():
+    # Identical replicas whose learned rates differ by noise (0.2%): both hold the system
+    # prompt, A also the conversation's first turn (~400 tokens), ~5% sooner there.
+    p = placer(priors={A: 48.9, B: 49.0})
+    turn_one = "The replica table and the probe results, for the next call. " * 27
+    p.place([Candidate(B, 2)], request=shape(chat("another session"))).release()
+    p.place([Candidate(A, 2)], request=shape(chat(turn_one))).release()
+    assert p.place(PAIR, request=shape(chat(turn_one, "turn two"))).origin == A
+
+
 def test_a_cached_prefix_shortens_the_forecast_by_its_prefill():
     p = placer()
     request = shape(chat("turn one"))

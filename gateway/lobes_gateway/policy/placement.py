@@ -259,20 +259,26 @@ class PrefixPolicy:
     def choose(
         self, views: Sequence[ReplicaView], request: RequestShape
     ) -> tuple[ReplicaView, RouteReason] | None:
-        return _earliest(views, lambda view: forecast(view, request).completion_s)
+        # Its rates are learned per replica from each answer, so identical replicas differ
+        # by noise (0.1-2% in issue 13's 4 sessions on the homogeneous pair): one is slower
+        # only by more than the margin, else a hair's rate took a conversation off the
+        # replica holding its prefix, 5-9% sooner there, and stacked sessions on the other.
+        return _earliest(views, lambda view: forecast(view, request).completion_s,
+                         slower_by=SLOWER_REPLICA_MARGIN)
 
 
 def _earliest(
-    views: Sequence[ReplicaView], completion: Callable[[ReplicaView], float]
+    views: Sequence[ReplicaView], completion: Callable[[ReplicaView], float],
+    slower_by: float = 0.0,
 ) -> tuple[ReplicaView, RouteReason] | None:
-    """The earliest completion, unless only a slower replica wins and not by the margin."""
+    """The earliest completion, unless only a slower replica (a rate below the fastest's by
+    more than `slower_by`) wins and not by the margin."""
     if not views:
         return None
     best = min(views, key=lambda v: (completion(v), -v.rate, v.order))
     fastest = min(views, key=lambda v: (-v.rate, completion(v), v.order))
-    if best.rate < fastest.rate and completion(best) > completion(fastest) * (
-        1 - SLOWER_REPLICA_MARGIN
-    ):
+    slower = best.rate < fastest.rate * (1 - slower_by)
+    if slower and completion(best) > completion(fastest) * (1 - SLOWER_REPLICA_MARGIN):
         best = fastest
     return best, _reason(views, RouteReason.EARLIEST_COMPLETION)
 
