@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -73,6 +74,9 @@ MIN_REMAINING_SHARE = 0.05
 MIN_DECODE_SHARE = 0.25
 # Placements the pool makes before it explores: the first requests are priced on priors.
 EXPLORE_AFTER = 8
+# Ends of this box's requests remembered per replica, to tell them from other boxes' work in
+# a probe's load: more than end on one replica during one probe pass.
+RELEASES_KEPT = 256
 
 
 class RouteReason(str, Enum):
@@ -407,6 +411,9 @@ class Placer:
         self._active: dict[str, list[Placement]] = {origin: [] for origin in priors}
         # Work other boxes have on a replica, from its probed running + waiting.
         self._external: dict[str, int] = {origin: 0 for origin in priors}
+        # When this box's latest requests on each replica ended (a probe may have seen them).
+        self._released_at: dict[str, deque[float]] = {
+            origin: deque(maxlen=RELEASES_KEPT) for origin in priors}
         self._rates = {o: RateEstimate(prior, smoothing, policy.forecasts)
                        for o, prior in priors.items()}
         # Prompt tok/s of each replica's prefill, learned apart from its decode (forecasting
@@ -459,13 +466,22 @@ class Placer:
             return own
         return max(known) if known else 1.0
 
-    def note_load(self, origin: str, load: int | None) -> None:
-        """A probe saw `load` requests running + waiting on the replica.
+    def note_load(self, origin: str, load: int | None, probed_at: float | None = None) -> None:
+        """A probe that started at `probed_at` saw `load` requests running + waiting on the
+        replica.
 
         Those include this box's own in-flight requests there; the rest is other boxes'
-        work, counted until the next probe so a shared replica is not taken for idle.
+        work, counted until the next probe so a shared replica is not taken for idle. This
+        box's requests that ended since the probe started may be in `load` too: they are
+        not taken for other boxes' work. Taken so, two turns that ended while a probe pass
+        was on stayed on their replica as two phantom requests for a whole probe interval
+        (issue 13's 4 sessions: a session was moved off its prefix, and the one that waited
+        for the phantoms taught its replica a decode rate twice the real one).
         """
-        self._external[origin] = max(0, (load or 0) - self.in_flight(origin))
+        ended = 0
+        if probed_at is not None:
+            ended = sum(1 for at in self._released_at[origin] if at >= probed_at)
+        self._external[origin] = max(0, (load or 0) - self.in_flight(origin) - ended)
 
     def forget_prefixes(self, origin: str) -> None:
         """The replica went dark; when it is back its cache is empty."""
@@ -577,6 +593,7 @@ class Placer:
 
     def release(self, placement: Placement) -> None:
         self._active[placement.origin].remove(placement)
+        self._released_at[placement.origin].append(self._clock())
         self.room_changed()
 
     def learn(self, placement: Placement, tokens: int, elapsed_s: float,
