@@ -264,9 +264,9 @@ class PrefixPolicy:
         self, views: Sequence[ReplicaView], request: RequestShape
     ) -> tuple[ReplicaView, RouteReason] | None:
         # Its rates are learned per replica from each answer, so identical replicas differ
-        # by noise (0.1-2% in issue 13's 4 sessions on the homogeneous pair): one is slower
+        # by noise (0.1-4% in issue 13's 4 sessions on the homogeneous pair): one is slower
         # only by more than the margin, else a hair's rate took a conversation off the
-        # replica holding its prefix, 5-9% sooner there, and stacked sessions on the other.
+        # replica holding its prefix, 1-9% sooner there, and stacked sessions on the other.
         return _earliest(views, lambda view: forecast(view, request).completion_s,
                          slower_by=SLOWER_REPLICA_MARGIN)
 
