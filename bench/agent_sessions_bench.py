@@ -9,6 +9,7 @@ seed 000's pair and on a homogeneous pair.
 For each pool policy: time to first token (streamed) p50/p95 and aggregate tok/s, in seed time.
 
     PYTHONPATH=gateway python3 bench/agent_sessions_bench.py [--time-scale 10] [--write-docs]
+    PYTHONPATH=gateway python3 bench/agent_sessions_bench.py --scenario 2 --pair homogeneous
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ from tests.support.gateway_proc import start_gateway
 from tests.support.sim_proc import start_sim
 
 POLICIES = ("pinned", "queue", "rate", "prefix")
+# A reference, not a policy: `rate` against simulators whose prefill costs nothing (lobes_sim
+# --prefill-scale 0). No placement by prefix can beat a prefill that is free, so its time to
+# first token over rate's bounds what affinity can gain in the scenario (loosely: it frees the
+# new tokens' prefill too, which no cache holds).
+PREFILL_FREE = "rate, prefill free"
 SERVED = "unsloth/Qwen3.8-27B-NVFP4"
 SYSTEM = "You are the fleet's agent: plan, call tools, report what each step measured. " * 208
 ANSWER_TOKENS = 64
@@ -100,13 +106,22 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario("issue 13's example: ~220-token turns, 2 s tool calls", 920, 2.0, POLICIES),
+    Scenario("issue 13's example: ~220-token turns, 2 s tool calls", 920, 2.0,
+             (*POLICIES, PREFILL_FREE)),
     Scenario("tool outputs: ~2,000-token turns, 10 s tool calls", 8000, 10.0,
              ("rate", "prefix")),
     # Not issue 13's example: as many sessions as the pair has slots, so a turn rarely queues
     # and its time to first token is its prefill, which is what affinity saves.
     Scenario("added scenario, not the issue's: 4 sessions (the pair not saturated), "
              "issue 13's turns", 920, 2.0, ("rate", "prefix"), sessions=4),
+)
+
+
+# (--pair name, table title, the two simulators' profiles)
+PAIRS = (
+    ("seed", "seed 000 pair: spark-cortex + thor-cortex", ("spark-cortex", "thor-cortex")),
+    ("homogeneous", "homogeneous pair: spark-cortex + spark-cortex",
+     ("spark-cortex", "spark-cortex")),
 )
 
 
@@ -180,18 +195,27 @@ def run_policy(port: int, scenario: Scenario, args: argparse.Namespace) -> list[
     return every
 
 
+def row_setup(row: str) -> tuple[str, list[str]]:
+    """The pool policy a table row runs, and its simulators' extra arguments."""
+    if row == PREFILL_FREE:
+        return "rate", ["--prefill-scale", "0"]
+    return row, []
+
+
 def measure_pair(profiles: tuple[str, str], scenario: Scenario,
                  args: argparse.Namespace) -> list[Result]:
     """Fresh simulators per policy (an empty prefix cache each time), one pooling gateway."""
     scale = args.time_scale
     results = []
     for policy in scenario.policies:
+        placing, sim_args = row_setup(policy)
         with ExitStack() as stack:
-            sims = [stack.enter_context(start_sim(p, time_scale=scale)) for p in profiles]
+            sims = [stack.enter_context(start_sim(p, time_scale=scale, extra_args=sim_args))
+                    for p in profiles]
             first = peer_gateway(stack, sims[0].url, SERVED, SPARK_KEY)
             second = peer_gateway(stack, sims[1].url, SERVED, None)
             rates = tuple(SEED_RATES[p] * scale for p in profiles)
-            env = pooling_env(first.url, second.url, policy, rates)
+            env = pooling_env(first.url, second.url, placing, rates)
             orin = stack.enter_context(start_gateway(env))
             wait_pool_ready(orin.url, 2)
             port = urlsplit(orin.url).port or 0
@@ -199,7 +223,7 @@ def measure_pair(profiles: tuple[str, str], scenario: Scenario,
             result = Result(policy, turns, scale, split(turns, [first.url, second.url]),
                             hit_rate([sim.url for sim in sims]))
             results.append(result)
-            print(f"  {policy:7s} TTFT p50 {result.ttft(0.5):6.2f} s  p95 "
+            print(f"  {policy:18s} TTFT p50 {result.ttft(0.5):6.2f} s  p95 "
                   f"{result.ttft(0.95):6.2f} s  {result.tok_per_s():6.1f} tok/s  "
                   f"hits {result.hit_rate:.0%}  ({result.split})", flush=True)
     return results
@@ -225,8 +249,15 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=10.0)
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--scenario", type=int, action="append", choices=range(len(SCENARIOS)),
+                        help="run only this scenario (its index in SCENARIOS, from 0); "
+                             "repeatable; all when absent")
+    parser.add_argument("--pair", choices=[name for name, _, _ in PAIRS], action="append",
+                        help="run only this pair; repeatable; both when absent")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
+    if args.write_docs and (args.scenario or args.pair):
+        parser.error("--write-docs writes the whole section: drop --scenario and --pair")
     section = [
         f"Run `{' '.join(['python3', 'bench/agent_sessions_bench.py', *sys.argv[1:]])}` on "
         f"{platform.machine()} / {platform.python_version()}, "
@@ -237,15 +268,19 @@ def main() -> None:
         "answer. Fresh simulators per policy (empty caches; they cache the answer's blocks "
         "too, as vLLM) at time-scale "
         f"{args.time_scale:g}; seconds and tok/s in seed time. `prefix` is rate + prefix "
-        "(and size) awareness, the new default.",
+        "(and size) awareness, the new default. `rate, prefill free` is a reference, not a "
+        "policy: `rate` against simulators whose prefill costs nothing (`--prefill-scale 0`), "
+        "so its TTFT ratio bounds what any prefix affinity could gain (loosely: no cache holds "
+        "a turn's new tokens either).",
         "",
     ]
-    for scenario in SCENARIOS:
+    for index, scenario in enumerate(SCENARIOS):
+        if args.scenario and index not in args.scenario:
+            continue
         section += [f"### {scenario.title}", ""]
-        for title, profiles in (
-            ("seed 000 pair: spark-cortex + thor-cortex", ("spark-cortex", "thor-cortex")),
-            ("homogeneous pair: spark-cortex + spark-cortex", ("spark-cortex", "spark-cortex")),
-        ):
+        for name, title, profiles in PAIRS:
+            if args.pair and name not in args.pair:
+                continue
             print(f"{scenario.title}; {title}", flush=True)
             section += table(title, measure_pair(profiles, scenario, args))
     print("\n".join(section))

@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
              "sends them (default 1; the engine's timing is unchanged)",
     )
     parser.add_argument(
+        "--prefill-scale", type=non_negative, default=1.0, metavar="FACTOR",
+        help="multiply the profile's prefill time by FACTOR (default 1; 0: prefill costs "
+             "nothing, a bound on what prefix caching can save)",
+    )
+    parser.add_argument(
         "--time-scale", type=float, default=1.0,
         help="run the same schedule this many times faster (default 1: real time)",
     )
@@ -90,9 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def non_negative(text: str) -> float:
+    """A float of 0 or more (argparse type)."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0")
+    return value
+
+
 def profile_from_args(args: argparse.Namespace) -> Profile:
     """The chosen profile with the command line's overrides applied."""
-    return PROFILES[args.profile].with_overrides(
+    return PROFILES[args.profile].with_prefill_scale(args.prefill_scale).with_overrides(
         served_name=args.served_name,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,

@@ -58,6 +58,11 @@ class Profile:
         given = {key: value for key, value in fields.items() if value is not None}
         return replace(self, **given)
 
+    def with_prefill_scale(self, scale: float) -> Profile:
+        """This profile with its prefill costs times ``scale`` (0: prefill is free)."""
+        return replace(self, prefill_base_s=self.prefill_base_s * scale,
+                       prefill_s_per_token=self.prefill_s_per_token * scale)
+
 
 # Seed 000: Spark serves cortex at 48.9 tok/s single stream (154 tok in 3.149 s) and two
 # streams at ~44 tok/s each (155 tok in ~3.5 s), so a 2-slot box makes ~88 tok/s aggregate.

@@ -268,6 +268,22 @@ def test_this_boxes_own_dispatches_are_not_counted_twice_as_probed_load():
     assert p.external_load(mine.origin) == 2
 
 
+@pytest.mark.parametrize("policy", [RatePolicy(), QueuePolicy(), PrefixPolicy()])
+def test_own_requests_that_ended_during_a_probe_are_not_taken_for_other_boxes_work(policy):
+    now = [100.0]
+    p = Placer(policy, {A: 48.9, B: 48.9}, clock=lambda: now[0])
+    mine = [p.place([Candidate(A, 2)]) for _request in range(2)]
+    probe_started = now[0]
+    now[0] += 0.05
+    for placement in mine:  # both end after the probe read A's load, before it is noted
+        placement.release()
+    p.note_load(A, 2, probe_started)
+    assert p.external_load(A) == 0
+    assert p.place(PAIR).origin == A  # free, and first in declaration order
+    p.note_load(A, 3, now[0] + 0.01)  # a later probe sees three, the one just placed ours
+    assert p.external_load(A) == 2
+
+
 def test_a_peer_that_stops_reporting_load_is_no_longer_counted_busy():
     p = placer(QueuePolicy())
     p.note_load(A, 2)

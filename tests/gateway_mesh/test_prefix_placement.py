@@ -3,6 +3,8 @@ exploration. Time is a fake clock: nothing here waits or reads the wall clock.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from lobes_gateway.mesh.peers import PooledRole
 from lobes_gateway.mesh.replicas import Fingerprint, ProbeResult, ReplicaSet, ReplicaSpec
@@ -96,6 +98,16 @@ def test_a_conversation_goes_back_to_the_replica_that_holds_its_prefix():
     # Without the prefix, the tie goes to declaration order.
     assert p.place(PAIR, request=shape({"messages": [{"role": "user", "content": "hi"}]})
                    ).origin == A
+
+
+def test_a_twin_learned_a_hair_faster_does_not_take_a_conversation_off_its_prefix():
+    # Identical replicas whose learned rates differ by noise (0.2%): both hold the system
+    # prompt, A also the conversation's first turn (~400 tokens), ~5% sooner there.
+    p = placer(priors={A: 48.9, B: 49.0})
+    turn_one = "The replica table and the probe results, for the next call. " * 27
+    p.place([Candidate(B, 2)], request=shape(chat("another session"))).release()
+    p.place([Candidate(A, 2)], request=shape(chat(turn_one))).release()
+    assert p.place(PAIR, request=shape(chat(turn_one, "turn two"))).origin == A
 
 
 def test_a_cached_prefix_shortens_the_forecast_by_its_prefill():
@@ -265,6 +277,36 @@ def test_a_queued_prefill_holds_up_every_busy_slot_of_the_replica():
     decoding = ReplicaView(A, 0, slots=2, in_flight=3, rate=48.9, work_s=(2.2, 2.2, 2.2),
                            prefill_left_s=(0.0, 0.0, 0.0))
     assert decoding.slot_wait_s() == pytest.approx(2.2)
+
+
+def test_a_replica_still_prefilling_is_not_free_with_a_slot_open():
+    # One of two slots runs a request with 0.8 s of prefill left: a request placed now
+    # starts its own prefill once that one is done (the engine's step prefills it first).
+    prefilling = ReplicaView(A, 0, slots=2, in_flight=1, rate=48.9, work_s=(2.2,),
+                             prefill_left_s=(0.8,))
+    assert prefilling.slot_wait_s() == pytest.approx(0.8)
+    decoding = replace(prefilling, prefill_left_s=(0.0,))
+    assert decoding.slot_wait_s() == 0.0
+
+
+def test_the_prefill_under_way_holds_up_the_slots_decoding_beside_it():
+    # Both slots busy: the second request's 0.8 s of prefill left stalls the first one's
+    # decode (1.0 s left), so the first slot frees at 1.8 s, not at 1.0 s.
+    busy = ReplicaView(A, 0, slots=2, in_flight=2, rate=48.9, work_s=(1.0, 2.2),
+                       prefill_left_s=(0.0, 0.8))
+    assert busy.slot_wait_s() == pytest.approx(1.8)
+
+
+def test_four_sessions_first_turns_split_two_and_two_over_a_pair_of_two_slots():
+    # Issue 13's added scenario: 4 agent sessions over one ~4k-token system prompt start at
+    # once on two identical 2-slot replicas. A holds the prompt after the first turn is
+    # sent, but it is still prefilling it: a second turn there would wait for that prefill
+    # and then some, where B prefills it at once. Priced as free, A took three of the four
+    # turns, the third waiting a whole turn for a slot while B had one open.
+    p = placer()
+    turns = [shape(chat(f"session {i}", max_tokens=64)) for i in range(4)]
+    placed = [p.place(PAIR, request=turn).origin for turn in turns]
+    assert sorted(placed) == [A, A, B, B]
 
 
 def test_a_placed_requests_prefill_left_counts_down_once_it_starts():

@@ -84,13 +84,18 @@ def test_a_pool_refuses_a_replica_whose_quantization_differs():
 
 
 def test_a_pool_places_by_the_slots_each_replica_publishes():
-    """Equal rates; spark publishes 4 slots, thor 1: a burst of 4 fits in spark's one wave."""
+    """Equal rates; spark publishes 4 slots, thor 1: a burst of 4 fits in spark's one wave.
+
+    The rate policy's waves, where published slots alone decide it: the prefix policy also
+    prices the prefill each request waits for on a replica still prefilling, and at equal
+    declared rates sends the second of the burst to the idle thor, a tie broken by the
+    first one's 7-token prefill (13 ms at the priors)."""
     with start_sim("spark-cortex", time_scale=5, extra_args=["--max-num-seqs", "4"]) as s_sim, \
             start_sim("thor-cortex", time_scale=5) as t_sim, \
             start_gateway(box_env(s_sim, PRIMARY_MAX_ACTIVE="4")) as spark, \
             start_gateway(box_env(t_sim, PRIMARY_MAX_ACTIVE="1")) as thor, \
             start_gateway({**pool_env([spark.url, thor.url]), "PRIMARY_PEER_RATES": "11,11",
-                           "PRIMARY_MAX_ACTIVE": "2"}) as pooler:
+                           "PRIMARY_MAX_ACTIVE": "2", "GATEWAY_POOL_POLICY": "rate"}) as pooler:
         replicas_when_judged(pooler)
         with ThreadPoolExecutor(4) as pool:
             served = list(pool.map(lambda _: proxied_by(pooler.url), range(4)))

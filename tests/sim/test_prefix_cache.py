@@ -86,6 +86,17 @@ def test_a_cached_4k_prompt_answers_its_first_token_sooner(sim_factory):
     assert warm.first_event_s * scale < 0.5
 
 
+def test_with_prefill_free_an_uncached_4k_prompt_answers_as_fast_as_a_cached_one(sim_factory):
+    # --prefill-scale 0: the bound on what any prefix caching (or affinity) could save.
+    scale = 10
+    sim = sim_factory("spark-cortex", time_scale=scale, extra_args=["--prefill-scale", "0"])
+    payload = {"messages": conversation("What runs where?"), "max_tokens": 2}
+    cold = stream(sim.url, CHAT, payload)
+    assert cold.first_event_s is not None
+    assert cold.first_event_s * scale < 0.5  # one 20 ms step, not 1.56 s of prefill
+    assert metrics(sim.url)["vllm:prefix_cache_hits_total"] == 0  # and uncached it was
+
+
 def test_the_next_turn_finds_the_answer_it_carries_cached(sim_factory):
     """vLLM caches the full blocks of the output too: a next turn that carries the answer as
     an assistant message reads its prompt and the answer from the cache."""

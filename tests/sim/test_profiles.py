@@ -50,7 +50,8 @@ def test_help_documents_every_option():
         cwd=GATEWAY_DIR, capture_output=True, text=True, check=True,
     )
     for option in ("--host", "--port", "--profile", "--served-name", "--max-model-len",
-                   "--max-num-seqs", "--time-scale", "--seed", "--embed-dim", "--quantization",
+                   "--max-num-seqs", "--time-scale", "--prefill-scale", "--seed", "--embed-dim",
+                   "--quantization",
                    "--admin-port", "--fault-refuse", "--fault-status", "--fault-hang",
                    "--fault-hang-s", "--fault-die-after-chunks", "--fault-slow",
                    "--fault-reject-strict-tools"):
@@ -66,3 +67,12 @@ def test_a_bad_time_scale_stops_start_up_with_a_message():
     )
     assert result.returncode == 2
     assert "--time-scale must be positive" in result.stderr
+
+
+def test_a_negative_prefill_scale_stops_start_up_with_a_message():
+    result = subprocess.run(
+        [sys.executable, "-m", "lobes_sim", "--prefill-scale", "-1"],
+        cwd=GATEWAY_DIR, capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 2
+    assert "--prefill-scale: '-1' is not a number >= 0" in result.stderr

@@ -483,7 +483,7 @@ class Dispatcher:
             return
         resume = self._resume(req, route, role, payload)
         if resume is not None:  # every replica is asked to count the stream's tokens
-            payload, req.body = resume.payload, resume.body
+            payload = resume.payload
         while (placement := placed or role.placer.place(role.candidates(tried, request),
                                                         request=request)
                or (role.failover(tried, request) if failures
@@ -492,13 +492,16 @@ class Dispatcher:
             tried.add(placement.origin)
             reason = b"X-Lobes-Route-Reason: " + placement.reason.value.encode()
             if placement.origin == role.local_origin:  # the local path: pressure, tiers
+                if resume is not None:  # it sends req.body where the payload is unchanged
+                    req.body = resume.body
                 yield from self.plan(req, route.fall_through, requested_tier, payload,
                                      [reason], placement, resume)
                 return
             spec = role.spec(placement.origin)
             headers = peer_headers(req, spec.api_key, [("X-Lobes-Proxied", role.role)])
+            # Encoded here once, a resumable stream's counting payload too.
             body = encode_for(req.body, payload,
-                              role.replicas.served_id if payload else None, False)
+                              role.replicas.served_id if payload else None, resume is not None)
             extra = [b"X-Lobes-Proxied-By: " + spec.origin.encode(), reason]
             failures.append((yield Attempt(self._peers.origin(spec.origin), spec.origin,
                                            headers, body, extra, REPLICA, placement,

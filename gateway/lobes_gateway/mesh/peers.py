@@ -97,7 +97,8 @@ class PooledRole:
         """Hand each peer's probed load to placement (a dark peer's is forgotten, and so is
         the prefix it held: it comes back with an empty cache)."""
         for state in self.replicas.states:
-            self.placer.note_load(state.origin, state.load if state.ready else None)
+            self.placer.note_load(state.origin, state.load if state.ready else None,
+                                  state.judged_at)
             if not state.ready:
                 self.placer.forget_prefixes(state.origin)
         self.placer.room_changed()

@@ -14,7 +14,8 @@ Policies (GATEWAY_POOL_POLICY):
           learned apart from its answers (Placer.learn). A replica whose rate was never
           measured gets one request once it is idle, when priced at the choice's rates it
           would finish it sooner (exploration); that sample replaces its prior. A queued request's
-          prefill holds up every busy slot of its replica in the wait.
+          prefill holds up every busy slot of its replica in the wait, and a prefill under way
+          holds up a request placed there even with a slot free.
   rate    earliest expected completion: the waves of work queued ahead of the
           request on a replica's slots, plus its own, each taking expected tokens / rate.
           prefix and rate: a slower replica must beat the fastest by SLOWER_REPLICA_MARGIN.
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -72,6 +74,9 @@ MIN_REMAINING_SHARE = 0.05
 MIN_DECODE_SHARE = 0.25
 # Placements the pool makes before it explores: the first requests are priced on priors.
 EXPLORE_AFTER = 8
+# Ends of this box's requests remembered per replica, to tell them from other boxes' work in
+# a probe's load: more than end on one replica during one probe pass.
+RELEASES_KEPT = 256
 
 
 class RouteReason(str, Enum):
@@ -120,25 +125,36 @@ class ReplicaView:
         return waves * expected_tokens / self.rate
 
     def slot_wait_s(self) -> float:
-        """Seconds until a slot is free for a request placed now: the work in flight run
-        through the slots in order, each taking the first slot to free.
+        """Seconds until a request placed now starts its prefill: the work in flight run
+        through the slots in order, each taking the first slot to free, and the engine done
+        with the prefills ahead of it.
 
-        A request's prefill also holds up every slot busy when it starts: an engine step
-        prefills its newcomers before the running sequences get their next token (vLLM,
-        chunked or not, spends the step's time on both). Without that, a queue of long
-        prompts on a busy replica looks ~40% shorter than it is (issue 13: the first turns
-        of 16 agent sessions over a 6k-token prompt on seed 000's pair)."""
-        if len(self.work_s) < self.slots:
-            return 0.0
-        free_at = [0.0] * self.slots
+        Prefill is compute-bound and holds up the whole engine: a step prefills what it
+        admitted before the running sequences get their next token (vLLM, chunked or not,
+        spends the step's time on both), and a newcomer's prefill waits for those ahead.
+        So a queued request's prefill delays every slot busy when it starts (without that, a
+        queue of long prompts looked ~40% shorter than it is: issue 13, 16 agent sessions
+        over a 6k-token prompt on seed 000's pair), and a replica still prefilling is not
+        free with a slot open (priced free, one busy with a session's 4k-token first prompt
+        took the next two sessions too, each waiting unforecast, and learned from that a
+        decode rate 20-30% below its identical twin's: issue 13's 4 sessions on the
+        homogeneous pair, split 12/20 with 4-5% less throughput than `rate`)."""
         stalls = self.prefill_left_s or (0.0,) * len(self.work_s)
-        for work, stall in zip(self.work_s, stalls, strict=True):
-            start = heapq.heappop(free_at)
+        running = min(self.slots, len(self.work_s))
+        # The prefills under way: until they are done nothing decodes and nothing starts.
+        engine = sum(stalls[:running])
+        free_at = [engine + work - stall
+                   for work, stall in zip(self.work_s[:running], stalls[:running], strict=True)]
+        free_at += [0.0] * (self.slots - running)
+        heapq.heapify(free_at)
+        for work, stall in zip(self.work_s[running:], stalls[running:], strict=True):
+            start = max(heapq.heappop(free_at), engine)
             if stall:
                 free_at = [at + stall if at > start else at for at in free_at]
                 heapq.heapify(free_at)
+                engine = start + stall
             heapq.heappush(free_at, start + work)
-        return free_at[0]
+        return max(free_at[0], engine)
 
     def prefill_s(self, prompt_tokens: int) -> float:
         """Seconds of prefill for the part of the prompt the replica likely lacks."""
@@ -247,20 +263,26 @@ class PrefixPolicy:
     def choose(
         self, views: Sequence[ReplicaView], request: RequestShape
     ) -> tuple[ReplicaView, RouteReason] | None:
-        return _earliest(views, lambda view: forecast(view, request).completion_s)
+        # Its rates are learned per replica from each answer, so identical replicas differ
+        # by noise (0.1-4% in issue 13's 4 sessions on the homogeneous pair): one is slower
+        # only by more than the margin, else a hair's rate took a conversation off the
+        # replica holding its prefix, 1-9% sooner there, and stacked sessions on the other.
+        return _earliest(views, lambda view: forecast(view, request).completion_s,
+                         slower_by=SLOWER_REPLICA_MARGIN)
 
 
 def _earliest(
-    views: Sequence[ReplicaView], completion: Callable[[ReplicaView], float]
+    views: Sequence[ReplicaView], completion: Callable[[ReplicaView], float],
+    slower_by: float = 0.0,
 ) -> tuple[ReplicaView, RouteReason] | None:
-    """The earliest completion, unless only a slower replica wins and not by the margin."""
+    """The earliest completion, unless only a slower replica (a rate below the fastest's by
+    more than `slower_by`) wins and not by the margin."""
     if not views:
         return None
     best = min(views, key=lambda v: (completion(v), -v.rate, v.order))
     fastest = min(views, key=lambda v: (-v.rate, completion(v), v.order))
-    if best.rate < fastest.rate and completion(best) > completion(fastest) * (
-        1 - SLOWER_REPLICA_MARGIN
-    ):
+    slower = best.rate < fastest.rate * (1 - slower_by)
+    if slower and completion(best) > completion(fastest) * (1 - SLOWER_REPLICA_MARGIN):
         best = fastest
     return best, _reason(views, RouteReason.EARLIEST_COMPLETION)
 
@@ -389,6 +411,9 @@ class Placer:
         self._active: dict[str, list[Placement]] = {origin: [] for origin in priors}
         # Work other boxes have on a replica, from its probed running + waiting.
         self._external: dict[str, int] = {origin: 0 for origin in priors}
+        # When this box's latest requests on each replica ended (a probe may have seen them).
+        self._released_at: dict[str, deque[float]] = {
+            origin: deque(maxlen=RELEASES_KEPT) for origin in priors}
         self._rates = {o: RateEstimate(prior, smoothing, policy.forecasts)
                        for o, prior in priors.items()}
         # Prompt tok/s of each replica's prefill, learned apart from its decode (forecasting
@@ -441,13 +466,22 @@ class Placer:
             return own
         return max(known) if known else 1.0
 
-    def note_load(self, origin: str, load: int | None) -> None:
-        """A probe saw `load` requests running + waiting on the replica.
+    def note_load(self, origin: str, load: int | None, probed_at: float | None = None) -> None:
+        """A probe that started at `probed_at` saw `load` requests running + waiting on the
+        replica.
 
         Those include this box's own in-flight requests there; the rest is other boxes'
-        work, counted until the next probe so a shared replica is not taken for idle.
+        work, counted until the next probe so a shared replica is not taken for idle. This
+        box's requests that ended since the probe started may be in `load` too: they are
+        not taken for other boxes' work. Taken so, two turns that ended while a probe pass
+        was on stayed on their replica as two phantom requests for a whole probe interval
+        (issue 13's 4 sessions: a session was moved off its prefix, and the one that waited
+        for the phantoms taught its replica a decode rate twice the real one).
         """
-        self._external[origin] = max(0, (load or 0) - self.in_flight(origin))
+        ended = 0
+        if probed_at is not None:
+            ended = sum(1 for at in self._released_at[origin] if at >= probed_at)
+        self._external[origin] = max(0, (load or 0) - self.in_flight(origin) - ended)
 
     def forget_prefixes(self, origin: str) -> None:
         """The replica went dark; when it is back its cache is empty."""
@@ -559,6 +593,7 @@ class Placer:
 
     def release(self, placement: Placement) -> None:
         self._active[placement.origin].remove(placement)
+        self._released_at[placement.origin].append(self._clock())
         self.room_changed()
 
     def learn(self, placement: Placement, tokens: int, elapsed_s: float,
