@@ -32,28 +32,34 @@ class HttpError(Exception):
         self.error = error
 
 
+class RequestShape(NamedTuple):
+    """What a request head's shape (heads.py) parses to: all of a Request but its own
+    headers (the shape's plus its per-message lines)."""
+
+    method: str
+    target: str
+    path: str
+    version: str
+    keep_alive: bool
+    headers: dict[str, str]
+    block: str
+
+
 class Request:
     """A parsed request head; the body is read separately, after the auth gate."""
 
     __slots__ = ("body", "header_block", "headers", "keep_alive", "method", "path", "priority",
                  "request_id", "target", "trace", "version", "watchdog")
 
-    def __init__(self, method: str, target: str, version: str, headers: dict[str, str],
-                 header_block: str) -> None:
-        self.method = method
-        self.target = target
-        self.path = target.split("?", 1)[0]
-        self.version = version
+    def __init__(self, shape: RequestShape, headers: dict[str, str]) -> None:
+        # The header block: the lines as they came (each ending CRLF), less Content-Length and
+        # X-Request-Id (parse_head), one per head shape, forwarded without rebuilding.
+        (self.method, self.target, self.path, self.version, self.keep_alive, _shared,
+         self.header_block) = shape
         self.headers = headers
-        # The header lines as they came (each ending CRLF), less Content-Length and
-        # X-Request-Id (parse_head): one block per head shape, forwarded without rebuilding.
-        self.header_block = header_block
         # The id every upstream hop is sent (the trace's choice), None until it is named.
         self.request_id: str | None = None
         self.body = b""
-        connection = headers.get("connection", "").lower()
-        self.keep_alive = (connection == "keep-alive" if version == "HTTP/1.0"
-                           else connection != "close")
         # The connection's deadline keeper, armed again for the body wait.
         self.watchdog: Watchdog | None = None
         # What metrics and the access log learn of it (set by the gateway once it is named).
@@ -62,17 +68,7 @@ class Request:
         self.priority = DEFAULT_PRIORITY_CLASS
 
 
-class _RequestShape(NamedTuple):
-    """What a request head's shape (heads.py) parses to."""
-
-    method: str
-    target: str
-    version: str
-    headers: dict[str, str]
-    block: str
-
-
-_REQUEST_SHAPES: ShapeMemo[_RequestShape] = ShapeMemo()
+_REQUEST_SHAPES: ShapeMemo[RequestShape] = ShapeMemo()
 
 
 def parse_head(head: bytes) -> Request:
@@ -91,7 +87,7 @@ def parse_head(head: bytes) -> Request:
         _add_values(headers, "x-request-id", ids)
     if "transfer-encoding" in headers:
         _check_chunked_framing(headers)
-    return Request(shape.method, shape.target, shape.version, headers, shape.block)
+    return Request(shape, headers)
 
 
 def _add_values(headers: dict[str, str], name: str, values: tuple[bytes, ...]) -> None:
@@ -100,7 +96,7 @@ def _add_values(headers: dict[str, str], name: str, values: tuple[bytes, ...]) -
     headers[name] = f"{headers[name]}, {value}" if name in headers else value
 
 
-def _parse_shape(head: bytes) -> _RequestShape:
+def _parse_shape(head: bytes) -> RequestShape:
     text = head.decode("latin-1")
     lines = text.count("\r\n")
     if text.count("\n") != lines or text.count("\r") != lines:
@@ -124,7 +120,10 @@ def _parse_shape(head: bytes) -> _RequestShape:
         key = name.lower()
         value = value.strip()
         headers[key] = f"{headers[key]}, {value}" if key in headers else value
-    return _RequestShape(method, target, version, headers, block)
+    connection = headers.get("connection", "").lower()
+    keep_alive = connection == "keep-alive" if version == "HTTP/1.0" else connection != "close"
+    return RequestShape(method, target, target.split("?", 1)[0], version, keep_alive, headers,
+                        block)
 
 
 def _check_chunked_framing(headers: dict[str, str]) -> None:
