@@ -60,19 +60,14 @@ def test_help_documents_every_option():
         assert name in result.stdout
 
 
-def test_a_bad_time_scale_stops_start_up_with_a_message():
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--time-scale", "0", "--time-scale must be positive"),
+    ("--prefill-scale", "-1", "--prefill-scale: '-1' is not a number >= 0"),
+])
+def test_a_bad_scale_stops_start_up_with_a_message(option, value, message):
     result = subprocess.run(
-        [sys.executable, "-m", "lobes_sim", "--time-scale", "0"],
+        [sys.executable, "-m", "lobes_sim", option, value],
         cwd=GATEWAY_DIR, capture_output=True, text=True, check=False,
     )
     assert result.returncode == 2
-    assert "--time-scale must be positive" in result.stderr
-
-
-def test_a_negative_prefill_scale_stops_start_up_with_a_message():
-    result = subprocess.run(
-        [sys.executable, "-m", "lobes_sim", "--prefill-scale", "-1"],
-        cwd=GATEWAY_DIR, capture_output=True, text=True, check=False,
-    )
-    assert result.returncode == 2
-    assert "--prefill-scale: '-1' is not a number >= 0" in result.stderr
+    assert message in result.stderr
