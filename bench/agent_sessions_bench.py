@@ -252,7 +252,7 @@ def main() -> None:
     parser.add_argument("--scenario", type=int, action="append", choices=range(len(SCENARIOS)),
                         help="run only this scenario (its index in SCENARIOS, from 0); "
                              "repeatable; all when absent")
-    parser.add_argument("--pair", choices=[name for name, _, _ in PAIRS], action="append",
+    parser.add_argument("--pair", choices=[pair[0] for pair in PAIRS], action="append",
                         help="run only this pair; repeatable; both when absent")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import math
 import resource
 import signal
 from collections.abc import Sequence
@@ -98,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 def non_negative(text: str) -> float:
     """A float of 0 or more (argparse type)."""
     value = float(text)
-    if not value >= 0:
+    if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0")
     return value
 
