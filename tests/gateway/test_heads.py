@@ -71,12 +71,19 @@ def test_chunked_framing_with_a_length_is_refused_also_once_its_shape_is_known()
 
 
 def test_the_memo_keeps_at_most_its_bound_dropping_the_oldest_and_no_long_shape():
-    memo: ShapeMemo[int] = ShapeMemo()
+    parses: list[bytes] = []
+
+    def parse(key: bytes) -> int:
+        parses.append(key)
+        return len(parses)
+
+    memo: ShapeMemo[int] = ShapeMemo(parse)
     for number in range(heads.MAX_SHAPES + 10):
-        memo.put(b"shape %d" % number, number)
-    assert memo.get(b"shape 0") is None and memo.get(b"shape 9") is None
-    assert memo.get(b"shape 10") == 10
-    assert memo.get(b"shape %d" % (heads.MAX_SHAPES + 9)) == heads.MAX_SHAPES + 9
+        memo.parsed(b"shape %d" % number)
+    assert memo.parsed(b"shape 10") == 11  # kept: not parsed again
+    assert memo.parsed(b"shape %d" % (heads.MAX_SHAPES + 9)) == heads.MAX_SHAPES + 10
+    assert len(parses) == heads.MAX_SHAPES + 10
+    assert memo.parsed(b"shape 0") == heads.MAX_SHAPES + 11  # dropped first: parsed again
+    assert memo.parsed(b"shape 9") == heads.MAX_SHAPES + 12
     long_shape = b"x" * (heads.MAX_SHAPE_BYTES + 1)
-    memo.put(long_shape, 1)
-    assert memo.get(long_shape) is None
+    assert memo.parsed(long_shape) == memo.parsed(long_shape) - 1  # never kept

@@ -20,6 +20,7 @@ the same target without the injected strict flag; any other 400 is the answer.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import socket
@@ -97,20 +98,19 @@ _NO_ROUTE_REASON = b"X-Lobes-Route-Reason: none"
 _CHAT_PATH = "/chat/completions"
 
 
+def _kept_lines(block: str, strip: re.Pattern[str] | None) -> str:
+    kept = _NOT_FORWARDED.sub("", block)
+    return kept if strip is None else strip.sub("", kept)
+
+
 def forward_headers(req: Request, strip: re.Pattern[str] | None = None) -> str:
     """The caller's end-to-end header lines, as forwarded to a local backend (its key left out;
     and what `strip` matches), then the request's id. The lines are filtered once per header
     block: a block is one per head shape (http.parse_head)."""
     memo = _END_TO_END.get(strip)
     if memo is None:
-        memo = _END_TO_END[strip] = ShapeMemo()
-    block = req.header_block
-    kept = memo.get(block)
-    if kept is None:
-        kept = _NOT_FORWARDED.sub("", block)
-        if strip is not None:
-            kept = strip.sub("", kept)
-        memo.put(block, kept)
+        memo = _END_TO_END[strip] = ShapeMemo(functools.partial(_kept_lines, strip=strip))
+    kept = memo.parsed(req.header_block)
     if req.request_id is None:
         return kept
     return f"{kept}X-Request-Id: {req.request_id}\r\n"

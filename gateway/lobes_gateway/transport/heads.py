@@ -10,7 +10,8 @@ per-request work).
 from __future__ import annotations
 
 import re
-from typing import Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 # A per-message line with the CRLF before it, so a head's first line never matches: its value as
 # group 1 (a length) or group 2 (an id). A line with an empty value, or space before its colon,
@@ -23,6 +24,7 @@ MAX_SHAPE_BYTES = 4096
 MAX_SHAPES = 256
 
 Shape = TypeVar("Shape")
+Key = bytes | str
 
 
 def split_head(head: bytes) -> tuple[bytes, tuple[bytes, ...], tuple[bytes, ...]]:
@@ -40,17 +42,24 @@ def split_head(head: bytes) -> tuple[bytes, tuple[bytes, ...], tuple[bytes, ...]
 
 
 class ShapeMemo(Generic[Shape]):
-    """Parsed shapes by their bytes (or text), the oldest dropped first beyond MAX_SHAPES."""
+    """Shapes parsed by `parse`, kept by their bytes (or text); the oldest dropped first beyond
+    MAX_SHAPES, and none longer than MAX_SHAPE_BYTES kept."""
 
-    __slots__ = ("_shapes",)
+    __slots__ = ("_parse", "_shapes")
 
-    def __init__(self) -> None:
-        self._shapes: dict[bytes | str, Shape] = {}
+    def __init__(self, parse: Callable[[Any], Shape]) -> None:
+        self._parse = parse
+        self._shapes: dict[Key, Shape] = {}
 
-    def get(self, key: bytes | str) -> Shape | None:
-        return self._shapes.get(key)
+    def parsed(self, key: Key) -> Shape:
+        """The shape of `key`: kept, or parsed now (its errors raised, nothing kept)."""
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._parse(key)
+            self._keep(key, shape)
+        return shape
 
-    def put(self, key: bytes | str, shape: Shape) -> None:
+    def _keep(self, key: Key, shape: Shape) -> None:
         if len(key) > MAX_SHAPE_BYTES:
             return
         if len(self._shapes) >= MAX_SHAPES:

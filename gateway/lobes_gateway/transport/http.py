@@ -68,18 +68,12 @@ class Request:
         self.priority = DEFAULT_PRIORITY_CLASS
 
 
-_REQUEST_SHAPES: ShapeMemo[RequestShape] = ShapeMemo()
-
-
 def parse_head(head: bytes) -> Request:
     """Parse a request line and header block (ending in a blank line). The block a request keeps
     has neither Content-Length nor X-Request-Id: each hop frames its own body, and the trace
     adds the id it keeps."""
     key, lengths, ids = split_head(head)
-    shape = _REQUEST_SHAPES.get(key)
-    if shape is None:
-        shape = _parse_shape(key)
-        _REQUEST_SHAPES.put(key, shape)
+    shape = _REQUEST_SHAPES.parsed(key)
     headers = dict(shape.headers)  # the request's own: the trace sets its id there
     if lengths:
         _add_values(headers, "content-length", lengths)
@@ -91,8 +85,11 @@ def parse_head(head: bytes) -> Request:
 
 
 def _add_values(headers: dict[str, str], name: str, values: tuple[bytes, ...]) -> None:
-    """Add a header's values as the parser joins repeated lines: comma-separated, in order."""
-    value = b", ".join(values).decode("latin-1")
+    _add_value(headers, name, b", ".join(values).decode("latin-1"))
+
+
+def _add_value(headers: dict[str, str], name: str, value: str) -> None:
+    """Add a header's value as repeated lines join: comma-separated, in order."""
     headers[name] = f"{headers[name]}, {value}" if name in headers else value
 
 
@@ -117,13 +114,14 @@ def _parse_shape(head: bytes) -> RequestShape:
         if not sep or not name or name[-1] in " \t" or name[0] in " \t":
             # A leading space is obs-fold (RFC 9112 5.2): a continuation a backend may join.
             raise HttpError(errors.bad_request(f"malformed header line {line[:40]!r}"))
-        key = name.lower()
-        value = value.strip()
-        headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        _add_value(headers, name.lower(), value.strip())
     connection = headers.get("connection", "").lower()
     keep_alive = connection == "keep-alive" if version == "HTTP/1.0" else connection != "close"
     return RequestShape(method, target, target.split("?", 1)[0], version, keep_alive, headers,
                         block)
+
+
+_REQUEST_SHAPES: ShapeMemo[RequestShape] = ShapeMemo(_parse_shape)
 
 
 def _check_chunked_framing(headers: dict[str, str]) -> None:

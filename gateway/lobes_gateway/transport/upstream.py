@@ -70,9 +70,6 @@ class _ResponseShape(NamedTuple):
     chunked: bool
 
 
-_RESPONSE_SHAPES: ShapeMemo[_ResponseShape] = ShapeMemo()
-
-
 class Response:
     """A response head read from upstream; the body is still on `conn`."""
 
@@ -82,10 +79,7 @@ class Response:
         self.conn = conn
         self.raw = raw
         key, lengths, _ids = split_head(raw)  # the id is the gateway's own, set per hop
-        shape = _RESPONSE_SHAPES.get(key)
-        if shape is None:
-            shape = _parse_shape(key)
-            _RESPONSE_SHAPES.put(key, shape)
+        shape = _RESPONSE_SHAPES.parsed(key)
         self.status, self.headers, self.relayed, self.keep_alive, self.chunked = shape
         self.length = _content_length(lengths) if lengths else None
 
@@ -118,6 +112,9 @@ def _parse_shape(raw: bytes) -> _ResponseShape:
     keep_alive = headers.get(b"connection") != b"close"
     chunked = b"chunked" in headers.get(b"transfer-encoding", b"")
     return _ResponseShape(int(raw[9:12]), headers, b"\r\n".join(relayed), keep_alive, chunked)
+
+
+_RESPONSE_SHAPES: ShapeMemo[_ResponseShape] = ShapeMemo(_parse_shape)
 
 
 class Connections:
