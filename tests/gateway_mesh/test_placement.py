@@ -284,6 +284,33 @@ def test_own_requests_that_ended_during_a_probe_are_not_taken_for_other_boxes_wo
     assert p.external_load(A) == 2
 
 
+def test_other_boxes_running_work_is_aged_from_its_probe_and_gone_when_forecast_done():
+    now = [100.0]
+    p = Placer(QueuePolicy(), {A: 25.6, B: 25.6}, clock=lambda: now[0])
+    p.note_load(A, 2, probed_at=99.0)  # two of another box's typical answers: 10 s each
+    # Seen half done a second ago: 4 s left, and A full until then.
+    assert p.external_ends_in_s(PAIR) == pytest.approx(4.0)
+    assert [v.in_flight for v in p.views(PAIR)] == [2, 0]
+    assert p.place(PAIR).origin == B
+    now[0] += 4.01
+    assert p.external_ends_in_s(PAIR) is None
+    assert p.place(PAIR).origin == A  # free again without a new probe
+
+
+def test_other_boxes_waiting_work_runs_through_the_slots_after_the_running():
+    now = [100.0]
+    p = Placer(RatePolicy(), {A: 25.6, B: 25.6}, clock=lambda: now[0])
+    p.note_load(A, 5)  # on 2 slots: 2 running (5 s left), then 2, then 1 (10 s each)
+    in_flight = []
+    for elapsed in (0.0, 5.5, 15.5, 25.5):
+        now[0] = 100.0 + elapsed
+        view = p.views([Candidate(A, 2)])[0]
+        in_flight.append((view.in_flight, p.external_ends_in_s([Candidate(A, 2)])))
+    assert in_flight == [(5, pytest.approx(5.0)), (3, pytest.approx(9.5)),
+                         (1, pytest.approx(9.5)), (0, None)]
+    assert p.views([Candidate(A, 2)])[0].work_s == ()
+
+
 def test_a_peer_that_stops_reporting_load_is_no_longer_counted_busy():
     p = placer(QueuePolicy())
     p.note_load(A, 2)

@@ -324,3 +324,27 @@ def test_a_replica_busy_with_another_boxes_work_is_not_taken_for_idle(pair):
         reply = chat(orin.url, CORTEX)
         assert all(h.result().status == 200 for h in held)
     assert (reply.status, reply.headers["x-lobes-proxied-by"]) == (200, thor.url)
+
+
+def test_a_request_held_for_another_boxes_work_starts_when_it_is_forecast_done(pair):
+    """Not at the next probe: the Orin held a burst back 1.4 s for the Spark's ended work."""
+    spark, thor = pair["spark"], pair["thor"]
+    # The rates the Orin starts with: the Spark's 20 tok/s prices another box's request at
+    # 12.8 s (6.4 s left when seen); the Thor is slow enough that a request waits for the Spark.
+    env = pool_env(spark.url, [spark.url, thor.url], PRIMARY_PEER_RATES="20,2",
+                   GATEWAY_POOL_POLICY="rate", GATEWAY_PROBE_INTERVAL_S="60")
+    before = len(posts(pair["spark_sim"]))
+    with ThreadPoolExecutor(2) as elsewhere:
+        # Another box's two requests straight to spark fill its two slots (about 5 s).
+        held = [elsewhere.submit(chat, spark.url, {**CORTEX, "max_tokens": 1200},
+                                 {"Authorization": f"Bearer {SPARK_KEY}"}) for _ in range(2)]
+        wait_until(lambda: len(posts(pair["spark_sim"])) == before + 2,
+                   message="both of another box's requests on spark")
+        with start_gateway(env) as orin:
+            wait_until(lambda: [r.get("load") for r in replicas(orin)] == [2, 0],
+                       message="the Orin's first probe to see the Spark's two requests")
+            reply = chat(orin.url, CORTEX)
+            probed = [r.get("load") for r in replicas(orin)]
+        assert all(h.result().status == 200 for h in held)
+    assert (reply.status, reply.headers["x-lobes-proxied-by"]) == (200, spark.url)
+    assert probed == [2, 0]  # no probe since: the forecast released it

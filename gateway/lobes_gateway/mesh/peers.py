@@ -9,7 +9,8 @@ gets a Placer (policy/placement.py) that places each request on its selectable r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
 from lobes_contract import AUDIO_TASKS
 
@@ -21,6 +22,10 @@ from ..transport import errors
 from ..transport.errors import ApiError
 from ..transport.upstream import Connections, Origin, UpstreamError, fetch
 from .replicas import Prober, ProbeTarget, ReplicaSet, ReplicaSpec, ReplicaState, with_local_replica
+
+# The loop's timers may fire up to its clock resolution early: the wake waits this much past
+# the forecast end so the forecast has freed the slot when the queue looks.
+EXTERNAL_WAKE_MARGIN_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,8 @@ class PooledRole:
     default_slots: int
     # The replica a peer-only pool's fall-through names (P_PEER_ORIGIN, else the first one).
     singular: str | None = None
+    # Wakes the pool's queue when other boxes' probed work is forecast to free a slot.
+    _external_wake: asyncio.TimerHandle | None = field(default=None, repr=False)
 
     def candidates(self, exclude: set[str],
                    request: RequestShape | None = None) -> list[Candidate]:
@@ -102,6 +109,23 @@ class PooledRole:
             if not state.ready:
                 self.placer.forget_prefixes(state.origin)
         self.placer.room_changed()
+        self._wake_when_external_work_ends()
+
+    def _wake_when_external_work_ends(self) -> None:
+        """Tell the queue when other boxes' work is forecast to free a slot, not only at the
+        next probe: requests held for it would otherwise wait a probe interval for nothing."""
+        if self._external_wake is not None:
+            self._external_wake.cancel()
+            self._external_wake = None
+        delay = self.placer.external_ends_in_s(self.candidates(set()))
+        if delay is not None:
+            self._external_wake = asyncio.get_running_loop().call_later(
+                delay + EXTERNAL_WAKE_MARGIN_S, self._external_work_ended)
+
+    def _external_work_ended(self) -> None:
+        self._external_wake = None
+        self.placer.room_changed()
+        self._wake_when_external_work_ends()
 
     def _row(self, state: ReplicaState) -> dict[str, object]:
         """A replica's /capabilities row: its verdict plus the rate placement now uses."""

@@ -77,6 +77,9 @@ EXPLORE_AFTER = 8
 # Ends of this box's requests remembered per replica, to tell them from other boxes' work in
 # a probe's load: more than end on one replica during one probe pass.
 RELEASES_KEPT = 256
+# Other boxes' running requests a probe saw are at an unknown point of their answers: this
+# share of a typical answer is taken as done (the mean of a point seen at random).
+EXTERNAL_DONE_WHEN_SEEN = 0.5
 
 
 class RouteReason(str, Enum):
@@ -409,8 +412,10 @@ class Placer:
         self._smoothing = smoothing
         self._clock = clock
         self._active: dict[str, list[Placement]] = {origin: [] for origin in priors}
-        # Work other boxes have on a replica, from its probed running + waiting.
+        # Work other boxes have on a replica, from its probed running + waiting, and when
+        # the probe that saw it started (the work is aged from then: _external_left_s).
         self._external: dict[str, int] = {origin: 0 for origin in priors}
+        self._external_seen_at: dict[str, float] = {origin: 0.0 for origin in priors}
         # When this box's latest requests on each replica ended (a probe may have seen them).
         self._released_at: dict[str, deque[float]] = {
             origin: deque(maxlen=RELEASES_KEPT) for origin in priors}
@@ -471,7 +476,8 @@ class Placer:
         replica.
 
         Those include this box's own in-flight requests there; the rest is other boxes'
-        work, counted until the next probe so a shared replica is not taken for idle. This
+        work, counted (and aged: _external_left_s) so a shared replica is not taken for idle
+        until the next probe says otherwise. This
         box's requests that ended since the probe started may be in `load` too: they are
         not taken for other boxes' work. Taken so, two turns that ended while a probe pass
         was on stayed on their replica as two phantom requests for a whole probe interval
@@ -482,6 +488,7 @@ class Placer:
         if probed_at is not None:
             ended = sum(1 for at in self._released_at[origin] if at >= probed_at)
         self._external[origin] = max(0, (load or 0) - self.in_flight(origin) - ended)
+        self._external_seen_at[origin] = self._clock() if probed_at is None else probed_at
 
     def forget_prefixes(self, origin: str) -> None:
         """The replica went dark; when it is back its cache is empty."""
@@ -490,17 +497,34 @@ class Placer:
     def external_load(self, origin: str) -> int:
         return self._external[origin]
 
-    def _work_s(self, origin: str, rate: float, now: float) -> tuple[float, ...]:
-        """Seconds left of each request on the replica: other boxes' (priced at the typical
-        answer), then this box's own in dispatch order."""
-        external = (self._typical_answer / rate,) * self._external[origin]
-        return external + tuple(p.remaining_s(now) for p in self._active[origin])
+    def _external_left_s(self, origin: str, slots: int, rate: float,
+                         now: float) -> tuple[float, ...]:
+        """Seconds left of each of other boxes' requests on the replica, aged since the probe
+        that saw them: priced at the typical answer, the running ones part done then
+        (EXTERNAL_DONE_WHEN_SEEN), the waiting ones through the slots after them; those
+        forecast done are gone. Unaged, work that had ended kept the replica full until the
+        next probe (up to GATEWAY_PROBE_INTERVAL_S): the mesh's Orin held a burst back for
+        the Spark's phantoms 1.4 s after another box's burst there ended."""
+        count = self._external[origin]
+        if not count:
+            return ()
+        each = self._typical_answer / rate
+        ran = now - self._external_seen_at[origin] + each * EXTERNAL_DONE_WHEN_SEEN
+        waves_done = int(ran // each)
+        left = count - waves_done * slots
+        if left <= 0:
+            return ()
+        running = min(slots, left)
+        return ((waves_done + 1) * each - ran,) * running + (each,) * (left - running)
 
-    def _prefill_left_s(self, origin: str, now: float) -> tuple[float, ...]:
-        """Seconds of prefill left of each request on the replica, as _work_s orders them
-        (other boxes' are priced as decode only: their prompts are unknown here)."""
-        external = (0.0,) * self._external[origin]
-        return external + tuple(p.prefill_left_s(now) for p in self._active[origin])
+    def external_ends_in_s(self, candidates: Sequence[Candidate]) -> float | None:
+        """Seconds until other boxes' work on a candidate is next forecast to free a slot;
+        None when none is counted."""
+        now = self._clock()
+        ends = [left[0] for c in candidates
+                if (left := self._external_left_s(c.origin, max(1, c.slots),
+                                                  self._effective_rate(c.origin), now))]
+        return min(ends, default=None)
 
     def views(self, candidates: Sequence[Candidate],
               request: RequestShape | None = None) -> list[ReplicaView]:
@@ -510,14 +534,19 @@ class Placer:
         views = []
         for c in candidates:
             rate = self._effective_rate(c.origin)
+            slots = max(1, c.slots)
+            own = self._active[c.origin]
+            # Other boxes' work first, then this box's own in dispatch order; other boxes'
+            # is priced as decode only (their prompts are unknown here).
+            external = self._external_left_s(c.origin, slots, rate, now)
             views.append(ReplicaView(
                 origin=c.origin,
                 order=order[c.origin],
-                slots=max(1, c.slots),
-                in_flight=self.in_flight(c.origin) + self._external[c.origin],
+                slots=slots,
+                in_flight=len(own) + len(external),
                 rate=rate,
-                work_s=self._work_s(c.origin, rate, now),
-                prefill_left_s=self._prefill_left_s(c.origin, now),
+                work_s=external + tuple(p.remaining_s(now) for p in own),
+                prefill_left_s=(0.0,) * len(external) + tuple(p.prefill_left_s(now) for p in own),
                 cached_tokens=round(self.chars_per_token.tokens(
                     self._affinity.cached_chars(c.origin, request))),
                 prefill_rate=self._prefill[c.origin].value or 0.0,
