@@ -189,12 +189,12 @@ def test_the_continuation_teaches_its_replicas_rate_and_the_broken_part_teaches_
         assert learned_rates(pool)[first.url] == 1000
 
 
-def hosted_box(local_sim, order: list[str | None]) -> tuple[str, object]:
+def hosted_box(local_sim, order: list[str | None], **extra: str) -> tuple[str, object]:
     """A box that serves cortex on `local_sim` and pools it with peers; None in `order` is
     this box's own slot."""
     port = free_port()
     me = f"http://127.0.0.1:{port}"
-    env = {**peer_env(local_sim), **pool_env([origin or me for origin in order]),
+    env = {**peer_env(local_sim), **pool_env([origin or me for origin in order], **extra),
            "PRIMARY_FEASIBLE": "true", "GATEWAY_SELF_ORIGIN": me}
     return me, start_gateway(env, port=port)
 
@@ -234,6 +234,25 @@ def test_a_hosted_pool_continues_a_peers_broken_stream_on_its_own_gear(pair, ref
     [continuation] = posts(pair["second_sim"])
     assert json.loads(continuation["body"])["continue_final_message"] is True
 
+
+
+def test_a_hosted_pools_failing_gear_falls_back_without_the_resume_counting(pair, faults):
+    """The fallback serves another model and no resume: it is sent the client's own request,
+    and the client reads no usage it did not ask for."""
+    asked = {key: value for key, value in ASK.items() if key != "stream_options"}
+    with start_sim("instant", served_name="fb-served") as fallback_sim:
+        _me, box = hosted_box(pair["first_sim"], [None, pair["second"].url],
+                              GATEWAY_PROBE_INTERVAL_S="60", FALLBACK_URL=fallback_sim.url,
+                              FALLBACK_SERVED_NAME="fb-served")
+        with box:
+            ready(box)
+            faults.set_faults({"error_status": 503})  # after the probe: still selectable
+            streamed = stream_chat(box.url, asked)
+        [sent] = posts(fallback_sim)
+    assert streamed.status == 200 and streamed.done and not streamed.errors
+    assert streamed.text
+    assert not [e for e in streamed.events if "usage" in e]
+    assert "stream_options" not in json.loads(sent["body"])
 
 TOOL_CALL = {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                              "function": {"name": "look_up", "arguments": ""}}]}

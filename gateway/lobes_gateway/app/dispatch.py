@@ -407,24 +407,25 @@ class Dispatcher:
         if tail:
             extra = [*extra, *tail]
         headers = forward_headers(req)
-        strict = inject_strict(payload) if route.strict_lane and payload is not None else None
         last = len(route.targets) - 1
         for index, target in enumerate(route.targets):
             model = target.served_name if route.rewrite_model else None
             rule = LOCAL if index < last else LAST
-            # A pool replica's own gear only: the fallback serves another model.
+            # A pool replica's own gear is sent the resumable stream's counting request; the
+            # fallback serves another model, resumes nothing, and is sent the client's own.
             own = resume if target.name == route.role else None
+            sent, raw = (payload, req.body) if own is None else (own.payload, own.body)
             scheduled = target.priority_scheduling
-            ranked = with_priority(payload, req.priority, scheduled)
-            if strict is not None:
+            ranked = with_priority(sent, req.priority, scheduled)
+            if route.strict_lane and sent is not None and (strict := inject_strict(sent)):
                 strict_ranked = with_priority(strict, req.priority, scheduled)
                 failure = yield Attempt(target.origin, target.name, headers,
-                                        encode_for(req.body, strict_ranked, model, True), extra,
+                                        encode_for(raw, strict_ranked, model, True), extra,
                                         rule, placement, strict=True, resume=own)
                 if not failure.compile_failure:
                     continue
             yield Attempt(target.origin, target.name, headers,
-                          encode_for(req.body, ranked, model, ranked is not payload), extra,
+                          encode_for(raw, ranked, model, ranked is not sent), extra,
                           rule, placement, resume=own)
         if last == 0:
             yield Answer(errors.backend_unavailable(f"the {route.role} backend",
@@ -482,8 +483,9 @@ class Dispatcher:
             yield Answer(too_long, (("X-Lobes-Route-Reason", "none"),))
             return
         resume = self._resume(req, route, role, payload)
-        if resume is not None:  # every replica is asked to count the stream's tokens
-            payload = resume.payload
+        # Every replica is asked to count a resumable stream's tokens; encoded here once.
+        counted = payload if resume is None else resume.payload
+        body: bytes | None = None
         while (placement := placed or role.placer.place(role.candidates(tried, request),
                                                         request=request)
                or (role.failover(tried, request) if failures
@@ -492,16 +494,14 @@ class Dispatcher:
             tried.add(placement.origin)
             reason = b"X-Lobes-Route-Reason: " + placement.reason.value.encode()
             if placement.origin == role.local_origin:  # the local path: pressure, tiers
-                if resume is not None:  # it sends req.body where the payload is unchanged
-                    req.body = resume.body
                 yield from self.plan(req, route.fall_through, requested_tier, payload,
                                      [reason], placement, resume)
                 return
             spec = role.spec(placement.origin)
             headers = peer_headers(req, spec.api_key, [("X-Lobes-Proxied", role.role)])
-            # Encoded here once, a resumable stream's counting payload too.
-            body = encode_for(req.body, payload,
-                              role.replicas.served_id if payload else None, resume is not None)
+            if body is None:
+                body = encode_for(req.body, counted,
+                                  role.replicas.served_id if counted else None, resume is not None)
             extra = [b"X-Lobes-Proxied-By: " + spec.origin.encode(), reason]
             failures.append((yield Attempt(self._peers.origin(spec.origin), spec.origin,
                                            headers, body, extra, REPLICA, placement,
