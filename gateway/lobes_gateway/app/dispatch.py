@@ -32,8 +32,10 @@ from dataclasses import dataclass
 from lobes_contract import DEFAULT_PRIORITY_CLASS, VLLM_PRIORITY
 
 from ..mesh.peers import PeerWatch, PooledRole
+from ..policy.admission import Ticket
 from ..policy.config import GatewayConfig
 from ..policy.placement import Placement
+from ..policy.prefix import RequestShape
 from ..policy.pressure import PressureMonitor
 from ..policy.routing import (
     LocalRoute,
@@ -281,17 +283,18 @@ class Dispatcher:
 
     async def run(self, req: Request, route: Route, requested_tier: str | None,
                   payload: dict | None, client: Channel,
-                  placed: Placement | None = None) -> bool | Outcome:
+                  admitted: Ticket | None = None) -> bool | Outcome:
         """Try the route's attempts in order; an Outcome to relay, or whether the connection
-        stays usable after an error answered here. `placed`: the pool replica admission
-        already placed the request on (its first attempt)."""
+        stays usable after an error answered here. `admitted`: a pooled request's ticket, with
+        the replica admission placed it on (its first attempt) and the shape it priced."""
         trace = req.trace
         if trace is not None:
             trace.role = route.role
         counted = route.role if isinstance(route, PeerRoute) else None
         if counted is not None:
             self.peer_in_flight[counted] += 1
-        plan = self.plan(req, route, requested_tier, payload, [], placed)
+        placed, shape = (None, None) if admitted is None else (admitted.placement, admitted.shape)
+        plan = self.plan(req, route, requested_tier, payload, [], placed, shape=shape)
         held: Placement | None = None  # released when the plan moves past it
         handed: Outcome | None = None  # an outcome takes over the placement and the count
         try:
@@ -369,16 +372,16 @@ class Dispatcher:
 
     def plan(self, req: Request, route: Route, requested_tier: str | None,
              payload: dict | None, tail: list[bytes], placement: Placement | None,
-             resume: StreamResume | None = None) -> Plan:
+             resume: StreamResume | None = None, shape: RequestShape | None = None) -> Plan:
         """The attempts of a route; `tail` headers join each answer, `placement` counts the
         local ones on the pool replica they serve as (whose stream `resume` may continue),
-        or is a pooled request's first placement, made by admission."""
+        or is a pooled request's first placement, made by admission (which priced `shape`)."""
         if isinstance(route, LocalRoute):
             return self._local(req, route, requested_tier, payload, tail, placement, resume)
         if isinstance(route, ProxyRoute):
             return self._proxy(req, route, payload, tail)
         if isinstance(route, PoolRoute):
-            return self._pool(req, route, requested_tier, payload, placement)
+            return self._pool(req, route, requested_tier, payload, placement, shape)
         if isinstance(route, OwnerRoute):
             return self._owners(req, route, payload)
         assert isinstance(route, Refusal)
@@ -414,18 +417,18 @@ class Dispatcher:
             # A pool replica's own gear is sent the resumable stream's counting request; the
             # fallback serves another model, resumes nothing, and is sent the client's own.
             own = resume if target.name == route.role else None
-            sent, raw = (payload, req.body) if own is None else (own.payload, own.body)
+            sent = payload if own is None else own.payload
             scheduled = target.priority_scheduling
             ranked = with_priority(sent, req.priority, scheduled)
             if route.strict_lane and sent is not None and (strict := inject_strict(sent)):
                 strict_ranked = with_priority(strict, req.priority, scheduled)
                 failure = yield Attempt(target.origin, target.name, headers,
-                                        encode_for(raw, strict_ranked, model, True), extra,
+                                        encode_for(req.body, strict_ranked, model, True), extra,
                                         rule, placement, strict=True, resume=own)
                 if not failure.compile_failure:
                     continue
             yield Attempt(target.origin, target.name, headers,
-                          encode_for(raw, ranked, model, ranked is not sent), extra,
+                          encode_for(req.body, ranked, model, ranked is not payload), extra,
                           rule, placement, resume=own)
         if last == 0:
             yield Answer(errors.backend_unavailable(f"the {route.role} backend",
@@ -465,9 +468,10 @@ class Dispatcher:
         yield Answer(error, (("X-Lobes-Proxied-By", route.origin),))
 
     def _pool(self, req: Request, route: PoolRoute, requested_tier: str | None,
-              payload: dict | None, placed: Placement | None = None) -> Plan:
-        """Place on a selectable replica (`placed`: where admission placed it), then the
-        next untried one after each failure."""
+              payload: dict | None, placed: Placement | None = None,
+              shape: RequestShape | None = None) -> Plan:
+        """Place on a selectable replica (`placed`: where admission placed it, pricing
+        `shape`), then the next untried one after each failure."""
         role = self._peers.pooled[route.role]
         # Placed here by a pooling box, or forwarded here by an entry box (seed 003): either
         # way answered here, never placed on another replica.
@@ -477,7 +481,7 @@ class Dispatcher:
             return
         tried: set[str] = set()
         failures: list[Failure] = []
-        request = role.placer.shape_of(payload)
+        request = shape or role.placer.shape_of(payload)
         too_long = role.too_long(request)
         if too_long is not None:
             yield Answer(too_long, (("X-Lobes-Route-Reason", "none"),))

@@ -337,9 +337,8 @@ class Gateway:
                 return False
             ticket = None if admitted is True else admitted
         try:
-            placed = ticket.placement if ticket is not None else None
             outcome = await self.dispatcher.run(req, route, requested_tier, payload, client,
-                                                placed)
+                                                ticket)
             # A stream may be held for minutes: it keeps neither the parsed nor the raw body.
             del payload
             if not isinstance(outcome, Outcome):

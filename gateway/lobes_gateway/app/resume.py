@@ -187,11 +187,6 @@ class StreamResume:
         self.prompt_tokens: int | None = None
         self._part_started = 0.0  # when the current continuation was sent
 
-    @property
-    def body(self) -> bytes:
-        """The request body every part's replica is sent (the model name left as asked)."""
-        return _encoded(self.payload)
-
     async def relay(self, connections: Connections, response: Response, extra: list[bytes],
                     placement: Placement, client: Channel, keep_alive: bool) -> tuple[bool, int]:
         """Relay the stream, continued where it breaks off: (whether the client connection
