@@ -236,7 +236,26 @@ def test_a_hosted_pool_continues_a_peers_broken_stream_on_its_own_gear(pair, ref
 
 
 
-def test_a_hosted_pools_failing_gear_falls_back_without_the_resume_counting(pair, faults):
+@pytest.mark.parametrize("fault", [{"error_status": 503}, {"refuse": True}],
+                         ids=["5xx", "refused"])
+def test_a_hosted_pools_failing_gear_fails_over_to_the_peer_replica(
+        pair, reference, faults, fault):
+    """Its own gear is a replica like the others: a 5xx or a refused connection moves the
+    request on to the peer (it used to go to the fallback, or answer 503 with none wired)."""
+    _me, box = hosted_box(pair["first_sim"], [None, pair["second"].url],
+                          GATEWAY_PROBE_INTERVAL_S="60")
+    with box:
+        ready(box)
+        faults.set_faults(fault)  # after the probe: still selectable
+        streamed = stream_chat(box.url, ASK)
+    assert streamed.status == 200 and streamed.done and not streamed.errors
+    assert streamed.headers["x-lobes-proxied-by"] == pair["second"].url
+    assert streamed.text == reference.text and streamed.usage == reference.usage
+    assert "lobes_resumed" not in streamed.finish  # moved on before its first byte
+
+
+def test_a_hosted_pool_whose_replicas_all_fail_falls_back_without_the_resume_counting(
+        pair, faults):
     """The fallback serves another model and no resume: it is sent the client's own request,
     and the client reads no usage it did not ask for."""
     asked = {key: value for key, value in ASK.items() if key != "stream_options"}
@@ -247,12 +266,18 @@ def test_a_hosted_pools_failing_gear_falls_back_without_the_resume_counting(pair
         with box:
             ready(box)
             faults.set_faults({"error_status": 503})  # after the probe: still selectable
-            streamed = stream_chat(box.url, asked)
+            pair["second_sim"].set_faults({"error_status": 503})
+            try:
+                streamed = stream_chat(box.url, asked)
+            finally:
+                pair["second_sim"].set_faults({})
         [sent] = posts(fallback_sim)
     assert streamed.status == 200 and streamed.done and not streamed.errors
-    assert streamed.text
+    assert streamed.headers["x-lobes-route-reason"] == "failover"
+    assert {e["model"] for e in streamed.events} == {"fb-served"}
     assert not [e for e in streamed.events if "usage" in e]
     assert "stream_options" not in json.loads(sent["body"])
+
 
 TOOL_CALL = {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                              "function": {"name": "look_up", "arguments": ""}}]}

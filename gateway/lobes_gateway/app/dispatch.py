@@ -97,6 +97,10 @@ _PRIORITY_LINE = header_names("x-lobes-priority")
 _DEFAULT_REASON = b"X-Lobes-Tier-Reason: default"
 _MANUAL_OVERRIDE = b"X-Lobes-Tier-Reason: manual_override"
 _NO_ROUTE_REASON = b"X-Lobes-Route-Reason: none"
+_FAILOVER_REASON = b"X-Lobes-Route-Reason: failover"
+# Which of a local route's targets a plan tries: all (the gear, then the fallback), a pool's own
+# replica (the gear alone), or the fallback alone (a hosted pool whose replicas all failed).
+_ALL_TARGETS, _OWN_GEAR, _FALLBACK = slice(None), slice(0, 1), slice(1, None)
 _CHAT_PATH = "/chat/completions"
 
 
@@ -231,8 +235,9 @@ class Failure:
         return SERVER_ERROR if self.status >= 500 else DECLINED
 
 
-# What a plan yields, and what it is sent back after each failed attempt.
-Plan = Generator["Attempt | Answer", Failure, None]
+# What a plan yields, and what it is sent back after each failed attempt. A pool's own
+# replica's plan returns its failure instead of answering (Dispatcher._local).
+Plan = Generator["Attempt | Answer", Failure, "Failure | None"]
 
 
 def moves_on(rule: int, status: int) -> bool:
@@ -389,8 +394,12 @@ class Dispatcher:
 
     def _local(self, req: Request, route: LocalRoute, requested_tier: str | None,
                payload: dict | None, tail: list[bytes], placement: Placement | None,
-               resume: StreamResume | None = None) -> Plan:
-        """This box's gear, then the fallback; pressure sheds the full tiers first."""
+               resume: StreamResume | None = None, targets: slice = _ALL_TARGETS) -> Plan:
+        """This box's gear, then the fallback; pressure sheds the full tiers first.
+
+        A hosted pool tries its own replica as `_OWN_GEAR` (judged as any replica) and, once
+        every replica failed, the fallback as `_FALLBACK`: either returns its failure to the
+        pool, which goes on to its next replica or answers for them all."""
         override = False
         if route.tier is not None:
             override = req.headers.get("x-lobes-override", "").lower() == "true"
@@ -410,10 +419,12 @@ class Dispatcher:
         if tail:
             extra = [*extra, *tail]
         headers = forward_headers(req)
-        last = len(route.targets) - 1
-        for index, target in enumerate(route.targets):
+        tried = route.targets[targets]
+        last = len(tried) - 1
+        failure = None
+        for index, target in enumerate(tried):
             model = target.served_name if route.rewrite_model else None
-            rule = LOCAL if index < last else LAST
+            rule = REPLICA if targets is _OWN_GEAR else LOCAL if index < last else LAST
             # A pool replica's own gear is sent the resumable stream's counting request; the
             # fallback serves another model, resumes nothing, and is sent the client's own.
             own = resume if target.name == route.role else None
@@ -427,9 +438,11 @@ class Dispatcher:
                                         rule, placement, strict=True, resume=own)
                 if not failure.compile_failure:
                     continue
-            yield Attempt(target.origin, target.name, headers,
-                          encode_for(req.body, ranked, model, ranked is not payload), extra,
-                          rule, placement, resume=own)
+            failure = yield Attempt(target.origin, target.name, headers,
+                                    encode_for(req.body, ranked, model, ranked is not payload),
+                                    extra, rule, placement, resume=own)
+        if targets is not _ALL_TARGETS:
+            return failure
         if last == 0:
             yield Answer(errors.backend_unavailable(f"the {route.role} backend",
                                                     self._retry_after))
@@ -498,9 +511,13 @@ class Dispatcher:
             tried.add(placement.origin)
             reason = b"X-Lobes-Route-Reason: " + placement.reason.value.encode()
             if placement.origin == role.local_origin:  # the local path: pressure, tiers
-                yield from self.plan(req, route.fall_through, requested_tier, payload,
-                                     [reason], placement, resume)
-                return
+                assert isinstance(route.fall_through, LocalRoute)
+                failure = yield from self._local(req, route.fall_through, requested_tier,
+                                                 payload, [reason], placement, resume, _OWN_GEAR)
+                if failure is None:  # answered here (pressure shed it)
+                    return
+                failures.append(failure)
+                continue
             spec = role.spec(placement.origin)
             headers = peer_headers(req, spec.api_key, [("X-Lobes-Proxied", role.role)])
             if body is None:
@@ -514,6 +531,15 @@ class Dispatcher:
             yield from self.plan(req, route.fall_through, requested_tier, payload,
                                  [_NO_ROUTE_REASON], None)
             return
+        local = route.fall_through
+        if role.hosted and isinstance(local, LocalRoute) and len(local.targets) > 1:
+            # Every replica failed, this box's gear among them or judged down: the fallback
+            # (another model) is the last resort, as for a gear of its own.
+            failure = yield from self._local(req, local, requested_tier, payload,
+                                             [_FAILOVER_REASON], None, None, _FALLBACK)
+            if failure is None:
+                return
+            failures.append(failure)
         error = exhausted(f"every replica of the {route.role} pool", failures,
                           self._retry_after)
         yield Answer(error, (("X-Lobes-Route-Reason", "none"),))
