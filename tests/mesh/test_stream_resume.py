@@ -235,7 +235,6 @@ def test_a_hosted_pool_continues_a_peers_broken_stream_on_its_own_gear(pair, ref
     assert json.loads(continuation["body"])["continue_final_message"] is True
 
 
-
 @pytest.mark.parametrize("fault", [{"error_status": 503}, {"refuse": True}],
                          ids=["5xx", "refused"])
 def test_a_hosted_pools_failing_gear_fails_over_to_the_peer_replica(
