@@ -103,6 +103,9 @@ class Scenario:
     think_s: float  # seed seconds between an answer and the next turn
     policies: tuple[str, ...]
     sessions: int | None = None  # None: --sessions (issue 13's 16)
+    # Characters of the session's own context after the shared system prompt (a coding agent's
+    # files): 0 for none. Only the replica that served the session holds it.
+    own_context_chars: int = 0
 
 
 SCENARIOS = (
@@ -114,6 +117,11 @@ SCENARIOS = (
     # and its time to first token is its prefill, which is what affinity saves.
     Scenario("added scenario, not the issue's: 4 sessions (the pair not saturated), "
              "issue 13's turns", 920, 2.0, ("rate", "prefix"), sessions=4),
+    # Not issue 13's example: where prefill is most of a turn's work. Each session carries
+    # its own ~23k-token context (a coding agent's files) after the shared prompt, so a turn
+    # placed away from its session's replica prefills all of it again.
+    Scenario("added scenario, not the issue's: each session's own ~23k-token context, "
+             "issue 13's turns", 920, 2.0, ("rate", "prefix"), own_context_chars=96_000),
 )
 
 
@@ -128,7 +136,10 @@ PAIRS = (
 def session(port: int, index: int, turns: int, scenario: Scenario, scale: float) -> list[Turn]:
     """One agent session: its turns in order, each over the whole history so far, with the
     scenario's tool time between an answer and the next turn."""
-    messages = [{"role": "system", "content": SYSTEM}]
+    context = f"Session {index}'s working files, as the agent last read them. "
+    own = (context * (scenario.own_context_chars // len(context) + 1))[
+        :scenario.own_context_chars]
+    messages = [{"role": "system", "content": SYSTEM + own}]
     results = []
     for number in range(turns):
         line = (f"Session {index}, step {number}: the replica table, the probe results and "
