@@ -4,15 +4,17 @@ backend and pools it with a faster peer, the Spark, placing each request on one 
 
 from __future__ import annotations
 
+import json
 import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.gateway.test_pressure_strict import wait_mode, write_proc
 from tests.support.client import Reply, chat
 from tests.support.gateway_proc import start_gateway
-from tests.support.ports import free_port
+from tests.support.ports import dead_origin, free_port
 from tests.support.sim_proc import start_sim
 from tests.support.wait import wait_until
 
@@ -54,13 +56,15 @@ def thor_sim():
         yield sim
 
 
-def thor_box(thor_sim, spark, rates):
+def thor_box(thor_sim, spark, rates, peer=None, **extra):
+    """The Thor's box, pooling its own backend with `peer` (the Spark's gateway unless
+    given an origin)."""
     port = free_port()
     me = f"http://127.0.0.1:{port}"
     env = {"PRIMARY_BASE_URL": thor_sim.url, "PRIMARY_SERVED_NAME": SERVED,
            "PRIMARY_MAX_MODEL_LEN": "262144", "PRIMARY_MAX_ACTIVE": "2",
-           "GATEWAY_SELF_ORIGIN": me, "PRIMARY_PEER_ORIGINS": f"{me},{spark.url}",
-           "PRIMARY_PEER_RATES": rates, "GATEWAY_PROBE_INTERVAL_S": "0.1"}
+           "GATEWAY_SELF_ORIGIN": me, "PRIMARY_PEER_ORIGINS": f"{me},{peer or spark.url}",
+           "PRIMARY_PEER_RATES": rates, "GATEWAY_PROBE_INTERVAL_S": "0.1", **extra}
     return me, start_gateway(env, port=port)
 
 
@@ -158,3 +162,31 @@ def thor_sim_running(sim):
         text = response.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("vllm:num_requests_running"))
+
+
+def test_a_box_shedding_the_tier_leaves_its_pooled_requests_to_the_peer(
+        thor_sim, spark, tmp_path):
+    """Pressure on this box sheds its own replica only: the peer serves the request."""
+    write_proc(tmp_path, 95)  # swap past every threshold: the box sheds main
+    me, box = thor_box(thor_sim, spark, "11,11", GATEWAY_POOL_POLICY="pinned",
+                       LOBES_PROC_ROOT=str(tmp_path), LOBES_PRESSURE_SAMPLE_S="0.02")
+    with box:
+        all_selectable(box)
+        wait_mode(box, "busy")
+        shed_away = chat(box.url, CORTEX, timeout=60)
+        overridden = chat(box.url, CORTEX, {"X-Lobes-Override": "true"}, timeout=60)
+    assert (shed_away.status, shed_away.headers["x-lobes-proxied-by"]) == (200, spark.url)
+    assert (overridden.status, overridden.headers["x-lobes-served-by"]) == (200, me)
+
+
+def test_a_box_shedding_the_tier_with_no_peer_to_take_it_answers_busy(thor_sim, spark, tmp_path):
+    write_proc(tmp_path, 95)
+    _me, box = thor_box(thor_sim, spark, "11,11", peer=dead_origin(),
+                        GATEWAY_POOL_POLICY="pinned", LOBES_PROC_ROOT=str(tmp_path),
+                        LOBES_PRESSURE_SAMPLE_S="0.02")
+    with box:
+        wait_until(lambda: replicas(box)[0]["ready"], message="the local replica ready")
+        wait_mode(box, "busy")
+        reply = chat(box.url, CORTEX, timeout=60)
+    assert (reply.status, reply.headers["x-lobes-tier"]) == (429, "main")
+    assert json.loads(reply.body)["error"]["code"] == "busy"

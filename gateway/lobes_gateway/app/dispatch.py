@@ -240,6 +240,11 @@ class Failure:
 Plan = Generator["Attempt | Answer", Failure, "Failure | None"]
 
 
+def _overridden(req: Request) -> bool:
+    """The caller asked to pass the pressure verdict (X-Lobes-Override: true)."""
+    return req.headers.get("x-lobes-override", "").lower() == "true"
+
+
 def moves_on(rule: int, status: int) -> bool:
     """Whether a response head with `status` sends the request on, under `rule` (the body
     unread: a proxied peer's 404 and a strict-lane 400 are judged by theirs)."""
@@ -402,7 +407,7 @@ class Dispatcher:
         pool, which goes on to its next replica or answers for them all."""
         override = False
         if route.tier is not None:
-            override = req.headers.get("x-lobes-override", "").lower() == "true"
+            override = _overridden(req)
             if not override and self._pressure.sheds(requested_tier, route.tier):
                 memory = self._pressure.reason == "memory"
                 self._metrics.shed[SHED_MEMORY if memory else SHED_PRESSURE] += 1
@@ -448,6 +453,11 @@ class Dispatcher:
                                                     self._retry_after))
         else:
             yield Answer(errors.upstream_unavailable(route.role))
+
+    def _sheds(self, req: Request, route: LocalRoute, requested_tier: str | None) -> bool:
+        """Whether pressure sheds the request on this box's gear (no X-Lobes-Override)."""
+        return (route.tier is not None and not _overridden(req)
+                and self._pressure.sheds(requested_tier, route.tier))
 
     def _local_headers(self, tier: str | None, override: bool) -> list[bytes]:
         """The headers of a local answer: its tier and why, and X-Lobes-Served-By (built once
@@ -499,6 +509,16 @@ class Dispatcher:
         if too_long is not None:
             yield Answer(too_long, (("X-Lobes-Route-Reason", "none"),))
             return
+        # A box shedding the request's tier (pressure) offers the pool none of its own replica:
+        # the peers take the request, and only with none to try does the local path answer
+        # the shed.
+        local = route.fall_through if role.hosted else None
+        shedding = isinstance(local, LocalRoute) and self._sheds(req, local, requested_tier)
+        if shedding:
+            tried.add(role.local_origin)
+            if placed is not None and placed.origin == role.local_origin:
+                placed.release()
+                placed = None
         resume = self._resume(req, route, role, payload)
         # Every replica is asked to count a resumable stream's tokens; encoded here once.
         counted = payload if resume is None else resume.payload
@@ -527,12 +547,12 @@ class Dispatcher:
             failures.append((yield Attempt(self._peers.origin(spec.origin), spec.origin,
                                            headers, body, extra, REPLICA, placement,
                                            resume=resume)))
-        if not tried:  # nothing selectable: the singular forward or the local path
+        if not failures and (shedding or not tried):  # no replica tried: the local path
+            # (its shed) or, nothing selectable, the singular forward
             yield from self.plan(req, route.fall_through, requested_tier, payload,
                                  [_NO_ROUTE_REASON], None)
             return
-        local = route.fall_through
-        if role.hosted and isinstance(local, LocalRoute) and len(local.targets) > 1:
+        if isinstance(local, LocalRoute) and len(local.targets) > 1:
             # Every replica failed, this box's gear among them or judged down: the fallback
             # (another model) is the last resort, as for a gear of its own.
             failure = yield from self._local(req, local, requested_tier, payload,
