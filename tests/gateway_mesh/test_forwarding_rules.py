@@ -6,6 +6,7 @@ import pytest
 from lobes_gateway.app.dispatch import (
     LAST,
     LOCAL,
+    OWNER,
     PEER,
     REPLICA,
     TO_PROXY_PEER,
@@ -22,10 +23,13 @@ from lobes_gateway.policy.prefix import request_shape
 from lobes_gateway.transport.http import Request, parse_head
 from lobes_gateway.transport.trace import Trace
 
-# (rule, status, moves on): seed 003 for replicas and owners, seed 004 for the one peer.
+# (rule, status, moves on): seed 003 for owners, and for replicas but a 429 (a busy replica's
+# request never started: another one may take it), seed 004 for the one peer.
 MOVING_ON = [
-    *((REPLICA, status, True) for status in (500, 502, 503, 508, 401, 403, 404)),
-    *((REPLICA, status, False) for status in (200, 400, 413, 422, 429)),
+    *((OWNER, status, True) for status in (500, 502, 503, 508, 401, 403, 404)),
+    *((OWNER, status, False) for status in (200, 400, 413, 422, 429)),
+    *((REPLICA, status, True) for status in (500, 502, 503, 508, 401, 403, 404, 429)),
+    *((REPLICA, status, False) for status in (200, 400, 413, 422)),
     *((LOCAL, status, True) for status in (500, 502, 503)),
     *((LOCAL, status, False) for status in (200, 400, 401, 404, 429)),
     *((LAST, status, False) for status in (200, 404, 500, 503)),
@@ -36,7 +40,7 @@ MOVING_ON = [
 
 
 @pytest.mark.parametrize(("rule", "status", "moves"), MOVING_ON,
-                         ids=[f"{('local', 'last', 'peer', 'replica')[r]}-{s}"
+                         ids=[f"{('local', 'last', 'peer', 'replica', 'owner')[r]}-{s}"
                               for r, s, _moves in MOVING_ON])
 def test_which_statuses_move_on_under_each_rule(rule, status, moves):
     assert moves_on(rule, status) is moves
@@ -114,6 +118,17 @@ def test_any_unreachable_or_5xx_makes_it_a_retryable_503():
     assert (error.status, error.code) == (503, "backend_unavailable")
     assert ("Retry-After", "5") in error.headers
     assert "http://a:1 (unreachable)" in error.message
+
+
+def test_every_replica_busy_is_a_429_and_one_busy_among_others_a_503():
+    busy = [Failure("http://a:1", 429), Failure("http://b:1", 429)]
+    error = exhausted("every replica of the cortex pool", busy, 5)
+    assert (error.status, error.code, error.message.count("(429)")) == (429, "busy", 2)
+    assert ("Retry-After", "5") in error.headers
+    mixed = exhausted("every replica of the cortex pool", [*busy[:1], Failure("http://b:1", 503)],
+                      5)
+    assert (mixed.status, mixed.code) == (503, "backend_unavailable")
+    assert Failure("http://a:1", 429).outcome == "busy"
 
 
 def test_a_box_declared_twice_is_asked_once_in_routing_order():

@@ -13,8 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.gateway.test_pressure_strict import wait_mode, write_proc
 from tests.support.client import chat
 from tests.support.gateway_proc import start_gateway
+from tests.support.metrics import Scrape
 from tests.support.ports import dead_origin
 from tests.support.sim_proc import start_sim
 from tests.support.sse import stream_chat
@@ -348,3 +350,40 @@ def test_a_request_held_for_another_boxes_work_starts_when_it_is_forecast_done(p
         assert all(h.result().status == 200 for h in held)
     assert (reply.status, reply.headers["x-lobes-proxied-by"]) == (200, spark.url)
     assert probed == [2, 0]  # no probe since: the forecast released it
+
+
+def pressured_peer(sim, root, swap_used_percent):
+    """A peer gateway in front of `sim` whose box reads its pressure from `root`."""
+    write_proc(root, swap_used_percent)
+    return start_gateway({**peer_env(sim), "LOBES_PROC_ROOT": str(root),
+                          "LOBES_PRESSURE_SAMPLE_S": "0.02"})
+
+
+def test_a_replica_whose_box_sheds_the_tier_moves_the_request_on(pair, tmp_path):
+    (tmp_path / "busy").mkdir()
+    with pressured_peer(pair["spark_sim"], tmp_path / "busy", 95) as busy, \
+            start_gateway(pool_env(busy.url, [busy.url, pair["thor"].url],
+                                   GATEWAY_POOL_POLICY="pinned")) as orin:
+        all_selectable(orin)
+        wait_mode(busy, "busy")
+        reply = chat(orin.url, CORTEX)
+        attempts = Scrape.of(orin.url)
+    assert (reply.status, reply.headers["x-lobes-proxied-by"]) == (200, pair["thor"].url)
+    assert attempts.value("lobes_gateway_upstream_failovers_total", target=busy.url,
+                          outcome="busy") == 1
+
+
+def test_every_replica_busy_is_a_429_naming_them(pair, tmp_path):
+    roots = [tmp_path / "spark", tmp_path / "thor"]
+    for root in roots:
+        root.mkdir()
+    with pressured_peer(pair["spark_sim"], roots[0], 95) as first, \
+            pressured_peer(pair["thor_sim"], roots[1], 95) as second, \
+            start_gateway(pool_env(first.url, [first.url, second.url])) as orin:
+        all_selectable(orin)
+        wait_mode(first, "busy")
+        wait_mode(second, "busy")
+        reply = chat(orin.url, CORTEX)
+    error = json.loads(reply.body)["error"]
+    assert (reply.status, error["code"], reply.headers["retry-after"]) == (429, "busy", "5")
+    assert f"{first.url} (429)" in error["message"] and f"{second.url} (429)" in error["message"]

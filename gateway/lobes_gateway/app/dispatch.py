@@ -13,7 +13,10 @@ Rules for moving on to the next attempt:
   LAST     a transport error only: the last local target's 5xx is the answer
   PEER     the one proxied peer: a transport error or a 5xx other than 508 means the peer is
            down; its 404 role_infeasible is a decline, terminal (seed 004)
-  REPLICA  pool replicas and owners (seed 003): a transport error, a 5xx or a 401/403/404
+  OWNER    owners (seed 003): a transport error, a 5xx or a 401/403/404; any other status is
+           the owner's own answer
+  REPLICA  pool replicas: as OWNER, and a 429 (the replica's box sheds the tier, or the key is
+           at its limit there): the request never started, another replica may take it
 A strict-lane attempt whose 400 says the tool schema could not be compiled is retried once on
 the same target without the injected strict flag; any other 400 is the answer.
 """
@@ -61,6 +64,7 @@ from ..transport.upstream import (
 )
 from .metrics import (
     ANSWERED,
+    BUSY,
     DECLINED,
     SCHEMA_REJECTED,
     SERVER_ERROR,
@@ -72,8 +76,9 @@ from .metrics import (
 from .relay import Outcome, read_whole
 from .resume import ContinuationTarget, StreamResume, resumable_request
 
-LOCAL, LAST, PEER, REPLICA = range(4)
+LOCAL, LAST, PEER, REPLICA, OWNER = range(5)
 _DECLINES = frozenset({401, 403, 404})
+_REPLICA_MOVES_ON = _DECLINES | {429}
 # Markers of vLLM's 400 when strict tool schemas cannot be compiled into a grammar.
 _COMPILE_FAILURE = (b"grammar", b"schema")
 FORWARDED_BY = "X-Lobes-Forwarded-By"
@@ -232,6 +237,8 @@ class Failure:
             return UNREACHABLE
         if self.compile_failure:
             return SCHEMA_REJECTED
+        if self.status == 429:
+            return BUSY
         return SERVER_ERROR if self.status >= 500 else DECLINED
 
 
@@ -250,15 +257,20 @@ def moves_on(rule: int, status: int) -> bool:
     unread: a proxied peer's 404 and a strict-lane 400 are judged by theirs)."""
     if status >= 500:
         return rule != LAST and (rule != PEER or status != 508)
-    return rule == REPLICA and status in _DECLINES
+    if rule == REPLICA:
+        return status in _REPLICA_MOVES_ON
+    return rule == OWNER and status in _DECLINES
 
 
 def exhausted(who: str, failures: list[Failure], retry_after: int) -> ApiError:
-    """Everyone tried failed: 404 when all declined (401/403/404), else a retryable 503.
+    """Everyone tried failed: 404 when all declined (401/403/404), 429 when all were busy,
+    else a retryable 503.
 
     who names them, e.g. "every replica of the cortex pool".
     """
     named = ", ".join(f.describe() for f in failures)
+    if all(f.status == 429 for f in failures):
+        return errors.every_replica_busy(who, named, retry_after)
     if all(f.status in _DECLINES for f in failures):
         return ApiError(404, "role_infeasible", "role_infeasible",
                         f"{who} declined the request: {named}; check the keys "
@@ -610,5 +622,5 @@ class Dispatcher:
         for owner in distinct_boxes(route.owners):
             extra = [b"X-Lobes-Proxied-By: " + owner.encode()]
             failures.append((yield Attempt(self._peers.origin(owner), owner, headers, body,
-                                           extra, REPLICA)))
+                                           extra, OWNER)))
         yield Answer(exhausted(f"every owner of {route.role}", failures, self._retry_after))

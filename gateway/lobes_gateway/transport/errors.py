@@ -127,6 +127,13 @@ def server_busy(retry_after: int, tier: str, reason: str = "busy") -> ApiError:
                     (("Retry-After", str(retry_after)), ("X-Lobes-Tier-Reason", reason)))
 
 
+def every_replica_busy(who: str, named: str, retry_after: int) -> ApiError:
+    """429 when every replica tried answered 429 (shedding under pressure, or at a limit)."""
+    return ApiError(429, "server_busy", "busy",
+                    f"{who} is busy ({named}); retry after {retry_after}s, or request "
+                    "model=minor", (("Retry-After", str(retry_after)),))
+
+
 def rate_limited(limit: int, source: str = "GATEWAY_MAX_INFLIGHT_PER_KEY") -> ApiError:
     """429 for a key at its in-flight limit; `source` names the setting that limits it."""
     return ApiError(429, "rate_limit_exceeded", "rate_limit_exceeded",
