@@ -417,18 +417,17 @@ class Dispatcher:
         A hosted pool tries its own replica as `_OWN_GEAR` (judged as any replica) and, once
         every replica failed, the fallback as `_FALLBACK`: either returns its failure to the
         pool, which goes on to its next replica or answers for them all."""
-        override = False
-        if route.tier is not None:
-            override = _overridden(req)
-            if not override and self._pressure.sheds(requested_tier, route.tier):
-                memory = self._pressure.reason == "memory"
-                self._metrics.shed[SHED_MEMORY if memory else SHED_PRESSURE] += 1
-                if placement is not None:  # placed on the local replica, never dialled
-                    placement.release()
-                error = errors.server_busy(self._retry_after, route.tier,
-                                           "memory" if memory else "busy")
-                yield Answer(error, (("X-Lobes-Tier", route.tier),))
-                return
+        override = route.tier is not None and _overridden(req)
+        if self._sheds(route, requested_tier, override):
+            assert route.tier is not None  # only a tier is shed
+            memory = self._pressure.reason == "memory"
+            self._metrics.shed[SHED_MEMORY if memory else SHED_PRESSURE] += 1
+            if placement is not None:  # placed on the local replica, never dialled
+                placement.release()
+            error = errors.server_busy(self._retry_after, route.tier,
+                                       "memory" if memory else "busy")
+            yield Answer(error, (("X-Lobes-Tier", route.tier),))
+            return
         extra = self._header_lines.get((route.tier, override))
         if extra is None:
             extra = self._header_lines[route.tier, override] = self._local_headers(route.tier,
@@ -466,9 +465,10 @@ class Dispatcher:
         else:
             yield Answer(errors.upstream_unavailable(route.role))
 
-    def _sheds(self, req: Request, route: LocalRoute, requested_tier: str | None) -> bool:
-        """Whether pressure sheds the request on this box's gear (no X-Lobes-Override)."""
-        return (route.tier is not None and not _overridden(req)
+    def _sheds(self, route: LocalRoute, requested_tier: str | None, override: bool) -> bool:
+        """Whether pressure sheds a request on this box's gear (`override`: the caller's
+        X-Lobes-Override passes the verdict)."""
+        return (route.tier is not None and not override
                 and self._pressure.sheds(requested_tier, route.tier))
 
     def _local_headers(self, tier: str | None, override: bool) -> list[bytes]:
@@ -525,7 +525,8 @@ class Dispatcher:
         # the peers take the request, and only with none to try does the local path answer
         # the shed.
         local = route.fall_through if role.hosted else None
-        shedding = isinstance(local, LocalRoute) and self._sheds(req, local, requested_tier)
+        shedding = isinstance(local, LocalRoute) and self._sheds(local, requested_tier,
+                                                                 _overridden(req))
         if shedding:
             tried.add(role.local_origin)
             if placed is not None and placed.origin == role.local_origin:
@@ -543,9 +544,9 @@ class Dispatcher:
             tried.add(placement.origin)
             reason = b"X-Lobes-Route-Reason: " + placement.reason.value.encode()
             if placement.origin == role.local_origin:  # the local path: pressure, tiers
-                assert isinstance(route.fall_through, LocalRoute)
-                failure = yield from self._local(req, route.fall_through, requested_tier,
-                                                 payload, [reason], placement, resume, _OWN_GEAR)
+                assert isinstance(local, LocalRoute)  # a hosted pool's own path
+                failure = yield from self._local(req, local, requested_tier, payload, [reason],
+                                                 placement, resume, _OWN_GEAR)
                 if failure is None:  # answered here (pressure shed it)
                     return
                 failures.append(failure)
