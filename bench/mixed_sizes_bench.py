@@ -2,7 +2,10 @@
 
 80% short answers (32 tokens) and 20% long ones (1,024), in a random order with Poisson
 arrivals (the same sequence for every policy), each request naming its own max_tokens
-(ignore_eos, so the answer is exactly that long). The pooling gateway fronts a spark-cortex and
+(ignore_eos, so the answer is exactly that long). With --asked-max-tokens N, the loose
+scenario: every request asks max_tokens N, as clients often do, and stops on its own, a short
+one at the simulator's natural cortex answer (~155 tokens), a long one at 1,024 (min_tokens),
+so the request no longer says its length. The pooling gateway fronts a spark-cortex and
 a thor-cortex peer gateway, each before a calibrated `lobes_sim`. Compared: `rate` (waves of the
 request's own size), `prefix` (the default: the work in flight priced request by request) and
 a clairvoyant oracle: the client itself sends each request straight to the peer gateway where
@@ -10,6 +13,8 @@ it finishes first, knowing every request's length, the profiles' exact step time
 each replica holds (greedy earliest completion, slots FIFO). Latency is end to end, seed time.
 
     PYTHONPATH=gateway python3 bench/mixed_sizes_bench.py [--time-scale 10] [--write-docs]
+    PYTHONPATH=gateway python3 bench/mixed_sizes_bench.py --asked-max-tokens 4096 \
+        --arrivals-per-s 0.3 [--write-docs]
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import math
 import platform
 import random
 import statistics
@@ -52,18 +58,45 @@ PAIR = ("spark-cortex", "thor-cortex")
 SHORT, LONG = 32, 1024
 
 
+# The simulator's cortex answer when nothing bounds it (profiles: natural_length).
+NATURAL = PROFILES[PAIR[0]].natural_length[1]
+
+
 @dataclass(frozen=True)
 class Answer:
+    size: int  # SHORT or LONG: the request's class
     tokens: int
     sent: float
     done: float
     served_by: str
 
 
-def ask(port: int, tokens: int, index: int, api_key: str | None = None) -> Answer:
-    """One non-streamed chat request of exactly `tokens` answer tokens."""
-    body = json.dumps({"model": "cortex", "max_tokens": tokens, "ignore_eos": True,
-                       "messages": [{"role": "user", "content": f"Task {index}: report."}]})
+@dataclass(frozen=True)
+class Asking:
+    """How requests name their length: exactly (max_tokens = answer, ignore_eos), or all
+    asking `max_tokens` and stopping on their own (asked > 0)."""
+
+    asked: int = 0
+
+    def answer_tokens(self, size: int) -> int:
+        """The answer a request of class `size` gets."""
+        return NATURAL if self.asked and size == SHORT else size
+
+    def body(self, size: int, index: int) -> dict:
+        messages = [{"role": "user", "content": f"Task {index}: report."}]
+        if not self.asked:
+            return {"model": "cortex", "max_tokens": size, "ignore_eos": True,
+                    "messages": messages}
+        body = {"model": "cortex", "max_tokens": self.asked, "messages": messages}
+        if size == LONG:
+            body["min_tokens"] = LONG
+        return body
+
+
+def ask(port: int, size: int, index: int, asking: Asking,
+        api_key: str | None = None) -> Answer:
+    """One non-streamed chat request of class `size` (its answer: Asking.answer_tokens)."""
+    body = json.dumps(asking.body(size, index))
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -77,7 +110,7 @@ def ask(port: int, tokens: int, index: int, api_key: str | None = None) -> Answe
     if response.status != 200:
         raise RuntimeError(f"request {index}: HTTP {response.status} {payload[:200]!r}")
     served = response.getheader("X-Lobes-Proxied-By") or f"127.0.0.1:{port}"
-    return Answer(json.loads(payload)["usage"]["completion_tokens"], sent, done, served)
+    return Answer(size, json.loads(payload)["usage"]["completion_tokens"], sent, done, served)
 
 
 @dataclass
@@ -105,26 +138,30 @@ class OracleReplica:
 class Oracle:
     """Greedy earliest completion with exact lengths and exact step times, client-side."""
 
-    def __init__(self, replicas: list[OracleReplica]) -> None:
+    def __init__(self, replicas: list[OracleReplica], asking: Asking) -> None:
         self.replicas = replicas
+        self.asking = asking
         self.lock = threading.Lock()
 
-    def ask(self, tokens: int, index: int) -> Answer:
+    def ask(self, size: int, index: int) -> Answer:
+        tokens = self.asking.answer_tokens(size)
         with self.lock:
             now = time.monotonic()
             best = min(self.replicas, key=lambda r: r.finish_if_sent(tokens, now))
             best.ends[index] = best.finish_if_sent(tokens, now)
         try:
-            return ask(best.port, tokens, index, best.api_key)
+            return ask(best.port, size, index, self.asking, best.api_key)
         finally:
             with self.lock:
                 del best.ends[index]
 
 
-def workload(count: int, per_s: float, seed: int) -> list[tuple[float, int]]:
-    """(gap before it in seed seconds, answer tokens) of each request: 80/20 short/long."""
+def workload(count: int, per_s: float, seed: int,
+             long_share: float = 0.2) -> list[tuple[float, int]]:
+    """(gap before it in seed seconds, SHORT or LONG) of each request: 80/20 short/long by
+    default."""
     rng = random.Random(seed)
-    return [(rng.expovariate(per_s), SHORT if rng.random() < 0.8 else LONG)
+    return [(rng.expovariate(per_s), SHORT if rng.random() < 1 - long_share else LONG)
             for _request in range(count)]
 
 
@@ -132,9 +169,9 @@ def replay(send, requests: list[tuple[float, int]], scale: float) -> list[Answer
     """Send each request after its gap (wall = seed / scale), each on its own thread."""
     with ThreadPoolExecutor(len(requests)) as pool:
         futures = []
-        for index, (gap, tokens) in enumerate(requests):
+        for index, (gap, size) in enumerate(requests):
             time.sleep(gap / scale)
-            futures.append(pool.submit(send, tokens, index))
+            futures.append(pool.submit(send, size, index))
         return [future.result() for future in futures]
 
 
@@ -145,12 +182,12 @@ class Result:
     scale: float
     split: str
 
-    def latencies(self, tokens: int | None = None) -> list[float]:
+    def latencies(self, size: int | None = None) -> list[float]:
         return sorted((a.done - a.sent) * self.scale for a in self.answers
-                      if tokens is None or a.tokens == tokens)
+                      if size is None or a.size == size)
 
-    def mean(self, tokens: int | None = None) -> float:
-        return statistics.fmean(self.latencies(tokens))
+    def mean(self, size: int | None = None) -> float:
+        return statistics.fmean(self.latencies(size) or [float("nan")])
 
     def p95(self) -> float:
         values = self.latencies()
@@ -164,6 +201,7 @@ class Result:
 def measure(name: str, requests: list[tuple[float, int]], args: argparse.Namespace) -> Result:
     """Fresh simulators and gateways for one policy (or the oracle), then the replay."""
     scale = args.time_scale
+    asking = Asking(args.asked_max_tokens)
     with ExitStack() as stack:
         sims = [stack.enter_context(start_sim(p, time_scale=scale)) for p in PAIR]
         spark = peer_gateway(stack, sims[0].url, SERVED, SPARK_KEY)
@@ -173,7 +211,7 @@ def measure(name: str, requests: list[tuple[float, int]], args: argparse.Namespa
             oracle = Oracle([OracleReplica(urlsplit(spark.url).port or 0, SPARK_KEY,
                                            PROFILES[PAIR[0]], scale),
                              OracleReplica(urlsplit(thor.url).port or 0, None,
-                                           PROFILES[PAIR[1]], scale)])
+                                           PROFILES[PAIR[1]], scale)], asking)
             answers = replay(oracle.ask, requests, scale)
             origins = [f"127.0.0.1:{urlsplit(url).port}" for url in origins]
         else:
@@ -182,13 +220,19 @@ def measure(name: str, requests: list[tuple[float, int]], args: argparse.Namespa
                                                                  rates)))
             wait_pool_ready(orin.url, 2)
             port = urlsplit(orin.url).port or 0
-            answers = replay(lambda tokens, index: ask(port, tokens, index), requests, scale)
+            answers = replay(lambda size, index: ask(port, size, index, asking), requests,
+                             scale)
     counts = Counter(a.served_by for a in answers)
     result = Result(name, answers, scale, "/".join(str(counts[o]) for o in origins))
     print(f"  {name:7s} mean {result.mean():6.2f} s (short {result.mean(SHORT):6.2f}, long "
           f"{result.mean(LONG):6.2f})  p95 {result.p95():6.2f} s  {result.tok_per_s():6.1f} "
           f"tok/s  ({result.split})", flush=True)
     return result
+
+
+def seconds(value: float) -> str:
+    """A class's mean in the table; a dash for a class with no requests."""
+    return "-" if math.isnan(value) else f"{value:.2f} s"
 
 
 def table(results: list[Result]) -> list[str]:
@@ -199,8 +243,8 @@ def table(results: list[Result]) -> list[str]:
     for r in results:
         lines.append(
             f"| {r.name} | {r.mean():.2f} s | {r.mean() / oracle.mean():.2f}x | "
-            f"{r.mean() / rate.mean():.2f}x | {r.p95():.2f} s | {r.mean(SHORT):.2f} s | "
-            f"{r.mean(LONG):.2f} s | {r.tok_per_s():.1f} | {r.split} |")
+            f"{r.mean() / rate.mean():.2f}x | {r.p95():.2f} s | {seconds(r.mean(SHORT))} | "
+            f"{seconds(r.mean(LONG))} | {r.tok_per_s():.1f} | {r.split} |")
     return [*lines, ""]
 
 
@@ -211,28 +255,44 @@ def main() -> None:
     parser.add_argument("--arrivals-per-s", type=float, default=0.35,
                         help="Poisson arrival rate in seed time (requests per second)")
     parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--asked-max-tokens", type=int, default=0,
+                        help="the loose scenario: every request asks this max_tokens and stops "
+                             "on its own (0: each asks exactly its answer)")
+    parser.add_argument("--long-share", type=float, default=0.2,
+                        help="the share of long answers (0: all short)")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
-    requests = workload(args.count, args.arrivals_per_s, args.seed)
-    sizes = Counter(tokens for _gap, tokens in requests)
-    offered = sum(tokens for _gap, tokens in requests) / sum(gap for gap, _tokens in requests)
+    asking = Asking(args.asked_max_tokens)
+    requests = workload(args.count, args.arrivals_per_s, args.seed, args.long_share)
+    sizes = Counter(size for _gap, size in requests)
+    offered = (sum(asking.answer_tokens(size) for _gap, size in requests)
+               / sum(gap for gap, _size in requests))
     print(f"{args.count} requests: {sizes[SHORT]} short, {sizes[LONG]} long; offered "
           f"{offered:.1f} tok/s (seed time)", flush=True)
     results = [measure(name, requests, args) for name in ("rate", "prefix", "oracle")]
+    short = asking.answer_tokens(SHORT)
+    if asking.asked:
+        named = (f"every request asks max_tokens {asking.asked} and stops on its own, a short "
+                 f"one at the simulator's natural answer ({short} tokens), a long one at "
+                 f"{LONG} (min_tokens)")
+    else:
+        named = "every request names its own max_tokens"
     section = [
         f"Run `{' '.join(['python3', 'bench/mixed_sizes_bench.py', *sys.argv[1:]])}` on "
         f"{platform.machine()} / {platform.python_version()}, "
         f"{time.strftime('%Y-%m-%d', time.gmtime())}, one run: seed 000's pair at time-scale "
-        f"{args.time_scale:g}, {args.count} requests ({sizes[SHORT]} of {SHORT} tokens, "
+        f"{args.time_scale:g}, {args.count} requests ({sizes[SHORT]} of {short} tokens, "
         f"{sizes[LONG]} of {LONG}) with Poisson arrivals at {args.arrivals_per_s:g} req/s, "
-        f"{offered:.0f} tok/s offered against the pair's ~110; every request names its own "
-        "max_tokens. Latency end to end, seconds of seed time.",
+        f"{offered:.0f} tok/s offered against the pair's ~110; {named}. Latency end to end, "
+        "seconds of seed time.",
         "",
         *table(results),
     ]
     print("\n".join(section))
     if args.write_docs:
-        docs_section.write_section("mixed-sizes-bench", "\n".join(section))
+        name = ("mixed-sizes-bench" if not asking.asked else "mixed-sizes-loose-bench"
+                if args.long_share else "mixed-sizes-loose-short-bench")
+        docs_section.write_section(name, "\n".join(section))
 
 
 if __name__ == "__main__":
