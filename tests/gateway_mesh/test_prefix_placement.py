@@ -25,6 +25,7 @@ from lobes_gateway.policy.prefix import (
     RequestShape,
     request_shape,
 )
+from lobes_gateway.policy.tokens import AnswerFill
 from lobes_sim.textgen import count_chat_tokens, count_prompt_tokens
 
 from .queue_model import SEED_TOKENS, SPARK, THOR, burst_makespan
@@ -167,6 +168,64 @@ def test_a_request_without_max_tokens_is_priced_at_the_learned_answer_length():
     assert p.typical_answer_tokens() == 40
     placement = p.place([Candidate(A, 2)], request=RequestShape(10, None))
     assert placement.forecast.decode_s == pytest.approx(40 / p.rate(A))
+
+
+def test_a_named_max_tokens_is_priced_at_the_share_of_it_answers_take():
+    p = placer()
+    asked = RequestShape(10, 4096)
+    first = p.place([Candidate(A, 2)], request=asked)
+    assert first.forecast.decode_s == pytest.approx(4096 / p.rate(A))  # nothing learned yet
+    first.record_completion(tokens=155, elapsed_s=3.0)
+    first.release()
+    assert p.place([Candidate(A, 2)], request=asked).forecast.decode_s == pytest.approx(
+        155 / p.rate(A), rel=0.01)
+    # A budget of another size keeps its own share: a label asked exactly is not shortened.
+    label = p.place([Candidate(A, 2)], request=RequestShape(10, 32))
+    assert label.forecast.decode_s == pytest.approx(32 / p.rate(A))
+
+
+def test_answers_to_requests_without_max_tokens_teach_no_share_of_one():
+    p = placer()
+    for _answer in range(5):
+        placement = p.place([Candidate(A, 2)], request=RequestShape(10, None))
+        placement.record_completion(tokens=40, elapsed_s=1.0)
+        placement.release()
+    assert p.answer_fill.expected(256) == 256
+
+
+def test_a_fill_is_learned_per_budget_bucket_and_never_priced_past_max_tokens():
+    fill = AnswerFill(smoothing=0.5)
+    assert fill.expected(4096) == 4096
+    fill.observe(4096, 1024)
+    assert fill.expected(4096) == 1024  # the first answer replaces the guess of a full budget
+    assert fill.expected(5000) == 1250  # the same bucket (4,096-8,191): the same share
+    fill.observe(4096, 0)
+    assert fill.expected(4096) == 512  # then an EWMA
+    fill.observe(2048, 9000)  # more than asked (a counting error) is a full budget
+    assert fill.expected(2048) == 2048
+    assert fill.expected(64) == 64
+
+
+def test_a_request_queued_behind_loose_budgets_teaches_the_replica_its_true_rate():
+    # One slot; every request asks max_tokens 4,096 and answers 155 tokens in 3.2 s. Priced
+    # at its budget, the request ahead looked 84 s long, so the second request's 6.3 s looked
+    # all wait and taught a decode rate twice the true one: the fast replica looked faster
+    # still, and seed 000's Thor was left idle (docs/benchmarks.md, loose max_tokens).
+    clock = Clock()
+    p = placer(priors={A: 48.9, B: 11.0}, clock=clock)
+    answer_s = 155 / 48.9
+    asked = RequestShape(10, 4096)
+    taught = p.place([Candidate(A, 1)], request=asked)
+    clock.now += answer_s
+    taught.record_completion(tokens=155, elapsed_s=answer_s)
+    taught.release()
+    first = p.place([Candidate(A, 1)], request=asked)
+    second = p.place([Candidate(A, 1)], request=asked)  # waits for the slot
+    for placement, elapsed_s in ((first, answer_s), (second, 2 * answer_s)):
+        clock.now += answer_s
+        placement.record_completion(tokens=155, elapsed_s=elapsed_s)
+        placement.release()
+    assert p.rate(A) == pytest.approx(48.9, rel=0.02)
 
 
 def test_an_answer_that_is_all_decode_teaches_the_decode_rate_alone():

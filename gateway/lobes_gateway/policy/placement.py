@@ -9,13 +9,14 @@ Policies (GATEWAY_POOL_POLICY):
   prefix  (default) earliest expected completion of this request, priced by its own shape:
           the wait for a slot (the remaining work of what is in flight there, in seconds),
           its prefill (its prompt less the prefix the replica likely holds, learned from
-          what this gateway sent where: policy/prefix.py) and its decode (its max_tokens,
-          or the pool's learned answer length). Each replica's decode and prefill rates are
-          learned apart from its answers (Placer.learn). A replica whose rate was never
-          measured gets one request once it is idle, when priced at the choice's rates it
-          would finish it sooner (exploration); that sample replaces its prior. A queued request's
-          prefill holds up every busy slot of its replica in the wait, and a prefill under way
-          holds up a request placed there even with a slot free.
+          what this gateway sent where: policy/prefix.py) and its decode (its max_tokens at
+          the share of it the pool's answers take, policy/tokens.py AnswerFill, or the
+          pool's learned answer length when it names none). Each replica's decode and
+          prefill rates are learned apart from its answers (Placer.learn). A replica whose
+          rate was never measured gets one request once it is idle, when priced at the
+          choice's rates it would finish it sooner (exploration); that sample replaces its
+          prior. A queued request's prefill holds up every busy slot of its replica in the
+          wait, and a prefill under way holds up a request placed there even with a slot free.
   rate    earliest expected completion: the waves of work queued ahead of the
           request on a replica's slots, plus its own, each taking expected tokens / rate.
           prefix and rate: a slower replica must beat the fastest by SLOWER_REPLICA_MARGIN.
@@ -47,7 +48,7 @@ from enum import Enum
 from typing import Protocol
 
 from .prefix import PrefixAffinity, RequestShape, request_shape
-from .tokens import CharsPerToken
+from .tokens import AnswerFill, CharsPerToken
 
 DEFAULT_EXPECTED_TOKENS = 256
 DEFAULT_SMOOTHING = 0.3
@@ -182,8 +183,9 @@ class Forecast:
 
 
 def forecast(view: ReplicaView, request: RequestShape) -> Forecast:
-    """The request's wait, prefill and decode on the replica (max_tokens already resolved)."""
-    tokens = request.max_tokens or DEFAULT_EXPECTED_TOKENS
+    """The request's wait, prefill and decode on the replica (its answer already priced:
+    Placer.priced)."""
+    tokens = request.answer_tokens or request.max_tokens or DEFAULT_EXPECTED_TOKENS
     return Forecast(view.slot_wait_s(), view.prefill_s(request.prompt_tokens),
                     tokens / view.rate, view.rate,
                     view.prefill_rate or view.rate * PREFILL_SPEEDUP)
@@ -358,6 +360,8 @@ class Placement:
         self.forecast = forecast
         # What its reported prompt tokens teach of the grain (not the prompt: it may be long).
         self.text_chars, self.fixed_tokens = shape.text_chars, shape.fixed_tokens
+        # The max_tokens it named, whose share its answer takes teaches the pool's fill.
+        self.named_max_tokens = shape.max_tokens if shape.answer_tokens is not None else None
         self.starts_at = placed_at + forecast.wait_s
         self.released = False
 
@@ -429,6 +433,8 @@ class Placer:
         self.chars_per_token = CharsPerToken(smoothing)
         # The pool's typical answer, tokens: the size of a request that names no max_tokens.
         self._typical_answer = float(DEFAULT_EXPECTED_TOKENS)
+        # And the share of a named max_tokens its answers take.
+        self.answer_fill = AnswerFill(smoothing)
         self._placed = 0
         # Called when a replica may have room again (a placement released, a probe's load
         # noted): the pool's admission queue (mesh/pool_queue.py) releases what now fits.
@@ -570,10 +576,11 @@ class Placer:
         return self.commit(views, choice, shape)
 
     def priced(self, shape: RequestShape) -> RequestShape:
-        """The shape as placement prices it: an unnamed max_tokens is the typical answer."""
+        """The shape as placement prices it: an unnamed max_tokens is the typical answer, a
+        named one expects the answer the pool's fill predicts."""
         if shape.max_tokens is None:
             return shape.with_max_tokens(self.typical_answer_tokens())
-        return shape
+        return replace(shape, answer_tokens=self.answer_fill.expected(shape.max_tokens))
 
     def commit(self, views: Sequence[ReplicaView], choice: tuple[ReplicaView, RouteReason],
                shape: RequestShape) -> Placement:
@@ -628,7 +635,7 @@ class Placer:
     def learn(self, placement: Placement, tokens: int, elapsed_s: float,
               answer_tokens: int | None = None) -> None:
         """A completed answer: the pool's typical answer length (`answer_tokens`, else
-        `tokens`), and the replica's rate.
+        `tokens`), the share of its named max_tokens it took, and the replica's rate.
 
         The rate policy's sample is tokens x waves / elapsed (the elapsed time covered the
         waves ahead). A forecasting policy's answer teaches the replica's decode and prefill
@@ -640,6 +647,8 @@ class Placer:
         """
         answer = tokens if answer_tokens is None else answer_tokens
         self._typical_answer += self._smoothing * (answer - self._typical_answer)
+        if placement.named_max_tokens is not None:  # a continuation's own part and budget
+            self.answer_fill.observe(placement.named_max_tokens, tokens)
         if not self.policy.forecasts:
             self.observe_rate(placement.origin, tokens * placement.waves_at_dispatch / elapsed_s)
             return

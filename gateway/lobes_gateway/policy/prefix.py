@@ -51,6 +51,9 @@ class RequestShape:
     text_chars: int = 0
     fixed_tokens: int = 0
     text: str = ""  # the chat as hashed, kept only with blocks: an answer that follows is found
+    # The answer placement expects: a named max_tokens at the pool's learned fill (set by
+    # Placer.priced); None for a request that named none (priced at the typical answer).
+    answer_tokens: int | None = None
 
     def fits(self, window: int | None) -> bool:
         """vLLM's window check: the prompt leaves room, and so does prompt plus max_tokens."""
