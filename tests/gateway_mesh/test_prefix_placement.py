@@ -236,6 +236,17 @@ def test_an_answer_that_is_all_decode_teaches_the_decode_rate_alone():
     assert p.prefill_rate(A) is None  # nothing was prefilled to learn from
 
 
+def test_a_streams_decode_rate_is_timed_from_its_first_event_not_from_the_forecast():
+    # An 8k-token prompt priced at a guessed prefill (50x decode: 3.2 s) took 0.8 s; its 155
+    # tokens then came at 25 tok/s. Split by forecast shares, the time past the forecast
+    # taught a decode rate of 47.6 tok/s, near its prior; the stream's own timing says 25.
+    p = placer(priors={A: 50.0, B: 50.0})
+    placement = p.place([Candidate(A, 2)], request=RequestShape(8000, 155))
+    placement.record_completion(tokens=155, elapsed_s=0.8 + 154 / 25.0, first_token_s=0.8)
+    assert p.rate(A) == pytest.approx(25.0)
+    assert p.prefill_rate(A) is not None  # the prefill is still taught by the forecast
+
+
 def test_prefill_and_decode_rates_are_learned_apart_from_answers_of_different_mixes():
     # The replica decodes at 20 tok/s and prefills at 1,000: its prior (40) is twice too
     # fast, and the default ratio (50x) prices its prefill at 2,000. Its answers mix long and

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from lobes_sim.profiles import PROFILES
 
 from tests.support.gateway_proc import start_gateway
 from tests.support.metrics import Scrape
@@ -187,6 +188,44 @@ def test_the_continuation_teaches_its_replicas_rate_and_the_broken_part_teaches_
         wait_until(lambda: learned_rates(pool)[second.url] < 900,
                    message="the continuation's replica to learn a rate below its prior")
         assert learned_rates(pool)[first.url] == 1000
+
+
+@pytest.mark.parametrize("resume", [True, False], ids=["resumable", "plain"])
+def test_a_pooled_stream_teaches_its_replicas_decode_rate_from_its_own_timing(pair, resume):
+    """A long prompt the prefix policy prices at a guessed prefill (50x the declared decode
+    rate): the answer's time past its forecast, split between prefill and decode by their
+    forecast shares, taught a decode rate 2.4-3.3x the simulator's (477 and 664 tok/s against
+    its 200 at time-scale 4). A stream times its decode from its first event to its end."""
+    first, second = pair["first"], pair["second"]
+    long_ask = {**ASK, "max_tokens": 155, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "Read this. " * 3200}]}  # ~8k tokens
+    true_rate = TIME_SCALE / PROFILES["spark-cortex"].step_seconds(1)
+    with start_gateway(pool_env([first.url, second.url], resume=resume,
+                                GATEWAY_POOL_POLICY="prefix",
+                                PRIMARY_PEER_RATES="1000,1000")) as pool:
+        ready(pool)
+        streamed = stream_chat(pool.url, long_ask)
+        assert streamed.done and streamed.usage["completion_tokens"] == 155
+        served = streamed.headers["x-lobes-proxied-by"]
+        wait_until(lambda: learned_rates(pool)[served] < 1000,
+                   message="the replica to learn a rate from the stream")
+        assert 0.8 * true_rate < learned_rates(pool)[served] < 1.25 * true_rate
+
+
+def test_a_continuation_teaches_its_replicas_decode_rate_from_its_own_parts_timing(
+        pair, reference, faults):
+    first, second = pair["first"], pair["second"]
+    faults.set_faults({"die_after_chunks": BROKEN_AFTER})
+    true_rate = TIME_SCALE / PROFILES["spark-cortex"].step_seconds(1)
+    with start_gateway(pool_env([first.url, second.url], GATEWAY_POOL_POLICY="prefix",
+                                PRIMARY_PEER_RATES="1000,1000")) as pool:
+        ready(pool)
+        streamed = stream_chat(pool.url, {**ASK, "max_tokens": 155, "ignore_eos": True})
+        assert streamed.finish["lobes_resumed"]["resumes"] == 1
+        continued_on = streamed.finish["lobes_resumed"]["replicas"][-1]
+        wait_until(lambda: learned_rates(pool)[continued_on] < 1000,
+                   message="the continuation's replica to learn a rate")
+        assert 0.8 * true_rate < learned_rates(pool)[continued_on] < 1.25 * true_rate
 
 
 def hosted_box(local_sim, order: list[str | None], **extra: str) -> tuple[str, object]:

@@ -11,6 +11,7 @@ the count. A whole JSON answer's usage is found by the same pattern, not parsed 
 from __future__ import annotations
 
 import re
+import time
 
 from ..transport.channel import Channel
 
@@ -24,7 +25,8 @@ _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 class CountingWriter:
     """A client channel as relay() uses it (write, drain, transport), counting events."""
 
-    __slots__ = ("_client", "done", "events", "transport", "usage_data", "usage_tokens")
+    __slots__ = ("_client", "done", "events", "first_event_at", "transport", "usage_data",
+                 "usage_tokens")
 
     def __init__(self, client: Channel) -> None:
         self._client = client
@@ -33,6 +35,7 @@ class CountingWriter:
         self.done = 0
         self.usage_tokens: int | None = None
         self.usage_data: bytes | None = None  # the last bytes that carried a usage
+        self.first_event_at: float | None = None  # when the first event came (monotonic)
 
     def write(self, data: bytes) -> None:
         self.count(data)
@@ -40,6 +43,8 @@ class CountingWriter:
 
     def count(self, data: bytes) -> None:
         """Account for bytes on their way to the client."""
+        if self.first_event_at is None and _EVENT in data:
+            self.first_event_at = time.monotonic()
         self.events += data.count(_EVENT)
         if _DONE in data:
             self.done += 1

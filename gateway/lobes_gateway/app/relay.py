@@ -70,17 +70,20 @@ class Outcome:
         self.counter, self.role = counter, role
 
     def learn(self, tokens: int, usage: bytes | None = None,
-              prompt_tokens: int | None = None) -> None:
-        """A metered answer carried `tokens`; a placed replica's rate is taught from them,
-        and its role's characters per token from the prompt tokens reported: `prompt_tokens`
-        when counted already (a resumable stream's), else read from `usage` (the answer's
-        bytes that carry its usage, if any), only for a placed answer."""
+              prompt_tokens: int | None = None, first_event_at: float | None = None) -> None:
+        """A metered answer carried `tokens`; a placed replica's rate is taught from them
+        (a stream's decode timed from `first_event_at`, when its first event came), and its
+        role's characters per token from the prompt tokens reported: `prompt_tokens` when
+        counted already (a resumable stream's), else read from `usage` (the answer's bytes
+        that carry its usage, if any), only for a placed answer."""
         self.tokens = tokens
         if self.placement is not None:
             if prompt_tokens is None:
                 prompt_tokens = reported_prompt_tokens(usage)
+            first_token_s = None if first_event_at is None else first_event_at - self.started
             self.placement.record_completion(tokens, time.monotonic() - self.started,
-                                             prompt_tokens=prompt_tokens)
+                                             prompt_tokens=prompt_tokens,
+                                             first_token_s=first_token_s)
 
     def settle(self) -> None:
         """The relay ended: release the placement and the in-flight count."""
@@ -131,7 +134,8 @@ async def _relay_resumable(connections: Connections, outcome: Outcome, client: C
         kept, tokens = await resume.relay(connections, outcome.response, outcome.extra,
                                           placement, client, keep_alive)
         if resume.whole and not resume.resumes:
-            outcome.learn(tokens, prompt_tokens=resume.prompt_tokens)
+            outcome.learn(tokens, prompt_tokens=resume.prompt_tokens,
+                          first_event_at=resume.first_event_at)
         else:
             outcome.tokens = tokens
         return kept
@@ -172,7 +176,8 @@ async def _relay_metered_stream(connections: Connections, response: Response, cl
     kept = await _relay_stream(connections, response, counted,  # type: ignore[arg-type]
                                extra, keep_alive)
     if counted.done or counted.usage_tokens is not None:
-        meter.learn(counted.completion_tokens, counted.usage_data)
+        meter.learn(counted.completion_tokens, counted.usage_data,
+                    first_event_at=counted.first_event_at)
     return kept
 
 

@@ -142,6 +142,7 @@ class _Stream:
     produced: int = 0  # completion tokens of the parts before the current one
     part_tokens: int = 0  # completion tokens of the current part
     part_prompt_tokens: int | None = None  # the prompt tokens the current part's usage reports
+    part_first_at: float | None = None  # when the current part's first bytes came (monotonic)
     ids: dict[str, object] = field(default_factory=dict)
     continuing: bool = False  # the current part is a continuation
     resumable: bool = True  # only text deltas so far
@@ -183,8 +184,10 @@ class StreamResume:
         self.resumes = 0  # continuations this stream needed
         self.whole = False  # the stream ended with its [DONE]
         # The prompt tokens the usage of the part that ended the stream reported (taught to
-        # the pool's characters per token by the relay of a stream served whole).
+        # the pool's characters per token by the relay of a stream served whole), and when
+        # that part's first event came (its decode is timed from there).
         self.prompt_tokens: int | None = None
+        self.first_event_at: float | None = None
         self._part_started = 0.0  # when the current continuation was sent
 
     async def relay(self, connections: Connections, response: Response, extra: list[bytes],
@@ -205,6 +208,7 @@ class StreamResume:
                 if whole:
                     self.whole = True
                     self.prompt_tokens = stream.part_prompt_tokens
+                    self.first_event_at = stream.part_first_at
                     client.write(_STREAM_END)
                     return keep_alive, stream.tokens
                 if client.transport.is_closing():
@@ -219,9 +223,12 @@ class StreamResume:
     def _teach(self, placement: Placement, stream: _Stream) -> None:
         """The continuation that ended the stream whole: its replica's rate from its own part,
         the pool's answer length from the whole answer."""
+        first = stream.part_first_at
         placement.record_completion(stream.part_tokens, time.monotonic() - self._part_started,
                                     answer_tokens=stream.tokens,
-                                    prompt_tokens=stream.part_prompt_tokens)
+                                    prompt_tokens=stream.part_prompt_tokens,
+                                    first_token_s=None if first is None
+                                    else first - self._part_started)
 
     async def _relay_part(self, connections: Connections, response: Response, stream: _Stream,
                           client: Channel) -> bool:
@@ -262,6 +269,8 @@ class StreamResume:
     def _relay_data(self, data: bytes, events: _Events,
                     stream: _Stream) -> tuple[list[bytes], bool]:
         """The client's bytes for what arrived, and whether the part broke off there."""
+        if stream.part_first_at is None:
+            stream.part_first_at = time.monotonic()
         if stream.ids and not stream.continuing:
             block = events.plain_block(data)
             if block is not None:
@@ -389,7 +398,7 @@ class StreamResume:
         if not stream.resumable or stream.finished:
             return None
         stream.produced, stream.part_tokens = stream.tokens, 0
-        stream.part_prompt_tokens = None
+        stream.part_prompt_tokens = stream.part_first_at = None
         body = continuation_body(self.payload, stream.text, stream.produced)
         if body is None:
             stream.spent = True

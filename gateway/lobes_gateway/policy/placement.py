@@ -376,17 +376,19 @@ class Placement:
 
     def record_completion(self, tokens: int, elapsed_s: float,
                           answer_tokens: int | None = None,
-                          prompt_tokens: int | None = None) -> None:
-        """Teach the replica's rate from a completed response of `tokens` in `elapsed_s`, and
-        the pool's answer length from it, or from `answer_tokens` when the response was the
-        last part of a longer answer (a resumed stream's continuation); and the role's
-        characters per token from the `prompt_tokens` the response reported."""
+                          prompt_tokens: int | None = None,
+                          first_token_s: float | None = None) -> None:
+        """Teach the replica's rate from a completed response of `tokens` in `elapsed_s` (a
+        stream's first event `first_token_s` in), and the pool's answer length from it, or
+        from `answer_tokens` when the response was the last part of a longer answer (a
+        resumed stream's continuation); and the role's characters per token from the
+        `prompt_tokens` the response reported."""
         if prompt_tokens is not None:
             self.placer.chars_per_token.observe(self.text_chars, self.fixed_tokens,
                                                 prompt_tokens)
         if tokens <= 0 or elapsed_s <= 0:
             return
-        self.placer.learn(self, tokens, elapsed_s, answer_tokens)
+        self.placer.learn(self, tokens, elapsed_s, answer_tokens, first_token_s)
 
     def release(self) -> None:
         """Stop counting this request; safe to call more than once."""
@@ -633,7 +635,7 @@ class Placer:
         self.room_changed()
 
     def learn(self, placement: Placement, tokens: int, elapsed_s: float,
-              answer_tokens: int | None = None) -> None:
+              answer_tokens: int | None = None, first_token_s: float | None = None) -> None:
         """A completed answer: the pool's typical answer length (`answer_tokens`, else
         `tokens`), the share of its named max_tokens it took, and the replica's rate.
 
@@ -643,7 +645,10 @@ class Placer:
         plus its tokens' decode, is a factor off, and each rate takes the part of that factor
         its share of the forecast predicts. An answer that was nearly all decode teaches the
         decode rate; a long uncached prompt mostly the prefill rate; over many answers of
-        different mixes both settle where the forecasts come true.
+        different mixes both settle where the forecasts come true. A stream times its decode
+        itself: its tokens after the first over the time from its first event to its end
+        teach the decode rate with no forecast in it (the forecast wait, priced at what the
+        requests ahead were expected to take, no longer moves it).
         """
         answer = tokens if answer_tokens is None else answer_tokens
         self._typical_answer += self._smoothing * (answer - self._typical_answer)
@@ -657,7 +662,11 @@ class Placer:
         expected_s = priced.prefill_s + tokens / priced.rate
         factor = service_s / expected_s
         prefill_share = priced.prefill_s / expected_s
-        self.observe_rate(placement.origin, priced.rate / factor ** (1 - prefill_share))
+        decoded_s = elapsed_s - first_token_s if first_token_s is not None else 0.0
+        if tokens > 1 and decoded_s > 0:
+            self.observe_rate(placement.origin, (tokens - 1) / decoded_s)
+        else:
+            self.observe_rate(placement.origin, priced.rate / factor ** (1 - prefill_share))
         if priced.prefill_s > 0:
             self._prefill[placement.origin].observe(priced.prefill_rate / factor ** prefill_share)
 
