@@ -247,6 +247,31 @@ def test_a_streams_decode_rate_is_timed_from_its_first_event_not_from_the_foreca
     assert p.prefill_rate(A) is not None  # the prefill is still taught by the forecast
 
 
+def test_an_answer_of_several_choices_teaches_no_rate_answer_length_or_share():
+    p = placer(priors={A: 50.0, B: 50.0})
+    placement = p.place([Candidate(A, 4)], request=RequestShape(10, 100, choices=4))
+    placement.record_completion(tokens=400, elapsed_s=2.0, first_token_s=0.1)
+    assert p.rate(A) == 50.0
+    assert p.typical_answer_tokens() == 256
+    assert p.answer_fill.expected(100) == 100
+
+
+def test_a_request_of_n_choices_holds_n_slots_and_prefills_once():
+    p = placer(priors={A: 10.0, B: 10.0})
+    p.place([Candidate(A, 4)], request=RequestShape(0, 100, choices=4))
+    view = p.views([Candidate(A, 4)])[0]
+    assert view.in_flight == 4
+    assert view.slot_wait_s() == pytest.approx(10.0)  # every slot busy for its 100 tokens
+    p.place([Candidate(B, 4)], request=RequestShape(2500, 100, choices=2))
+    assert p.views([Candidate(B, 4)])[0].prefill_left_s == (pytest.approx(5.0), 0.0)
+
+
+@pytest.mark.parametrize(("fields", "choices"), [
+    ({}, 1), ({"n": 3}, 3), ({"n": 2, "best_of": 5}, 5), ({"n": True}, 1), ({"n": "4"}, 1)])
+def test_a_requests_choices_are_its_n_or_best_of(fields, choices):
+    assert shape({**chat("go"), **fields}).choices == choices
+
+
 def test_prefill_and_decode_rates_are_learned_apart_from_answers_of_different_mixes():
     # The replica decodes at 20 tok/s and prefills at 1,000: its prior (40) is twice too
     # fast, and the default ratio (50x) prices its prefill at 2,000. Its answers mix long and

@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from lobes_sim.profiles import PROFILES
 
+from tests.support.client import chat
 from tests.support.gateway_proc import start_gateway
 from tests.support.metrics import Scrape
 from tests.support.ports import free_port
@@ -226,6 +227,33 @@ def test_a_continuation_teaches_its_replicas_decode_rate_from_its_own_parts_timi
         wait_until(lambda: learned_rates(pool)[continued_on] < 1000,
                    message="the continuation's replica to learn a rate")
         assert 0.8 * true_rate < learned_rates(pool)[continued_on] < 1.25 * true_rate
+
+
+def test_an_answer_of_several_choices_teaches_its_replica_no_rate(pair):
+    """vLLM's usage counts every choice's tokens, decoded side by side: taken as one answer,
+    n=4 taught a decode rate 4x the true one. The simulator answers one choice; the gateway
+    goes by what was asked."""
+    first, second = pair["first"], pair["second"]
+    with start_gateway(pool_env([first.url, second.url], GATEWAY_POOL_POLICY="prefix",
+                                PRIMARY_PEER_RATES="1000,1000")) as pool:
+        ready(pool)
+        several = chat(pool.url, {"model": "cortex", "n": 4, "max_tokens": 32})
+        assert several.status == 200
+        assert rate_once_counted(pool, 1, several.headers["x-lobes-proxied-by"]) == 1000
+        one = chat(pool.url, {"model": "cortex", "max_tokens": 32})
+        assert one.status == 200
+        assert rate_once_counted(pool, 2, one.headers["x-lobes-proxied-by"]) < 1000
+
+
+def rate_once_counted(pool, answers: int, replica: str) -> float:
+    """The replica's rate (live, from /metrics; /capabilities publishes it each probe) once the
+    pool has counted `answers` cortex answers: an answer is counted after its relay, and what
+    it teaches, is done."""
+    wait_until(lambda: Scrape.of(pool.url).value("lobes_gateway_requests_total",
+                                                 role="cortex") == answers,
+               message=f"{answers} cortex answers counted")
+    return Scrape.of(pool.url).value("lobes_gateway_pool_replica_service_rate_tokens_per_second",
+                                     role="cortex", replica=replica)
 
 
 def hosted_box(local_sim, order: list[str | None], **extra: str) -> tuple[str, object]:

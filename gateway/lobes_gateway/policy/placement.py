@@ -362,6 +362,7 @@ class Placement:
         self.text_chars, self.fixed_tokens = shape.text_chars, shape.fixed_tokens
         # The max_tokens it named, whose share its answer takes teaches the pool's fill.
         self.named_max_tokens = shape.max_tokens if shape.answer_tokens is not None else None
+        self.choices = shape.choices  # sequences it runs there side by side (n)
         self.starts_at = placed_at + forecast.wait_s
         self.released = False
 
@@ -455,6 +456,11 @@ class Placer:
     def in_flight(self, origin: str) -> int:
         return len(self._active[origin])
 
+    def _sequences(self, origin: str) -> int:
+        """This box's sequences on the replica: a request of n choices runs n (as a probe's
+        load counts them)."""
+        return sum(p.choices for p in self._active[origin])
+
     def rate(self, origin: str) -> float | None:
         """The learned (or prior) rate; None while neither exists."""
         return self._rates[origin].value
@@ -495,7 +501,7 @@ class Placer:
         ended = 0
         if probed_at is not None:
             ended = sum(1 for at in self._released_at[origin] if at >= probed_at)
-        self._external[origin] = max(0, (load or 0) - self.in_flight(origin) - ended)
+        self._external[origin] = max(0, (load or 0) - self._sequences(origin) - ended)
         self._external_seen_at[origin] = self._clock() if probed_at is None else probed_at
 
     def forget_prefixes(self, origin: str) -> None:
@@ -544,17 +550,21 @@ class Placer:
             rate = self._effective_rate(c.origin)
             slots = max(1, c.slots)
             own = self._active[c.origin]
-            # Other boxes' work first, then this box's own in dispatch order; other boxes'
-            # is priced as decode only (their prompts are unknown here).
+            # Other boxes' work first, then this box's own in dispatch order, a request of n
+            # choices as n sequences (one prefill: they share the prompt); other boxes' is
+            # priced as decode only (their prompts are unknown here).
             external = self._external_left_s(c.origin, slots, rate, now)
+            work = tuple(left for p in own for left in (p.remaining_s(now),) * p.choices)
             views.append(ReplicaView(
                 origin=c.origin,
                 order=order[c.origin],
                 slots=slots,
-                in_flight=len(own) + len(external),
+                in_flight=len(external) + len(work),
                 rate=rate,
-                work_s=external + tuple(p.remaining_s(now) for p in own),
-                prefill_left_s=(0.0,) * len(external) + tuple(p.prefill_left_s(now) for p in own),
+                work_s=external + work,
+                prefill_left_s=(0.0,) * len(external) + tuple(
+                    stall for p in own
+                    for stall in (p.prefill_left_s(now), *(0.0,) * (p.choices - 1))),
                 cached_tokens=round(self.chars_per_token.tokens(
                     self._affinity.cached_chars(c.origin, request))),
                 prefill_rate=self._prefill[c.origin].value or 0.0,
@@ -631,7 +641,7 @@ class Placer:
 
     def release(self, placement: Placement) -> None:
         self._active[placement.origin].remove(placement)
-        self._released_at[placement.origin].append(self._clock())
+        self._released_at[placement.origin].extend((self._clock(),) * placement.choices)
         self.room_changed()
 
     def learn(self, placement: Placement, tokens: int, elapsed_s: float,
@@ -650,6 +660,11 @@ class Placer:
         teach the decode rate with no forecast in it (the forecast wait, priced at what the
         requests ahead were expected to take, no longer moves it).
         """
+        if placement.choices > 1:
+            # Its tokens are its choices' together, decoded side by side, each of its own
+            # length: they tell neither one answer's length nor one stream's rate (taken as
+            # one, an answer of n=4 taught a decode rate 4x the true one).
+            return
         answer = tokens if answer_tokens is None else answer_tokens
         self._typical_answer += self._smoothing * (answer - self._typical_answer)
         if placement.named_max_tokens is not None:  # a continuation's own part and budget

@@ -54,6 +54,8 @@ class RequestShape:
     # The answer placement expects: a named max_tokens at the pool's learned fill (set by
     # Placer.priced); None for a request that named none (priced at the typical answer).
     answer_tokens: int | None = None
+    # The sequences the request runs side by side: its n (or best_of, when larger) choices.
+    choices: int = 1
 
     def fits(self, window: int | None) -> bool:
         """vLLM's window check: the prompt leaves room, and so does prompt plus max_tokens."""
@@ -73,6 +75,13 @@ def _max_tokens(payload: dict) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
+
+
+def _choices(payload: dict) -> int:
+    """The sequences a request runs side by side: vLLM decodes max(n, best_of) of them."""
+    counts = [value for key in ("n", "best_of")
+              if isinstance(value := payload.get(key), int) and not isinstance(value, bool)]
+    return max([1, *counts])
 
 
 def _text_tokens(chars: int, chars_per_token: float) -> int:
@@ -143,9 +152,9 @@ def request_shape(payload: dict | None, with_blocks: bool,
     elif "prompt" in payload:
         prompt = _completion_prompt(payload["prompt"], chars_per_token)
     else:
-        return RequestShape(max_tokens=_max_tokens(payload))
+        return RequestShape(max_tokens=_max_tokens(payload), choices=_choices(payload))
     shape = RequestShape(prompt.tokens, _max_tokens(payload), (), prompt.text_chars,
-                         prompt.fixed_tokens)
+                         prompt.fixed_tokens, choices=_choices(payload))
     if not with_blocks:
         return shape
     chat = prompt.text if isinstance(messages, list) else ""
