@@ -55,6 +55,14 @@ class GenerateCall:
     priority: int = 0
     prompt: PromptBlocks = NO_PROMPT
     chars_per_token: int = CHARS_PER_TOKEN
+    # The other choices a request of n asks for, each (its seed, where it stops on its own):
+    # like the first, each its own sequence in the engine, decoded side by side.
+    more_choices: tuple[tuple[int, int | None], ...] = ()
+
+    @property
+    def seeds(self) -> list[int]:
+        """Each choice's seed, in order."""
+        return [self.seed, *(seed for seed, _natural in self.more_choices)]
 
     def answer_units(self, generated: int) -> list[object]:
         """The stand-ins of the first `generated` output tokens, as a next turn re-reads them."""
@@ -134,21 +142,27 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
     if prompt_tokens >= window or (requested is not None and prompt_tokens + requested > window):
         raise errors.over_window(window, prompt_tokens, requested)
     max_tokens = requested if requested is not None else window - prompt_tokens
-    natural: int | None = None
-    if not body.get("ignore_eos"):
+    def stops_at(choice_seed: int) -> int | None:
+        if body.get("ignore_eos"):
+            return None
         # Where the whole answer would stop, less what the continued prefix holds already.
-        natural = max(natural_length(seed, state.profile.natural_length) - offset, 1)
-        natural = max(natural, int_field(body, "min_tokens", 0))
+        natural = max(natural_length(choice_seed, state.profile.natural_length) - offset, 1)
+        return max(natural, int_field(body, "min_tokens", 0))
+
     priority = _priority(state, body)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise errors.bad_request("'stream_options' must be an object.", "stream_options")
+    choices = int_field(body, "n", 1)
+    if choices < 1:
+        raise errors.bad_request(f"n must be at least 1, got {choices}.", "n")
+    more_seeds = [digest_seed(seed, "choice", index) for index in range(1, choices)]
     return GenerateCall(
         chat=chat,
         model=model,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
-        natural=natural,
+        natural=stops_at(seed),
         seed=seed,
         offset=offset,
         stream=bool(body.get("stream")),
@@ -157,6 +171,7 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
         priority=priority,
         prompt=_prompt_blocks(body, chat, chars),
         chars_per_token=chars,
+        more_choices=tuple((each, stops_at(each)) for each in more_seeds),
     )
 
 
@@ -219,36 +234,34 @@ class _Answer:
             "choices": choices,
         }
 
-    def full(self, text: str, sequence: Sequence) -> dict[str, Any]:
-        if self.call.chat:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "tool_calls": []},
-                "logprobs": None,
-                "finish_reason": sequence.finish_reason,
-                "stop_reason": None,
-            }
-            answer = self.envelope("chat.completion", [choice])
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": sequence.finish_reason,
-                "stop_reason": None,
-            }
-            answer = self.envelope("text_completion", [choice])
-        answer["usage"] = _usage(self.call.prompt_tokens, sequence.generated)
+    def full(self, answers: list[tuple[str, Sequence]]) -> dict[str, Any]:
+        """The whole answer of each choice's (text, sequence), in order; usage counts them all
+        (vLLM's completion_tokens is every choice's)."""
+        choices = []
+        for index, (text, sequence) in enumerate(answers):
+            choice: dict[str, Any] = {"index": index}
+            if self.call.chat:
+                choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
+            else:
+                choice["text"] = text
+            choice.update(logprobs=None, finish_reason=sequence.finish_reason, stop_reason=None)
+            choices.append(choice)
+        answer = self.envelope("chat.completion" if self.call.chat else "text_completion",
+                               choices)
+        answer["usage"] = _usage(self.call.prompt_tokens,
+                                 sum(sequence.generated for _text, sequence in answers))
         return answer
 
-    def chunk(self, piece: str | None, finish_reason: str | None) -> dict[str, Any]:
-        """One stream chunk; piece=None on a chat stream is the opening role delta."""
+    def chunk(self, piece: str | None, finish_reason: str | None,
+              index: int = 0) -> dict[str, Any]:
+        """One stream chunk of choice `index`; piece=None on a chat stream is the opening role
+        delta."""
         if self.call.chat:
             delta = {"role": "assistant", "content": ""} if piece is None else {"content": piece}
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None}
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": piece or "", "logprobs": None}
+            choice = {"index": index, "text": piece or "", "logprobs": None}
             obj = "text_completion"
         choice["finish_reason"] = finish_reason
         if finish_reason is not None:
@@ -272,8 +285,8 @@ class _TokenEvents:
 
     _MARK = "\x00piece\x00"
 
-    def __init__(self, answer: _Answer) -> None:
-        rendered = _sse(answer.chunk(self._MARK, None))
+    def __init__(self, answer: _Answer, index: int = 0) -> None:
+        rendered = _sse(answer.chunk(self._MARK, None, index))
         self._head, self._tail = rendered.split(json.dumps(self._MARK).encode())
 
     def event(self, piece: str) -> bytes:
@@ -287,75 +300,118 @@ async def handle_generate(
     call = parse_call(state, request_json(request), chat)
     sequence = Sequence(call.prompt_tokens, call.max_tokens, call.natural, call.priority,
                         call.prompt, call.answer_units)
-    state.engine.submit(sequence)
-    watcher = asyncio.create_task(conn.watch_disconnect(lambda: state.engine.abort(sequence)))
+    others = [Sequence(call.prompt_tokens, call.max_tokens, natural, call.priority, call.prompt)
+              for _seed, natural in call.more_choices]
+    everyone = [sequence, *others]
+    for each in everyone:
+        state.engine.submit(each)
+
+    def abort() -> None:
+        for each in everyone:
+            state.engine.abort(each)
+
+    watcher = asyncio.create_task(conn.watch_disconnect(abort))
     try:
         if call.stream:
-            await _stream(state, conn, call, sequence, request.keep_alive)
+            await _stream(state, conn, call, everyone, request.keep_alive)
         else:
-            await _respond_whole(conn, call, sequence, request.keep_alive)
+            await _respond_whole(conn, call, everyone, request.keep_alive)
     except (ConnectionError, OSError) as exc:
-        state.engine.abort(sequence)
+        abort()
         raise ClientGone from exc
     finally:
         await stop_watching(watcher)
 
 
 async def _respond_whole(
-    conn: Connection, call: GenerateCall, sequence: Sequence, keep_alive: bool
+    conn: Connection, call: GenerateCall, sequences: list[Sequence], keep_alive: bool
 ) -> None:
-    while not sequence.finished:
-        await sequence.progress()
-    if sequence.finish_reason == ABORT:
-        raise ClientGone
-    text = TokenStream(call.seed).text(sequence.generated, start=call.offset)
-    await conn.send_json(200, _Answer(call).full(text, sequence), keep_alive)
+    """Answer once every choice's sequence has finished."""
+    for sequence in sequences:
+        while not sequence.finished:
+            await sequence.progress()
+        if sequence.finish_reason == ABORT:
+            raise ClientGone
+    answers = [(TokenStream(seed).text(sequence.generated, start=call.offset), sequence)
+               for seed, sequence in zip(call.seeds, sequences, strict=True)]
+    await conn.send_json(200, _Answer(call).full(answers), keep_alive)
+
+
+@dataclass
+class _Choice:
+    """One choice of a stream: its sequence, its words and event template, what it has sent."""
+
+    index: int
+    sequence: Sequence
+    tokens: TokenStream
+    plain: _TokenEvents
+    opened: bool
+    sent: int = 0
+
+    @property
+    def unsent(self) -> bool:
+        return not self.sequence.finished or self.sent < self.sequence.generated
 
 
 async def _stream(
-    state: SimState, conn: Connection, call: GenerateCall, sequence: Sequence, keep_alive: bool
+    state: SimState, conn: Connection, call: GenerateCall, sequences: list[Sequence],
+    keep_alive: bool,
 ) -> None:
     answer = _Answer(call)
-    tokens = TokenStream(call.seed)
-    plain = _TokenEvents(answer)
+    choices = [_Choice(index, sequence, TokenStream(seed), _TokenEvents(answer, index),
+                       opened=not call.chat)
+               for index, (seed, sequence) in enumerate(zip(call.seeds, sequences, strict=True))]
     writer = _SseWriter(state.faults.die_after_chunks)
     await conn.start_chunked(200, "text/event-stream; charset=utf-8", keep_alive)
-    per_chunk = max(1, state.profile.tokens_per_chunk)
-    sent = 0
-    opened = not call.chat
     try:
-        while not sequence.finished or sent < sequence.generated:
-            await sequence.progress()
-            if sequence.finish_reason == ABORT:
+        while any(choice.unsent for choice in choices):
+            # The choices decode side by side: the first still running paces them.
+            running = next((c.sequence for c in choices if not c.sequence.finished), None)
+            if running is not None:
+                await running.progress()
+            if any(choice.sequence.finish_reason == ABORT for choice in choices):
                 raise ClientGone
-            # As vLLM, the chat role delta goes out with the first output, after prefill.
-            if not opened and sequence.generated:
-                writer.add(_sse(_role_chunk(answer, call)))
-                opened = True
-            while count := _chunk_tokens(sequence, sent, per_chunk):
-                piece = "".join(tokens.token(call.offset + sent + i) for i in range(count))
-                sent += count
-                if (sequence.finished and sent == sequence.generated) or call.continuous_usage:
-                    writer.add(_sse(_final_or_usage_chunk(answer, call, sequence, piece, sent)))
-                else:
-                    writer.add(plain.event(piece))
-            if not sequence.finished:
+            for choice in choices:
+                _send_ready(writer, answer, call, choice, choices, state.profile.tokens_per_chunk)
+            if any(not choice.sequence.finished for choice in choices):
                 await writer.flush(conn)
         if call.include_usage:
-            writer.add(_sse(answer.usage_chunk(sequence.generated)))
+            writer.add(_sse(answer.usage_chunk(sum(s.generated for s in sequences))))
         writer.add(b"data: [DONE]\n\n")
         await writer.flush(conn, end=True)
     except _StreamCut:
         await writer.flush(conn)
-        state.engine.abort(sequence)
+        for sequence in sequences:
+            state.engine.abort(sequence)
         conn.drop()
         raise ClientGone from None
 
 
-def _role_chunk(answer: _Answer, call: GenerateCall) -> dict[str, Any]:
+def _send_ready(writer: _SseWriter, answer: _Answer, call: GenerateCall, choice: _Choice,
+                choices: list[_Choice], tokens_per_chunk: int) -> None:
+    """Queue a choice's events for what it has generated: as vLLM, a chat choice's role delta
+    goes out with its first output, after prefill; then its tokens, chunk by chunk."""
+    sequence = choice.sequence
+    if not choice.opened and sequence.generated:
+        writer.add(_sse(_role_chunk(answer, call, choice.index)))
+        choice.opened = True
+    per_chunk = max(1, tokens_per_chunk)
+    while count := _chunk_tokens(sequence, choice.sent, per_chunk):
+        start = call.offset + choice.sent
+        piece = "".join(choice.tokens.token(start + i) for i in range(count))
+        choice.sent += count
+        last = sequence.finished and choice.sent == sequence.generated
+        if last or call.continuous_usage:
+            sent = sum(each.sent for each in choices)
+            writer.add(_sse(_final_or_usage_chunk(answer, call, choice, piece, last, sent)))
+        else:
+            writer.add(choice.plain.event(piece))
+
+
+def _role_chunk(answer: _Answer, call: GenerateCall, index: int = 0) -> dict[str, Any]:
     """A chat stream's opening role delta; with continuous usage it carries vLLM's usage of
     no completion tokens yet."""
-    chunk = answer.chunk(None, None)
+    chunk = answer.chunk(None, None, index)
     if call.include_usage and call.continuous_usage:
         chunk["usage"] = _usage(call.prompt_tokens, 0)
     return chunk
@@ -371,10 +427,11 @@ def _chunk_tokens(sequence: Sequence, sent: int, per_chunk: int) -> int:
 
 
 def _final_or_usage_chunk(
-    answer: _Answer, call: GenerateCall, sequence: Sequence, piece: str, sent: int
+    answer: _Answer, call: GenerateCall, choice: _Choice, piece: str, last: bool, sent: int
 ) -> dict[str, Any]:
-    last = sequence.finished and sent == sequence.generated
-    chunk = answer.chunk(piece, sequence.finish_reason if last else None)
+    """A choice's last chunk (its finish reason) or a chunk with continuous usage (`sent`
+    tokens of every choice so far)."""
+    chunk = answer.chunk(piece, choice.sequence.finish_reason if last else None, choice.index)
     if call.include_usage and call.continuous_usage:
         chunk["usage"] = _usage(call.prompt_tokens, sent)
     return chunk

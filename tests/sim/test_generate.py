@@ -221,6 +221,39 @@ def test_min_tokens_lengthens_the_natural_stop(instant):
     assert answer["choices"][0]["finish_reason"] == "stop"
 
 
+def test_n_answers_several_choices_each_its_own_and_counts_them_all(sim):
+    one = post(sim.url, CHAT, chat_payload(max_tokens=200)).json()
+    several = post(sim.url, CHAT, chat_payload(max_tokens=200, n=3)).json()
+    choices = several["choices"]
+    assert [choice["index"] for choice in choices] == [0, 1, 2]
+    assert choices[0]["message"] == one["choices"][0]["message"]  # the first, as with n=1
+    assert len({choice["message"]["content"] for choice in choices}) == 3
+    lengths = [len(choice["message"]["content"].split()) for choice in choices]
+    assert several["usage"]["completion_tokens"] == sum(lengths)  # as vLLM: every choice's
+    assert several["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+
+
+def test_a_stream_of_n_choices_carries_each_by_its_index_and_counts_them_all(sim):
+    payload = chat_payload(max_tokens=200, n=2, stream_options={"include_usage": True})
+    reply = stream(sim.url, CHAT, payload)
+    whole = post(sim.url, CHAT, chat_payload(max_tokens=200, n=2)).json()
+    assert reply.status == 200 and reply.done
+    *chunks, usage = reply.events
+    for index, choice in enumerate(whole["choices"]):
+        own = [c for e in chunks for c in e["choices"] if c["index"] == index]
+        assert own[0]["delta"] == {"role": "assistant", "content": ""}  # its role delta first
+        assert "".join(c["delta"]["content"] for c in own[1:]) == choice["message"]["content"]
+        assert [c["finish_reason"] for c in own[1:]][-1] == choice["finish_reason"]
+    assert usage["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+
+
+def test_n_below_one_or_not_an_integer_is_400_naming_n(instant):
+    for extra in ({"n": 0}, {"n": "two"}):
+        reply = post(instant.url, CHAT, chat_payload(**extra))
+        assert reply.status == 400, extra
+        assert reply.json()["error"]["param"] == "n"
+
+
 def test_ill_typed_fields_are_400_naming_the_field(instant):
     for field, value in (("min_tokens", "many"), ("stream_options", "yes"), ("max_tokens", 0)):
         reply = post(instant.url, CHAT, chat_payload(**{field: value}))
