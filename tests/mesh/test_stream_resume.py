@@ -231,18 +231,42 @@ def test_a_continuation_teaches_its_replicas_decode_rate_from_its_own_parts_timi
 
 def test_an_answer_of_several_choices_teaches_its_replica_no_rate(pair):
     """vLLM's usage counts every choice's tokens, decoded side by side: taken as one answer,
-    n=4 taught a decode rate 4x the true one. The simulator answers one choice; the gateway
-    goes by what was asked."""
+    n=4 taught a decode rate 4x the true one (724 tok/s against the simulator's ~181 here)."""
     first, second = pair["first"], pair["second"]
     with start_gateway(pool_env([first.url, second.url], GATEWAY_POOL_POLICY="prefix",
                                 PRIMARY_PEER_RATES="1000,1000")) as pool:
         ready(pool)
         several = chat(pool.url, {"model": "cortex", "n": 4, "max_tokens": 32})
         assert several.status == 200
+        assert several.json()["usage"]["completion_tokens"] == 4 * 32
         assert rate_once_counted(pool, 1, several.headers["x-lobes-proxied-by"]) == 1000
         one = chat(pool.url, {"model": "cortex", "max_tokens": 32})
         assert one.status == 200
         assert rate_once_counted(pool, 2, one.headers["x-lobes-proxied-by"]) < 1000
+
+
+def test_a_request_of_four_choices_holds_four_slots_of_its_replica(pair):
+    """Each peer runs 4 at once (PRIMARY_MAX_ACTIVE): while one request of n=4 runs on the
+    first, the next goes to the idle second, not behind it. Counted as one request, the first
+    looked three slots free and took it too, until a load probe saw its four sequences (here
+    the probe after the first is a minute away)."""
+    first, second = pair["first"], pair["second"]
+    with start_gateway(pool_env([first.url, second.url], GATEWAY_POOL_POLICY="prefix",
+                                PRIMARY_PEER_RATES="200,200",
+                                GATEWAY_PROBE_INTERVAL_S="60")) as pool:
+        ready(pool)
+        answers: list = []
+        several = threading.Thread(target=lambda: answers.append(chat(
+            pool.url, {"model": "cortex", "n": 4, "max_tokens": 400, "ignore_eos": True})))
+        several.start()
+        wait_until(lambda: Scrape.of(pool.url).value("lobes_gateway_pool_replica_in_flight",
+                                                     role="cortex") == 1,
+                   message="the request of four choices placed")
+        next_one = chat(pool.url, {"model": "cortex", "max_tokens": 8})
+        several.join()
+    [held] = answers
+    assert held.headers["x-lobes-proxied-by"] == first.url
+    assert next_one.headers["x-lobes-proxied-by"] == second.url
 
 
 def rate_once_counted(pool, answers: int, replica: str) -> float:
