@@ -231,7 +231,8 @@ def test_a_continuation_teaches_its_replicas_decode_rate_from_its_own_parts_timi
 
 def test_an_answer_of_several_choices_teaches_its_replica_no_rate(pair):
     """vLLM's usage counts every choice's tokens, decoded side by side: taken as one answer,
-    n=4 taught a decode rate 4x the true one (724 tok/s against the simulator's ~181 here)."""
+    this n=4 answer taught 327 tok/s where the simulator decodes ~181 (a stream, timed from its
+    first event, would teach four choices' tokens over one's time: 4x)."""
     first, second = pair["first"], pair["second"]
     with start_gateway(pool_env([first.url, second.url], GATEWAY_POOL_POLICY="prefix",
                                 PRIMARY_PEER_RATES="1000,1000")) as pool:
