@@ -108,6 +108,18 @@ class Engine:
             self.waiting.append(sequence)
         self._wake.set()
 
+    def submit_all(self, sequences: list[Sequence]) -> Callable[[], None]:
+        """Queue each of one request's sequences; the function that aborts them all (for
+        when its client goes away)."""
+        for sequence in sequences:
+            self.submit(sequence)
+
+        def abort_all() -> None:
+            for sequence in sequences:
+                self.abort(sequence)
+
+        return abort_all
+
     def abort(self, sequence: Sequence) -> None:
         """Drop a sequence whose client went away, freeing its slot (vLLM aborts on disconnect)."""
         if sequence.finished:

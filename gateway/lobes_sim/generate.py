@@ -142,13 +142,6 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
     if prompt_tokens >= window or (requested is not None and prompt_tokens + requested > window):
         raise errors.over_window(window, prompt_tokens, requested)
     max_tokens = requested if requested is not None else window - prompt_tokens
-    def stops_at(choice_seed: int) -> int | None:
-        if body.get("ignore_eos"):
-            return None
-        # Where the whole answer would stop, less what the continued prefix holds already.
-        natural = max(natural_length(choice_seed, state.profile.natural_length) - offset, 1)
-        return max(natural, int_field(body, "min_tokens", 0))
-
     priority = _priority(state, body)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
@@ -162,7 +155,7 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
         model=model,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
-        natural=stops_at(seed),
+        natural=_stops_at(state, body, seed, offset),
         seed=seed,
         offset=offset,
         stream=bool(body.get("stream")),
@@ -171,8 +164,17 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
         priority=priority,
         prompt=_prompt_blocks(body, chat, chars),
         chars_per_token=chars,
-        more_choices=tuple((each, stops_at(each)) for each in more_seeds),
+        more_choices=tuple((each, _stops_at(state, body, each, offset)) for each in more_seeds),
     )
+
+
+def _stops_at(state: SimState, body: dict[str, Any], seed: int, offset: int) -> int | None:
+    """Where a choice drawn from `seed` stops on its own (None: at max_tokens, ignore_eos),
+    less what the continued prefix holds already."""
+    if body.get("ignore_eos"):
+        return None
+    natural = max(natural_length(seed, state.profile.natural_length) - offset, 1)
+    return max(natural, int_field(body, "min_tokens", 0))
 
 
 def _prompt_blocks(body: dict[str, Any], chat: bool, chars: int) -> PromptBlocks:
@@ -303,13 +305,7 @@ async def handle_generate(
     others = [Sequence(call.prompt_tokens, call.max_tokens, natural, call.priority, call.prompt)
               for _seed, natural in call.more_choices]
     everyone = [sequence, *others]
-    for each in everyone:
-        state.engine.submit(each)
-
-    def abort() -> None:
-        for each in everyone:
-            state.engine.abort(each)
-
+    abort = state.engine.submit_all(everyone)
     watcher = asyncio.create_task(conn.watch_disconnect(abort))
     try:
         if call.stream:

@@ -37,13 +37,7 @@ async def run_prefill(state: SimState, conn: Connection, token_counts: list[int]
                 f"requested {tokens} tokens in the input. Please reduce the length of the input.",
             )
     sequences = [Sequence(tokens, 0, natural=0) for tokens in token_counts]
-    for sequence in sequences:
-        state.engine.submit(sequence)
-
-    def abort_all() -> None:
-        for sequence in sequences:
-            state.engine.abort(sequence)
-
+    abort_all = state.engine.submit_all(sequences)
     watcher = asyncio.create_task(conn.watch_disconnect(abort_all))
     try:
         for sequence in sequences:
