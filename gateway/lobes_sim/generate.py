@@ -34,6 +34,8 @@ CONTINUE_WITH_GENERATION_PROMPT = (
     "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
 CONTINUE_WITHOUT_ASSISTANT = (
     "continue_final_message needs the final message to be the assistant's.")
+# The simulator's bound on n: each choice is a sequence in its engine.
+MAX_CHOICES = 256
 
 
 @dataclass(frozen=True)
@@ -147,8 +149,9 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
     if not isinstance(options, dict):
         raise errors.bad_request("'stream_options' must be an object.", "stream_options")
     choices = int_field(body, "n", 1)
-    if choices < 1:
-        raise errors.bad_request(f"n must be at least 1, got {choices}.", "n")
+    if not 1 <= choices <= MAX_CHOICES:
+        raise errors.bad_request(f"n must be from 1 to {MAX_CHOICES} on the simulator, got "
+                                 f"{choices}.", "n")
     more_seeds = [digest_seed(seed, "choice", index) for index in range(1, choices)]
     return GenerateCall(
         chat=chat,

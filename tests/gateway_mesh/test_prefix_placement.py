@@ -21,6 +21,7 @@ from lobes_gateway.policy.placement import (
 from lobes_gateway.policy.prefix import (
     BLOCK_CHARS,
     CHARS_PER_TOKEN,
+    MAX_CHOICES,
     PrefixAffinity,
     RequestShape,
     request_shape,
@@ -267,7 +268,8 @@ def test_a_request_of_n_choices_holds_n_slots_and_prefills_once():
 
 
 @pytest.mark.parametrize(("fields", "choices"), [
-    ({}, 1), ({"n": 3}, 3), ({"n": 2, "best_of": 5}, 5), ({"n": True}, 1), ({"n": "4"}, 1)])
+    ({}, 1), ({"n": 3}, 3), ({"n": 2, "best_of": 5}, 5), ({"n": True}, 1), ({"n": "4"}, 1),
+    ({"n": -2}, 1), ({"n": 10**9}, MAX_CHOICES)])
 def test_a_requests_choices_are_its_n_or_best_of(fields, choices):
     assert shape({**chat("go"), **fields}).choices == choices
 

@@ -34,6 +34,9 @@ MAX_PROMPT_BLOCKS = 4096
 BLOCKS_PER_REPLICA = 32768
 # Prompt ends remembered per replica (each a sent chat prompt an answer may follow).
 ENDS_PER_REPLICA = 4096
+# Choices priced per request at most: more than any replica runs at once, and a hostile n
+# (a billion) must not become a billion sequences in placement's arithmetic.
+MAX_CHOICES = 256
 # How the chat text marks an assistant message that follows a prompt's end.
 _ASSISTANT_OPENS = "assistant\x1f"
 _MESSAGE_ENDS = "\x1e"
@@ -78,10 +81,11 @@ def _max_tokens(payload: dict) -> int | None:
 
 
 def _choices(payload: dict) -> int:
-    """The sequences a request runs side by side: vLLM decodes max(n, best_of) of them."""
+    """The sequences a request runs side by side: vLLM decodes max(n, best_of) of them
+    (at most MAX_CHOICES)."""
     counts = [value for key in ("n", "best_of")
               if isinstance(value := payload.get(key), int) and not isinstance(value, bool)]
-    return max([1, *counts])
+    return min(max([1, *counts]), MAX_CHOICES)
 
 
 def _text_tokens(chars: int, chars_per_token: float) -> int:
