@@ -17,6 +17,7 @@ from lobes_gateway.policy.placement import (
     RatePolicy,
     ReplicaView,
     RouteReason,
+    forecast,
 )
 from lobes_gateway.policy.prefix import (
     BLOCK_CHARS,
@@ -265,6 +266,18 @@ def test_a_request_of_n_choices_holds_n_slots_and_prefills_once():
     assert view.slot_wait_s() == pytest.approx(10.0)  # every slot busy for its 100 tokens
     p.place([Candidate(B, 4)], request=RequestShape(2500, 100, choices=2))
     assert p.views([Candidate(B, 4)])[0].prefill_left_s == (pytest.approx(5.0), 0.0)
+
+
+def test_a_request_of_n_choices_waits_for_n_slots_and_decodes_in_waves_beyond_them():
+    p = placer(priors={A: 10.0, B: 10.0})
+    p.place([Candidate(A, 4)], request=RequestShape(0, 100))  # two slots busy for 10 s
+    p.place([Candidate(A, 4)], request=RequestShape(0, 100))
+    view = p.views([Candidate(A, 4)])[0]
+    assert view.slot_wait_s() == view.slot_wait_s(2) == 0.0
+    assert view.slot_wait_s(3) == pytest.approx(10.0)
+    idle = p.views([Candidate(B, 4)])[0]
+    assert forecast(idle, RequestShape(0, 100, choices=4)).decode_s == pytest.approx(10.0)
+    assert forecast(idle, RequestShape(0, 100, choices=6)).decode_s == pytest.approx(20.0)
 
 
 @pytest.mark.parametrize(("fields", "choices"), [

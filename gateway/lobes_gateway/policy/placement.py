@@ -128,10 +128,11 @@ class ReplicaView:
         waves = self.in_flight // self.slots + 1
         return waves * expected_tokens / self.rate
 
-    def slot_wait_s(self) -> float:
+    def slot_wait_s(self, choices: int = 1) -> float:
         """Seconds until a request placed now starts its prefill: the work in flight run
         through the slots in order, each taking the first slot to free, and the engine done
-        with the prefills ahead of it.
+        with the prefills ahead of it. A request of several choices waits for as many slots
+        (at most all of them: the rest run after its own).
 
         Prefill is compute-bound and holds up the whole engine: a step prefills what it
         admitted before the running sequences get their next token (vLLM, chunked or not,
@@ -158,7 +159,7 @@ class ReplicaView:
                 heapq.heapify(free_at)
                 engine = start + stall
             heapq.heappush(free_at, start + work)
-        return max(free_at[0], engine)
+        return max(heapq.nsmallest(min(choices, self.slots), free_at)[-1], engine)
 
     def prefill_s(self, prompt_tokens: int) -> float:
         """Seconds of prefill for the part of the prompt the replica likely lacks."""
@@ -184,10 +185,11 @@ class Forecast:
 
 def forecast(view: ReplicaView, request: RequestShape) -> Forecast:
     """The request's wait, prefill and decode on the replica (its answer already priced:
-    Placer.priced)."""
+    Placer.priced); choices beyond the replica's slots decode in waves after the first."""
     tokens = request.answer_tokens or request.max_tokens or DEFAULT_EXPECTED_TOKENS
-    return Forecast(view.slot_wait_s(), view.prefill_s(request.prompt_tokens),
-                    tokens / view.rate, view.rate,
+    waves = -(-request.choices // view.slots)
+    return Forecast(view.slot_wait_s(request.choices), view.prefill_s(request.prompt_tokens),
+                    waves * tokens / view.rate, view.rate,
                     view.prefill_rate or view.rate * PREFILL_SPEEDUP)
 
 
