@@ -11,6 +11,7 @@ from lobes_gateway.mesh.replicas import Fingerprint, ProbeResult, ReplicaSet, Re
 from lobes_gateway.policy.placement import (
     EXPLORE_AFTER,
     PREFILL_SPEEDUP,
+    AnswerFill,
     Candidate,
     Placer,
     PrefixPolicy,
@@ -27,7 +28,6 @@ from lobes_gateway.policy.prefix import (
     RequestShape,
     request_shape,
 )
-from lobes_gateway.policy.tokens import AnswerFill
 from lobes_sim.textgen import count_chat_tokens, count_prompt_tokens
 
 from .queue_model import SEED_TOKENS, SPARK, THOR, burst_makespan

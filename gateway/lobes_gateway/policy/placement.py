@@ -10,13 +10,13 @@ Policies (GATEWAY_POOL_POLICY):
           the wait for a slot (the remaining work of what is in flight there, in seconds),
           its prefill (its prompt less the prefix the replica likely holds, learned from
           what this gateway sent where: policy/prefix.py) and its decode (its max_tokens at
-          the share of it the pool's answers take, policy/tokens.py AnswerFill, or the
-          pool's learned answer length when it names none). Each replica's decode and
-          prefill rates are learned apart from its answers (Placer.learn). A replica whose
-          rate was never measured gets one request once it is idle, when priced at the
-          choice's rates it would finish it sooner (exploration); that sample replaces its
-          prior. A queued request's prefill holds up every busy slot of its replica in the
-          wait, and a prefill under way holds up a request placed there even with a slot free.
+          the share of it the pool's answers take, AnswerFill, or the pool's learned
+          answer length when it names none). Each replica's decode and prefill rates are
+          learned apart from its answers (Placer.learn). A replica whose rate was never
+          measured gets one request once it is idle, when priced at the choice's rates it
+          would finish it sooner (exploration); that sample replaces its prior. A queued
+          request's prefill holds up every busy slot of its replica in the wait, and a
+          prefill under way holds up a request placed there even with a slot free.
   rate    earliest expected completion: the waves of work queued ahead of the
           request on a replica's slots, plus its own, each taking expected tokens / rate.
           prefix and rate: a slower replica must beat the fastest by SLOWER_REPLICA_MARGIN.
@@ -40,6 +40,7 @@ X-Lobes-Route-Reason vocabulary (closed; RouteReason):
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -48,7 +49,7 @@ from enum import Enum
 from typing import Protocol
 
 from .prefix import PrefixAffinity, RequestShape, request_shape
-from .tokens import AnswerFill, CharsPerToken
+from .tokens import CharsPerToken
 
 DEFAULT_EXPECTED_TOKENS = 256
 DEFAULT_SMOOTHING = 0.3
@@ -334,6 +335,43 @@ class RateEstimate:
         else:
             self.value += self._smoothing * (tokens_per_second - self.value)
         self.samples += 1
+
+
+# A max_tokens of 2**k - 2**(k+1) - 1 is one bucket: clients ask a few fixed budgets (4,096 for
+# any reply, 32 for a label), each answered at its own fill. Beyond 2**40 it is one bucket.
+MAX_FILL_BUCKET = 40
+
+
+class AnswerFill:
+    """The share of a named max_tokens a role's answers take, learned per bucket of max_tokens.
+
+    Clients often ask far more than they get (max_tokens 4,096 for a ~155-token reply): priced
+    at its max_tokens, such a request looked 26x its length, and work in flight on a fast
+    replica looked so long that the default policy left a slow one idle and ran 1.35x slower
+    than `rate` (issue 13, docs/benchmarks.md, loose max_tokens). A bucket with no answer yet
+    is priced at its max_tokens (a fill of 1); its first answer replaces that guess.
+    """
+
+    def __init__(self, smoothing: float) -> None:
+        self._smoothing = smoothing
+        self._fill: dict[int, RateEstimate] = {}
+
+    @staticmethod
+    def _bucket(max_tokens: int) -> int:
+        return min(max_tokens.bit_length(), MAX_FILL_BUCKET)
+
+    def expected(self, max_tokens: int) -> int:
+        """The answer tokens a request naming `max_tokens` is expected to take."""
+        estimate = self._fill.get(self._bucket(max_tokens))
+        fill = 1.0 if estimate is None or estimate.value is None else estimate.value
+        return max(1, min(max_tokens, math.ceil(max_tokens * fill)))
+
+    def observe(self, max_tokens: int, answer_tokens: int) -> None:
+        """A request that named `max_tokens` was answered with `answer_tokens`."""
+        bucket = self._bucket(max_tokens)
+        if bucket not in self._fill:
+            self._fill[bucket] = RateEstimate(1.0, self._smoothing, measured_replaces_prior=True)
+        self._fill[bucket].observe(min(1.0, answer_tokens / max_tokens))
 
 
 def expected_tokens(payload: dict | None) -> int:

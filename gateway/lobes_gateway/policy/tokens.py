@@ -1,5 +1,4 @@
-"""What placement learns of a role's tokens online: its prompt's characters per token, from the
-usage its answers report, and how much of a named max_tokens its answers take.
+"""A role's characters per prompt token, learned online from the usage its answers report.
 
 Placement prices a prompt in tokens before sending it, from its text: four characters a token
 until told otherwise. Tokenizers differ (code and non-English text run finer, some vocabularies
@@ -12,7 +11,6 @@ those that do not scale with text (the chat template's markers, token ids).
 
 from __future__ import annotations
 
-import math
 import re
 
 from .prefix import CHARS_PER_TOKEN
@@ -56,40 +54,3 @@ class CharsPerToken:
         """Tokens of `chars` characters of prompt text."""
         return chars / self.value
 
-
-# A max_tokens of 2**k - 2**(k+1) - 1 is one bucket: clients ask a few fixed budgets (4,096 for
-# any reply, 32 for a label), each answered at its own fill. Beyond 2**40 it is one bucket.
-MAX_FILL_BUCKET = 40
-
-
-class AnswerFill:
-    """The share of a named max_tokens a role's answers take, learned per bucket of max_tokens.
-
-    Clients often ask far more than they get (max_tokens 4,096 for a ~155-token reply): priced
-    at its max_tokens, such a request looked 26x its length, and work in flight on a fast
-    replica looked so long that the default policy left a slow one idle and ran 1.35x slower
-    than `rate` (issue 13, docs/benchmarks.md, loose max_tokens). A bucket with no answer yet
-    is priced at its max_tokens (a fill of 1); its first answer replaces that guess.
-    """
-
-    def __init__(self, smoothing: float) -> None:
-        self._smoothing = smoothing
-        self._fill: dict[int, float] = {}
-
-    @staticmethod
-    def _bucket(max_tokens: int) -> int:
-        return min(max_tokens.bit_length(), MAX_FILL_BUCKET)
-
-    def expected(self, max_tokens: int) -> int:
-        """The answer tokens a request naming `max_tokens` is expected to take."""
-        fill = self._fill.get(self._bucket(max_tokens), 1.0)
-        return max(1, min(max_tokens, math.ceil(max_tokens * fill)))
-
-    def observe(self, max_tokens: int, answer_tokens: int) -> None:
-        """A request that named `max_tokens` was answered with `answer_tokens`."""
-        sample = min(1.0, answer_tokens / max_tokens)
-        bucket = self._bucket(max_tokens)
-        if bucket in self._fill:
-            self._fill[bucket] += self._smoothing * (sample - self._fill[bucket])
-        else:
-            self._fill[bucket] = sample
