@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -312,7 +313,7 @@ async def handle_generate(
     watcher = asyncio.create_task(conn.watch_disconnect(abort))
     try:
         if call.stream:
-            await _stream(state, conn, call, everyone, request.keep_alive)
+            await _stream(state, conn, call, everyone, abort, request.keep_alive)
         else:
             await _respond_whole(conn, call, everyone, request.keep_alive)
     except (ConnectionError, OSError) as exc:
@@ -354,7 +355,7 @@ class _Choice:
 
 async def _stream(
     state: SimState, conn: Connection, call: GenerateCall, sequences: list[Sequence],
-    keep_alive: bool,
+    abort: Callable[[], None], keep_alive: bool,
 ) -> None:
     answer = _Answer(call)
     choices = [_Choice(index, sequence, TokenStream(seed), _TokenEvents(answer, index),
@@ -380,8 +381,7 @@ async def _stream(
         await writer.flush(conn, end=True)
     except _StreamCut:
         await writer.flush(conn)
-        for sequence in sequences:
-            state.engine.abort(sequence)
+        abort()
         conn.drop()
         raise ClientGone from None
 
