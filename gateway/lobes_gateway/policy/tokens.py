@@ -53,4 +53,3 @@ class CharsPerToken:
     def tokens(self, chars: int) -> float:
         """Tokens of `chars` characters of prompt text."""
         return chars / self.value
-
