@@ -1,0 +1,90 @@
+"""bench/bare_relay.py, the floor gateway_bench.py measures the gateway against: it must relay
+exactly what the backend sends, or the floor it reports is not a relay's. Real processes: the
+benchmark's fast backend and the relay on 127.0.0.1 ports."""
+
+from __future__ import annotations
+
+import http.client
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.ports import free_port
+from tests.support.wait import http_ok, wait_until
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load_relay_module():
+    spec = importlib.util.spec_from_file_location("bare_relay", BENCH / "bare_relay.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bare_relay = _load_relay_module()
+CHUNKED_BODY = b"5\r\nhello\r\n1a;ext=1\r\n" + b"x" * 26 + b"\r\n0\r\n\r\n"
+
+
+def _ends(pieces: list[bytes]) -> list[bool]:
+    tracker = bare_relay.ChunkTracker()
+    return [tracker.ended_by(piece) for piece in pieces]
+
+
+@pytest.mark.parametrize("cut", range(1, len(CHUNKED_BODY)))
+def test_a_chunked_body_ends_with_its_last_byte_wherever_it_is_cut(cut):
+    assert _ends([CHUNKED_BODY[:cut], CHUNKED_BODY[cut:]]) == [False, True]
+
+
+def test_a_chunked_body_fed_byte_by_byte_ends_only_at_its_last_byte():
+    ends = _ends([CHUNKED_BODY[i:i + 1] for i in range(len(CHUNKED_BODY))])
+    assert ends == [False] * (len(CHUNKED_BODY) - 1) + [True]
+
+
+@pytest.fixture
+def backend_and_relay(tmp_path):
+    backend_port, relay_port = free_port(), free_port()
+    started = [
+        subprocess.Popen([sys.executable, str(BENCH / "fast_backend.py"), "--port",
+                          str(backend_port)]),
+        subprocess.Popen([sys.executable, str(BENCH / "bare_relay.py"), "--port",
+                          str(relay_port), "--backend", f"http://127.0.0.1:{backend_port}"]),
+    ]
+    try:
+        for port in (backend_port, relay_port):
+            wait_until(lambda port=port: http_ok(f"http://127.0.0.1:{port}/health"),
+                       message=f"a 200 from /health on port {port}")
+        yield backend_port, relay_port
+    finally:
+        for process in started:
+            process.terminate()
+            process.wait(timeout=10)
+
+
+def _exchanges(port: int) -> list[tuple[int, bytes]]:
+    """A JSON answer, a streamed one and a JSON one again, on one keep-alive connection."""
+    bodies = [{"model": "bench-model"},
+              {"model": "bench-model", "stream": True, "bench_chunks": 5},
+              {"model": "bench-model"}]
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    answers = []
+    for body in bodies:
+        conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                     {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        answers.append((response.status, response.read()))
+    conn.close()
+    return answers
+
+
+def test_the_relay_answers_byte_for_byte_what_the_backend_does(backend_and_relay):
+    backend_port, relay_port = backend_and_relay
+    direct = _exchanges(backend_port)
+    relayed = _exchanges(relay_port)
+    assert relayed == direct
+    assert [status for status, _body in relayed] == [200, 200, 200]
+    assert relayed[1][1].count(b"data: ") == 6 and relayed[1][1].endswith(b"data: [DONE]\n\n")
