@@ -1,11 +1,15 @@
-"""Gateway benchmark: direct-to-backend vs nginx vs lobes_gateway (access log off and on), one run.
+"""Gateway benchmark: direct-to-backend vs nginx vs a bare asyncio relay vs lobes_gateway
+(access log off and on), one run.
 
 Prints a markdown table (requests/s and added p50/p99 latency at c=1/64/256, CPU per request
 and per SSE chunk as a ratio to nginx, time-to-first-chunk overhead, RSS per stream with 4,000
 SSE streams held open) plus PASS/MISS per target, and writes it between the gateway-bench
-markers of docs/benchmarks.md. A benchmark, not a test: it asserts nothing, it reports.
+markers of docs/benchmarks.md. bench/bare_relay.py, the cheapest relay stdlib asyncio allows,
+is measured alongside: the gateway's CPU as a ratio to it is the cost of the gateway's own
+work, and the relay's ratio to nginx is what the host does to any Python proxy. A benchmark,
+not a test: it asserts nothing, it reports.
 
-    python3 bench/gateway_bench.py             # the full run (about 7 minutes)
+    python3 bench/gateway_bench.py             # the full run (about 9 minutes)
     python3 bench/gateway_bench.py --quick     # a smoke run with short windows, 500 streams
 
 Each proxy is pinned to core 1; the load generator (this process) and the backend share core 0.
@@ -38,8 +42,8 @@ CLIENT_CORE, PROXY_CORE = 0, 1
 SERVED_NAME = "bench-model"
 API_KEY = "bench-key"
 CONCURRENCIES = (1, 64, 256)
-# "logged" is the gateway with its JSON access log on (a file): on and off side by side.
-TARGETS = ("direct", "nginx", "gateway", "logged")
+# "relay" is bench/bare_relay.py; "logged" is the gateway with its JSON access log on (a file).
+TARGETS = ("direct", "nginx", "relay", "gateway", "logged")
 OWN_SESSION_ENV = "LOBES_BENCH_OWN_SESSION"
 
 
@@ -164,7 +168,7 @@ def median_of(rounds: list[dict]) -> dict:
 
 
 async def interleaved(targets: list[Target], request: bytes, concurrency: int, cfg: Settings):
-    """Rounds of direct, nginx, gateway in turn, so load drifts on the host hit all alike."""
+    """Rounds of every target in turn, so load drifts on the host hit all alike."""
     per_target: dict[str, list[dict]] = {t.name: [] for t in targets}
     for _round in range(cfg.rounds):
         for target in targets:
@@ -235,6 +239,20 @@ async def held_streams(target: Target, backend_port: int, cfg: Settings) -> dict
     }
 
 
+def start_relay(backend_port: int, workdir: Path) -> procs.Service:
+    """bench/bare_relay.py on the proxies' core: the floor of a stdlib asyncio proxy."""
+    port = procs.free_port()
+    argv = [
+        sys.executable,
+        str(REPO / "bench" / "bare_relay.py"),
+        "--port",
+        str(port),
+        "--backend",
+        f"http://127.0.0.1:{backend_port}",
+    ]
+    return procs.spawn("relay", argv, port, PROXY_CORE, workdir)
+
+
 def start_backend(workdir: Path) -> procs.Service:
     """bench/fast_backend.py on the client's core: the backend every target fronts."""
     port = procs.free_port()
@@ -259,6 +277,7 @@ async def run(cfg: Settings, workdir: Path, log) -> dict:
         targets = [Target("direct", backend_port, None)]
         starters = {
             "nginx": lambda: procs.start_nginx(backend_port, PROXY_CORE, workdir, nofile),
+            "relay": lambda: start_relay(backend_port, workdir),
             "gateway": lambda: start_gateway(backend_port, cfg.gateway_dir, workdir),
             "logged": lambda: start_gateway(
                 backend_port,
@@ -364,7 +383,8 @@ def parse_args(argv: list[str]) -> Settings:
     parser.add_argument(
         "--targets",
         default=",".join(TARGETS),
-        help="comma list out of direct,nginx,gateway (default all; direct always runs)",
+        help="comma list out of direct,nginx,relay,gateway,logged (default all; direct always "
+        "runs)",
     )
     parser.add_argument(
         "--nice",

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 
-COLUMNS = ("direct", "nginx", "gateway", "logged")
+COLUMNS = ("direct", "nginx", "relay", "gateway", "logged")
 # The gateway's columns, each also given as a ratio to nginx: access log off, then on.
 GATEWAYS = ("gateway", "logged")
+# The floor: bench/bare_relay.py, the cheapest stdlib asyncio relay.
+FLOOR = "relay"
 
 # The bar from issue 2, checked against the gateway's figures of the same run.
 MAX_ADDED_P50_MS_C1 = 0.35
@@ -189,6 +191,23 @@ def _target_rows(results: dict, streams: int) -> list[str]:
     ]
 
 
+def _floor_rows(results: dict, concurrencies: list[int]) -> list[str]:
+    """CPU against the bare relay: what the host charges any Python proxy (the relay against
+    nginx) apart from what the gateway's own work costs (the gateway against the relay)."""
+    measures = [(f"c{c}", "cpu_per_req_us", f"CPU per request, c={c}") for c in concurrencies]
+    measures.append(("sse", "cpu_per_event_us", "CPU per SSE chunk"))
+    rows = [
+        "| figure | bare relay / nginx | gateway / bare relay | access log on / bare relay |",
+        "|---|---|---|---|",
+    ]
+    for phase, key, label in measures:
+        floor = _get(results, phase, FLOOR, key)
+        ratios = [_ratio(floor, _get(results, phase, "nginx", key))]
+        ratios += [_ratio(_get(results, phase, t, key), floor) for t in GATEWAYS]
+        rows.append(f"| {label} | " + " | ".join(_fmt(r, "{:.2f}x") for r in ratios) + " |")
+    return rows
+
+
 def _error_note(results: dict) -> str:
     errors = {
         t: sum(results[p].get(t, {}).get("errors", 0) for p in results if p != "streams")
@@ -226,7 +245,10 @@ def render(results: dict, info: dict) -> str:
         "moves wall-time figures; CPU ratios and KiB per stream are the stable ones).",
         "",
         f"Command: `{info['command']}`. Backend: `bench/fast_backend.py` (stdlib asyncio, "
-        "pre-encoded responses); each proxy pinned to core 1, client and backend to core 0, "
+        "pre-encoded responses). Bare relay: `bench/bare_relay.py`, the floor of a stdlib "
+        "asyncio proxy (callbacks only, pooled upstream connections, bytes relayed untouched; "
+        "no auth, routing, parsing or metrics). Each proxy pinned to core 1, client and "
+        "backend to core 0, "
         f"all in a session of their own at niceness {cfg.nice:+d} (its autogroup too). "
         f"Figures are medians of {cfg.rounds} interleaved rounds of {cfg.window_s:g} s windows. "
         "CPU is the proxy process tree's utime+stime over the window. SSE chunks: "
@@ -244,15 +266,17 @@ def render(results: dict, info: dict) -> str:
             else ""
         ),
         "",
-        "| figure | direct | nginx | gateway | gateway, access log on | gateway / nginx "
-        "| access log on / nginx |",
-        "|---|---|---|---|---|---|---|",
+        "| figure | direct | nginx | bare relay | gateway | gateway, access log on "
+        "| gateway / nginx | access log on / nginx |",
+        "|---|---|---|---|---|---|---|---|",
         *_throughput_and_cpu_rows(results, concurrencies),
         *(row for c in concurrencies for row in _latency_rows(results, c)),
         *_stream_rows(results, cfg.streams),
         "",
         _error_note(results),
         _streams_note(results),
+        "",
+        *_floor_rows(results, concurrencies),
         "",
         "| target (issues 2, 12, 13) | gateway | gateway, access log on |",
         "|---|---|---|",
