@@ -23,8 +23,10 @@ def pool():
             start_sim("instant", served_name=SERVED) as slow_sim, \
             start_gateway(peer_env(fast_sim)) as fast, start_gateway(peer_env(slow_sim)) as slow:
         origins = [fast.url, slow.url]
+        # Probe passes far apart: what /capabilities shows of a pool must not wait for one.
         env = pool_env(fast.url, origins, PRIMARY_PEER_API_KEY="",
-                       PRIMARY_PEER_RATES=",".join(map(str, RATES)))
+                       PRIMARY_PEER_RATES=",".join(map(str, RATES)),
+                       GATEWAY_PROBE_INTERVAL_S="60")
         with start_gateway(env) as pooling:
             all_selectable(pooling)
             yield pooling, origins
@@ -59,17 +61,20 @@ def test_pooled_requests_are_counted_by_reason_and_replica(pool):
         assert after.value("lobes_gateway_pool_replica_in_flight", **replica) == 0
 
 
-def test_each_replica_rate_is_the_one_placement_uses(pool):
+def test_each_replica_rate_is_the_one_placement_uses_from_the_answer_that_taught_it(pool):
+    """/capabilities shows the rate placement uses now, as /metrics does: learned from the
+    answer just served, not as of the last probe pass (a minute apart here)."""
     gateway, origins = pool
-    chat(gateway.url, CORTEX)  # at least one replica has learned a rate besides its prior
-
-    def agree() -> bool:
-        scrape = Scrape.of(gateway.url)
-        exported = {origin: round(scrape.value(
-            "lobes_gateway_pool_replica_service_rate_tokens_per_second", role="cortex",
-            replica=origin), 2) for origin in origins}
-        published = {row["origin"]: row["rate"]
-                     for row in gateway.get_json("/capabilities")["roles"]["cortex"]["replicas"]}
-        return exported == published and set(exported.values()) != set(RATES)
-
-    wait_until(agree, message="/metrics and /capabilities agreeing on the learned rates")
+    served = Scrape.of(gateway.url).value("lobes_gateway_requests_total", role="cortex")
+    chat(gateway.url, CORTEX)  # at least one replica learns a rate besides its prior
+    wait_until(lambda: Scrape.of(gateway.url).value("lobes_gateway_requests_total",
+                                                    role="cortex") > served,
+               message="the gateway counting the chat")
+    scrape = Scrape.of(gateway.url)
+    exported = {origin: round(scrape.value(
+        "lobes_gateway_pool_replica_service_rate_tokens_per_second", role="cortex",
+        replica=origin), 2) for origin in origins}
+    published = {row["origin"]: row["rate"]
+                 for row in gateway.get_json("/capabilities")["roles"]["cortex"]["replicas"]}
+    assert published == exported
+    assert set(exported.values()) != set(RATES)

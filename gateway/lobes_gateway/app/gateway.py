@@ -119,7 +119,7 @@ class Gateway:
         self.dispatcher = Dispatcher(config, self.connections, self.peers, self.pressure,
                                      self.metrics)
         self.views = Views(config, self.router, self.connections, self.pressure,
-                           self.peers.views.get, self.dispatcher.peer_in_flight,
+                           self.peers.view, self.dispatcher.peer_in_flight,
                            self.admission.status)
         self._background: list[asyncio.Task] = []
         # Open client connections, ended at shutdown.

@@ -190,7 +190,8 @@ class PeerWatch:
         self._connections = connections
         self._timeout = config.limits.probe_timeout_s
         self._origins: dict[str, Origin] = {}
-        self.views: dict[str, PeerView] = {}
+        # The proxied and owner routes' views as of the last probe pass (a pool's is live).
+        self._views: dict[str, PeerView] = {}
         self.pooled: dict[str, PooledRole] = {}
         self._proxied: dict[str, ReplicaSet] = {}
         self._owned: dict[str, ReplicaSet] = {}
@@ -234,17 +235,22 @@ class PeerWatch:
         except UpstreamError as exc:
             raise ConnectionError(str(exc)) from None
 
+    def view(self, role: str) -> PeerView | None:
+        """A peer route's view: a pool's is built now, so the rates it shows are the ones
+        placement uses this moment; the others are as the last probe pass saw them."""
+        pooled = self.pooled.get(role)
+        return pooled.view() if pooled is not None else self._views.get(role)
+
     def _publish(self) -> None:
-        for name, role in self.pooled.items():
+        for role in self.pooled.values():
             role.note_loads()
-            self.views[name] = role.view()
         for name, peer in self._proxied.items():
             extra: dict[str, object] = {"peer": peer.states[0].snapshot()}
             if peer.served_id is not None:
                 extra["served_name"] = peer.served_id
-            self.views[name] = _set_view(peer, extra)
+            self._views[name] = _set_view(peer, extra)
         for name, owners in self._owned.items():
-            self.views[name] = _set_view(owners, {"owners": owners.capabilities()["replicas"]})
+            self._views[name] = _set_view(owners, {"owners": owners.capabilities()["replicas"]})
 
     async def run(self) -> None:
         """Probe forever (a background task); nothing to do without peer routes."""
