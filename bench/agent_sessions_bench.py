@@ -25,6 +25,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -48,6 +49,10 @@ POLICIES = ("pinned", "queue", "rate", "prefix")
 # first token over rate's bounds what affinity can gain in the scenario (loosely: it frees the
 # new tokens' prefill too, which no cache holds).
 PREFILL_FREE = "rate, prefill free"
+# A reference, not a policy: "static split K" sends sessions 0..K-1 straight to the second
+# simulator and the rest to the first, each session staying where it started. It shows what
+# placing whole sessions by the replicas' capacity, rather than each turn alone, could reach.
+STATIC_SPLIT = "static split "
 SERVED = "unsloth/Qwen3.8-27B-NVFP4"
 SYSTEM = "You are the fleet's agent: plan, call tools, report what each step measured. " * 208
 ANSWER_TOKENS = 64
@@ -64,12 +69,23 @@ class Turn:
     served_by: str
 
 
-def stream_turn(port: int, messages: list[dict]) -> tuple[Turn, str]:
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a session sends its turns: a pooling gateway (the role's name; the replica from
+    its answer's header) or one simulator directly (its served name; `name` is the replica)."""
+
+    port: int
+    model: str = "cortex"
+    name: str | None = None
+
+
+def stream_turn(endpoint: Endpoint, messages: list[dict]) -> tuple[Turn, str]:
     """Send one streamed chat turn; the turn's timings and the answer text."""
-    body = json.dumps({"model": "cortex", "messages": messages, "max_tokens": ANSWER_TOKENS,
+    body = json.dumps({"model": endpoint.model, "messages": messages,
+                       "max_tokens": ANSWER_TOKENS,
                        "ignore_eos": True, "stream": True,
                        "stream_options": {"include_usage": True}})
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    connection = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=600)
     sent = time.monotonic()
     connection.request("POST", "/v1/chat/completions", body,
                        {"Content-Type": "application/json"})
@@ -90,7 +106,7 @@ def stream_turn(port: int, messages: list[dict]) -> tuple[Turn, str]:
                 text.append(piece)
     done = time.monotonic()
     connection.close()
-    served_by = response.getheader("X-Lobes-Proxied-By") or "local"
+    served_by = endpoint.name or response.getheader("X-Lobes-Proxied-By") or "local"
     return Turn(sent, first or done, done, tokens, served_by), "".join(text)
 
 
@@ -106,13 +122,22 @@ class Scenario:
     # Characters of the session's own context after the shared system prompt (a coding agent's
     # files): 0 for none. Only the replica that served the session holds it.
     own_context_chars: int = 0
+    # Reference rows: (--pair name, sessions placed whole on the second replica); see
+    # STATIC_SPLIT. The seed pair's counts are the best of a sweep over 3-6 (docs/benchmarks.md).
+    static_splits: tuple[tuple[str, int], ...] = ()
+
+    def rows(self, pair: str) -> tuple[str, ...]:
+        """The policies, then this pair's static-split references."""
+        splits = tuple(f"{STATIC_SPLIT}{count}" for name, count in self.static_splits
+                       if name == pair)
+        return self.policies + splits
 
 
 SCENARIOS = (
     Scenario("issue 13's example: ~220-token turns, 2 s tool calls", 920, 2.0,
-             (*POLICIES, PREFILL_FREE)),
+             (*POLICIES, PREFILL_FREE), static_splits=(("seed", 3), ("homogeneous", 8))),
     Scenario("tool outputs: ~2,000-token turns, 10 s tool calls", 8000, 10.0,
-             ("rate", "prefix")),
+             ("rate", "prefix", PREFILL_FREE), static_splits=(("seed", 5), ("homogeneous", 8))),
     # Not issue 13's example: as many sessions as the pair has slots, so a turn rarely queues
     # and its time to first token is its prefill, which is what affinity saves.
     Scenario("added scenario, not the issue's: 4 sessions (the pair not saturated), "
@@ -133,7 +158,8 @@ PAIRS = (
 )
 
 
-def session(port: int, index: int, turns: int, scenario: Scenario, scale: float) -> list[Turn]:
+def session(endpoint: Endpoint, index: int, turns: int, scenario: Scenario,
+            scale: float) -> list[Turn]:
     """One agent session: its turns in order, each over the whole history so far, with the
     scenario's tool time between an answer and the next turn."""
     context = f"Session {index}'s working files, as the agent last read them. "
@@ -146,7 +172,7 @@ def session(port: int, index: int, turns: int, scenario: Scenario, scale: float)
                 "the last tool output, for the next call. ")
         question = (line * (scenario.turn_chars // len(line) + 1))[:scenario.turn_chars]
         messages.append({"role": "user", "content": question})
-        turn, answer = stream_turn(port, messages)
+        turn, answer = stream_turn(endpoint, messages)
         messages.append({"role": "assistant", "content": answer})
         results.append(turn)
         time.sleep(scenario.think_s / scale)
@@ -191,12 +217,14 @@ def hit_rate(sim_urls: list[str]) -> float:
     return hits / queries if queries else 0.0
 
 
-def run_policy(port: int, scenario: Scenario, args: argparse.Namespace) -> list[Turn]:
+def run_sessions(endpoint_of: Callable[[int], Endpoint], scenario: Scenario,
+                 args: argparse.Namespace) -> list[Turn]:
+    """Every session at once, session i sending its turns to endpoint_of(i)."""
     lock = threading.Lock()
     every: list[Turn] = []
 
     def one(index: int) -> None:
-        done = session(port, index, args.turns, scenario, args.time_scale)
+        done = session(endpoint_of(index), index, args.turns, scenario, args.time_scale)
         with lock:
             every.extend(done)
 
@@ -213,16 +241,20 @@ def row_setup(row: str) -> tuple[str, list[str]]:
     return row, []
 
 
-def measure_pair(profiles: tuple[str, str], scenario: Scenario,
+def measure_pair(pair: str, profiles: tuple[str, str], scenario: Scenario,
                  args: argparse.Namespace) -> list[Result]:
     """Fresh simulators per policy (an empty prefix cache each time), one pooling gateway."""
     scale = args.time_scale
     results = []
-    for policy in scenario.policies:
+    for policy in scenario.rows(pair):
         placing, sim_args = row_setup(policy)
         with ExitStack() as stack:
             sims = [stack.enter_context(start_sim(p, time_scale=scale, extra_args=sim_args))
                     for p in profiles]
+            if policy.startswith(STATIC_SPLIT):
+                result = static_split(sims, int(policy[len(STATIC_SPLIT):]), scenario, args)
+                results.append(report_row(result))
+                continue
             first = peer_gateway(stack, sims[0].url, SERVED, SPARK_KEY)
             second = peer_gateway(stack, sims[1].url, SERVED, None)
             rates = tuple(SEED_RATES[p] * scale for p in profiles)
@@ -230,14 +262,27 @@ def measure_pair(profiles: tuple[str, str], scenario: Scenario,
             orin = stack.enter_context(start_gateway(env))
             wait_pool_ready(orin.url, 2)
             port = urlsplit(orin.url).port or 0
-            turns = run_policy(port, scenario, args)
+            turns = run_sessions(lambda _index, pool=Endpoint(port): pool, scenario, args)
             result = Result(policy, turns, scale, split(turns, [first.url, second.url]),
                             hit_rate([sim.url for sim in sims]))
-            results.append(result)
-            print(f"  {policy:18s} TTFT p50 {result.ttft(0.5):6.2f} s  p95 "
-                  f"{result.ttft(0.95):6.2f} s  {result.tok_per_s():6.1f} tok/s  "
-                  f"hits {result.hit_rate:.0%}  ({result.split})", flush=True)
+            results.append(report_row(result))
     return results
+
+
+def static_split(sims: list, on_second: int, scenario: Scenario,
+                 args: argparse.Namespace) -> Result:
+    """Sessions 0..on_second-1 straight to the second simulator, the rest to the first."""
+    endpoints = [Endpoint(urlsplit(sim.url).port or 0, SERVED, sim.url) for sim in sims]
+    turns = run_sessions(lambda index: endpoints[1 if index < on_second else 0], scenario, args)
+    return Result(f"{STATIC_SPLIT}{on_second}", turns, args.time_scale,
+                  split(turns, [sim.url for sim in sims]), hit_rate([sim.url for sim in sims]))
+
+
+def report_row(result: Result) -> Result:
+    print(f"  {result.policy:18s} TTFT p50 {result.ttft(0.5):6.2f} s  p95 "
+          f"{result.ttft(0.95):6.2f} s  {result.tok_per_s():6.1f} tok/s  "
+          f"hits {result.hit_rate:.0%}  ({result.split})", flush=True)
+    return result
 
 
 def table(title: str, results: list[Result]) -> list[str]:
@@ -281,8 +326,11 @@ def main() -> None:
         f"{args.time_scale:g}; seconds and tok/s in seed time. `prefix` is rate + prefix "
         "(and size) awareness, the new default. `rate, prefill free` is a reference, not a "
         "policy: `rate` against simulators whose prefill costs nothing (`--prefill-scale 0`), "
-        "so its TTFT ratio bounds what any prefix affinity could gain (loosely: no cache holds "
-        "a turn's new tokens either).",
+        "so its TTFT ratio bounds what prefix affinity could gain with rate's balance of "
+        "turns (loosely: no cache holds a turn's new tokens either). `static split K` is a "
+        "reference too: K sessions sent whole, straight to the second simulator, the rest to "
+        "the first (no gateway), so it shows what placing sessions by the replicas' capacity, "
+        "not each turn alone, could reach; the seed pair's K is the best of a sweep over 3-6.",
         "",
     ]
     for index, scenario in enumerate(SCENARIOS):
@@ -293,7 +341,7 @@ def main() -> None:
             if args.pair and name not in args.pair:
                 continue
             print(f"{scenario.title}; {title}", flush=True)
-            section += table(title, measure_pair(profiles, scenario, args))
+            section += table(title, measure_pair(name, profiles, scenario, args))
     print("\n".join(section))
     if args.write_docs:
         docs_section.write_section("agent-sessions-bench", "\n".join(section))
