@@ -95,21 +95,26 @@ class Upstream(asyncio.Protocol):
         self.transport.write(request)
 
     def data_received(self, data: bytes) -> None:
+        head = b""
         if self.chunks is None and not self.body_left:
-            rest = self._read_head(data)
-            if rest is None:
+            parts = self._read_head(data)
+            if parts is None:
                 return
-            data = rest
+            head, data = parts
         if self.chunks is not None:
             done = self.chunks.ended_by(data)
         else:
             self.body_left -= len(data)
             done = self.body_left <= 0
-        self._pass(data, done)
+        assert self.client is not None
+        # The head and the body bytes that came with it leave in one write, as the gateway's do.
+        self.client.transport.write(head + data)
+        if done:
+            self._done()
 
-    def _read_head(self, data: bytes) -> bytes | None:
-        """Collect the response head; once whole, relay it and return the body's bytes that
-        came with it. None: the head is not whole yet, or the answer had no body."""
+    def _read_head(self, data: bytes) -> tuple[bytes, bytes] | None:
+        """Collect the response head; once whole, the head and the body's bytes that came with
+        it (None: not whole yet). Sets how the body is framed."""
         self.head += data
         end = self.head.find(HEAD_END)
         if end < 0:
@@ -121,19 +126,7 @@ class Upstream(asyncio.Protocol):
             self.chunks = ChunkTracker()
         else:
             self.body_left = length
-        assert self.client is not None
-        self.client.transport.write(head)
-        if length == 0:
-            self._done()
-            return None
-        return rest
-
-    def _pass(self, data: bytes, done: bool) -> None:
-        assert self.client is not None
-        if data:
-            self.client.transport.write(data)
-        if done:
-            self._done()
+        return head, rest
 
     def _done(self) -> None:
         client, self.client = self.client, None
