@@ -272,10 +272,11 @@ def measure_pair(pair: str, profiles: tuple[str, str], scenario: Scenario,
 def static_split(sims: list, on_second: int, scenario: Scenario,
                  args: argparse.Namespace) -> Result:
     """Sessions 0..on_second-1 straight to the second simulator, the rest to the first."""
-    endpoints = [Endpoint(urlsplit(sim.url).port or 0, SERVED, sim.url) for sim in sims]
+    urls = [sim.url for sim in sims]
+    endpoints = [Endpoint(urlsplit(url).port or 0, SERVED, url) for url in urls]
     turns = run_sessions(lambda index: endpoints[1 if index < on_second else 0], scenario, args)
-    return Result(f"{STATIC_SPLIT}{on_second}", turns, args.time_scale,
-                  split(turns, [sim.url for sim in sims]), hit_rate([sim.url for sim in sims]))
+    return Result(f"{STATIC_SPLIT}{on_second}", turns, args.time_scale, split(turns, urls),
+                  hit_rate(urls))
 
 
 def report_row(result: Result) -> Result:
