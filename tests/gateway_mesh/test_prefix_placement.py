@@ -246,7 +246,21 @@ def test_a_streams_decode_rate_is_timed_from_its_first_event_not_from_the_foreca
     placement = p.place([Candidate(A, 2)], request=RequestShape(8000, 155))
     placement.record_completion(tokens=155, elapsed_s=0.8 + 154 / 25.0, first_token_s=0.8)
     assert p.rate(A) == pytest.approx(25.0)
-    assert p.prefill_rate(A) is not None  # the prefill is still taught by the forecast
+    # It started at once (a slot free, no prefill under way): its first event timed the
+    # prefill, 8,000 tokens in 0.8 s.
+    assert p.prefill_rate(A) == pytest.approx(10_000)
+
+
+def test_a_stream_forecast_to_wait_teaches_no_prefill_rate():
+    # Its wait is a forecast: overrated (the work ahead ended sooner), it left a prefill too
+    # short to be true, which taught seed 000's Spark 2.5x its prefill rate (issue 13).
+    p = placer(priors={A: 50.0, B: 50.0})
+    p.place([Candidate(A, 1)], request=RequestShape(0, 100))  # 2 s of work ahead
+    waited = p.place([Candidate(A, 1)], request=RequestShape(8000, 155))
+    assert waited.forecast.wait_s == pytest.approx(2.0)
+    waited.record_completion(tokens=155, elapsed_s=0.5 + 154 / 25.0, first_token_s=0.5)
+    assert p.rate(A) == pytest.approx(25.0)
+    assert p.prefill_rate(A) is None
 
 
 def test_an_answer_of_several_choices_teaches_no_rate_answer_length_or_share():

@@ -74,6 +74,12 @@ MIN_REMAINING_SHARE = 0.05
 # A rate sample's decode time is at least this share of the elapsed time, so an overrated
 # wait or prefill never turns into an absurd rate.
 MIN_DECODE_SHARE = 0.25
+# A stream forecast to start within this share of its first token's time started about at
+# once: its first token timed its prefill, which teaches the prefill rate. One forecast to
+# wait teaches nothing of it: its wait is a forecast, and an overrated one (the work ahead
+# ended sooner) left a prefill too short to be true, which taught seed 000's Spark 2.5x its
+# real prefill rate (issue 13, agent sessions with tool outputs) and priced its queue short.
+STARTED_AT_ONCE_SHARE = 0.1
 # Placements the pool makes before it explores: the first requests are priced on priors.
 EXPLORE_AFTER = 8
 # Ends of this box's requests remembered per replica, to tell them from other boxes' work in
@@ -698,7 +704,9 @@ class Placer:
         different mixes both settle where the forecasts come true. A stream times its decode
         itself: its tokens after the first over the time from its first event to its end
         teach the decode rate with no forecast in it (the forecast wait, priced at what the
-        requests ahead were expected to take, no longer moves it).
+        requests ahead were expected to take, no longer moves it), and when it started at
+        once, its first event times its prefill; a stream forecast to wait teaches no
+        prefill rate (STARTED_AT_ONCE_SHARE).
         """
         if placement.choices > 1:
             # Its tokens are its choices' together, decoded side by side, each of its own
@@ -718,12 +726,20 @@ class Placer:
         factor = service_s / expected_s
         prefill_share = priced.prefill_s / expected_s
         decoded_s = elapsed_s - first_token_s if first_token_s is not None else 0.0
-        if tokens > 1 and decoded_s > 0:
+        if tokens > 1 and decoded_s > 0 and first_token_s is not None:
             self.observe_rate(placement.origin, (tokens - 1) / decoded_s)
-        else:
-            self.observe_rate(placement.origin, priced.rate / factor ** (1 - prefill_share))
+            if priced.prefill_s > 0 and priced.wait_s <= first_token_s * STARTED_AT_ONCE_SHARE:
+                prefill_s = first_token_s - priced.wait_s
+                self.observe_prefill_rate(placement.origin,
+                                          priced.prefill_rate * priced.prefill_s / prefill_s)
+            return
+        self.observe_rate(placement.origin, priced.rate / factor ** (1 - prefill_share))
         if priced.prefill_s > 0:
-            self._prefill[placement.origin].observe(priced.prefill_rate / factor ** prefill_share)
+            self.observe_prefill_rate(placement.origin,
+                                      priced.prefill_rate / factor ** prefill_share)
+
+    def observe_prefill_rate(self, origin: str, tokens_per_second: float) -> None:
+        self._prefill[origin].observe(tokens_per_second)
 
     def prefill_rate(self, origin: str) -> float | None:
         """The learned prompt tok/s of the replica's prefill; None before its first sample."""
