@@ -165,6 +165,8 @@ class PoolQueue(Waiting):
 
     def arrive(self, ticket: Ticket, now: float) -> list[Ticket]:
         """Queue a ticket and release what has room; the tickets released now."""
+        if ticket.shape is not None:
+            self.pooled.placer.arrived(ticket.shape)
         self.push(ticket)
         return self.admit(now)
 

@@ -16,7 +16,9 @@ Policies (GATEWAY_POOL_POLICY):
           measured gets one request once it is idle, when priced at the choice's rates it
           would finish it sooner (exploration); that sample replaces its prior. A queued
           request's prefill holds up every busy slot of its replica in the wait, and a
-          prefill under way holds up a request placed there even with a slot free.
+          prefill under way holds up a request placed there even with a slot free. A turn
+          of a session (a prompt that continues one this pool answered) also pays the wait
+          its session adds to the sessions bound to a replica (policy/sessions.py).
   rate    earliest expected completion: the waves of work queued ahead of the
           request on a replica's slots, plus its own, each taking expected tokens / rate.
           prefix and rate: a slower replica must beat the fastest by SLOWER_REPLICA_MARGIN.
@@ -49,6 +51,7 @@ from enum import Enum
 from typing import Protocol
 
 from .prefix import PrefixAffinity, RequestShape, request_shape
+from .sessions import DEFAULT_THINK_S, Conversations, TurnCost, is_chat_turn, join_cost_s
 from .tokens import CharsPerToken
 
 DEFAULT_EXPECTED_TOKENS = 256
@@ -129,6 +132,9 @@ class ReplicaView:
     prefill_left_s: tuple[float, ...] = ()
     cached_tokens: int = 0  # of this request's prompt, likely held there
     prefill_rate: float = 0.0  # prompt tok/s; 0 while unknown: PREFILL_SPEEDUP x rate
+    # Seconds the request's session, bound here, is expected to add to the round of the
+    # sessions bound here (policy/sessions.py); 0 for a request that is no session's turn.
+    balance_s: float = 0.0
 
     def expected_completion_s(self, expected_tokens: int) -> float:
         """Seconds until a request placed now would finish on this replica (waves)."""
@@ -168,10 +174,14 @@ class ReplicaView:
             heapq.heappush(free_at, start + work)
         return max(heapq.nsmallest(min(choices, self.slots), free_at)[-1], engine)
 
+    @property
+    def prompt_rate(self) -> float:
+        """Prompt tok/s of its prefill: learned, else guessed from its decode rate."""
+        return self.prefill_rate or self.rate * PREFILL_SPEEDUP
+
     def prefill_s(self, prompt_tokens: int) -> float:
         """Seconds of prefill for the part of the prompt the replica likely lacks."""
-        speed = self.prefill_rate or self.rate * PREFILL_SPEEDUP
-        return max(0, prompt_tokens - self.cached_tokens) / speed
+        return max(0, prompt_tokens - self.cached_tokens) / self.prompt_rate
 
 
 @dataclass(frozen=True)
@@ -196,8 +206,7 @@ def forecast(view: ReplicaView, request: RequestShape) -> Forecast:
     tokens = request.answer_tokens or request.max_tokens or DEFAULT_EXPECTED_TOKENS
     waves = -(-request.choices // view.slots)
     return Forecast(view.slot_wait_s(request.choices), view.prefill_s(request.prompt_tokens),
-                    waves * tokens / view.rate, view.rate,
-                    view.prefill_rate or view.rate * PREFILL_SPEEDUP)
+                    waves * tokens / view.rate, view.rate, view.prompt_rate)
 
 
 class Policy(Protocol):
@@ -265,7 +274,8 @@ class RatePolicy:
 
 
 class PrefixPolicy:
-    """Earliest expected completion of this request: slot wait, uncached prefill, decode.
+    """Earliest expected completion of this request: slot wait, uncached prefill, decode;
+    a session's turn also pays what its session adds to the others bound where it goes.
 
     Affinity only lowers the prefill term; the wait term grows with the work in flight, so
     a saturated replica that holds the prefix loses to one that finishes the request sooner.
@@ -281,8 +291,9 @@ class PrefixPolicy:
         # by noise (0.1-4% in issue 13's 4 sessions on the homogeneous pair): one is slower
         # only by more than the margin, else a hair's rate took a conversation off the
         # replica holding its prefix, 1-9% sooner there, and stacked sessions on the other.
-        return _earliest(views, lambda view: forecast(view, request).completion_s,
-                         slower_by=SLOWER_REPLICA_MARGIN)
+        return _earliest(
+            views, lambda view: forecast(view, request).completion_s + view.balance_s,
+            slower_by=SLOWER_REPLICA_MARGIN)
 
 
 def _earliest(
@@ -411,6 +422,8 @@ class Placement:
         self.choices = shape.choices  # sequences it runs there side by side (n)
         self.starts_at = placed_at + forecast.wait_s
         self.released = False
+        # Its session's key in the pool's conversations (None: no session's turn).
+        self.conversation: int | None = None
 
     def remaining_s(self, now: float) -> float:
         """Expected seconds of work left: its prefill and decode less the time it has run."""
@@ -478,6 +491,7 @@ class Placer:
         # policies only); None until its first answer with a prefill to learn from.
         self._prefill = {o: RateEstimate(None, smoothing) for o in priors}
         self._affinity = PrefixAffinity(priors)
+        self._conversations = Conversations(smoothing)
         # The role's prompt characters per token, learned from the usage its answers report.
         self.chars_per_token = CharsPerToken(smoothing)
         # The pool's typical answer, tokens: the size of a request that names no max_tokens.
@@ -615,7 +629,33 @@ class Placer:
                     self._affinity.cached_chars(c.origin, request))),
                 prefill_rate=self._prefill[c.origin].value or 0.0,
             ))
-        return views
+        return self._balanced(views, request, now)
+
+    def _balanced(self, views: list[ReplicaView], request: RequestShape,
+                  now: float) -> list[ReplicaView]:
+        """The views with what the request's session would add to each replica's bound
+        sessions over the rounds it is expected to go on; unchanged until the pool has seen
+        a session (policy/sessions.py)."""
+        sessions = self._conversations
+        sessions.expire(now)
+        rounds = sessions.rounds_ahead()
+        if rounds <= 0 or not views or not is_chat_turn(request):
+            return views
+        found = sessions.continued(request)
+        own = found[1] if found else None
+        think_s = sessions.think_s or DEFAULT_THINK_S
+        # The session's next turns bring what no replica holds now (its new message) and
+        # an answer like this one.
+        new_tokens = max(0, request.prompt_tokens - max(v.cached_tokens for v in views))
+        answer = request.answer_tokens or request.max_tokens or DEFAULT_EXPECTED_TOKENS
+        balanced = []
+        for view in views:
+            decode_s = answer / view.rate
+            turn = TurnCost(engine_s=new_tokens / view.prompt_rate + decode_s / view.slots,
+                            overlap_s=decode_s - decode_s / view.slots)
+            cost = join_cost_s(turn, think_s, sessions.bound(view.origin, excluding=own))
+            balanced.append(replace(view, balance_s=rounds * cost))
+        return balanced
 
     def place(
         self,
@@ -632,6 +672,10 @@ class Placer:
         if choice is None:
             return None
         return self.commit(views, choice, shape)
+
+    def arrived(self, shape: RequestShape) -> None:
+        """A request arrived that may wait in the pool's queue before it is placed."""
+        self._conversations.returned(shape, self._clock())
 
     def priced(self, shape: RequestShape) -> RequestShape:
         """The shape as placement prices it: an unnamed max_tokens is the typical answer, a
@@ -674,6 +718,8 @@ class Placer:
         placement = Placement(self, view.origin, reason, view.in_flight // view.slots + 1,
                               forecast(view, request), self._clock(), request)
         self._active[view.origin].append(placement)
+        placement.conversation = self._conversations.placed(request, view.origin,
+                                                            self._clock())
         self._affinity.remember(view.origin, request)
         self._placed += 1
         return placement
@@ -688,6 +734,7 @@ class Placer:
     def release(self, placement: Placement) -> None:
         self._active[placement.origin].remove(placement)
         self._released_at[placement.origin].extend((self._clock(),) * placement.choices)
+        self._conversations.ended(placement.conversation, self._clock())
         self.room_changed()
 
     def learn(self, placement: Placement, tokens: int, elapsed_s: float,
@@ -737,6 +784,11 @@ class Placer:
         if priced.prefill_s > 0:
             self.observe_prefill_rate(placement.origin,
                                       priced.prefill_rate / factor ** prefill_share)
+
+    @property
+    def conversations(self) -> Conversations:
+        """The sessions this pool follows (read-only use: placement keeps them)."""
+        return self._conversations
 
     def observe_prefill_rate(self, origin: str, tokens_per_second: float) -> None:
         self._prefill[origin].observe(tokens_per_second)
