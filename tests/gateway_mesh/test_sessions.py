@@ -13,6 +13,7 @@ from lobes_gateway.policy.placement import Candidate, Placer, PrefixPolicy
 from lobes_gateway.policy.prefix import RequestShape, request_shape
 from lobes_gateway.policy.sessions import (
     EXPIRY_THINK_TIMES,
+    MAX_QUEUED_S,
     MAX_ROUNDS_AHEAD,
     MAX_THINKING,
     Conversations,
@@ -213,3 +214,15 @@ def test_a_turn_that_waits_in_the_pools_queue_waits_in_its_turn_not_in_its_think
     while second.placement is None:
         queue.finish(next(iter(queue.running - {second})), clock.now, 64)
     assert p.conversations.think_s == pytest.approx(10.0)
+
+
+def test_a_turn_waiting_in_the_queue_keeps_its_session_until_it_is_placed_or_given_up():
+    sessions = Conversations(smoothing=0.3)
+    key = sessions.placed(chat(1, 1), A, now=0.0)
+    sessions.ended(key, now=1.0)
+    sessions.ended(sessions.placed(chat(1, 2), A, now=3.0), now=4.0)  # think 2 s
+    sessions.returned(chat(1, 3), now=6.0)  # then waits far past 4 think times
+    sessions.expire(now=6.0 + MAX_QUEUED_S)
+    assert sessions.continued(chat(1, 3)) is not None
+    sessions.expire(now=6.1 + MAX_QUEUED_S)
+    assert sessions.continued(chat(1, 3)) is None

@@ -31,6 +31,11 @@ from .prefix import BLOCK_CHARS, RequestShape
 DEFAULT_THINK_S = 30.0
 # A conversation not continued within this many think times is taken to have ended.
 EXPIRY_THINK_TIMES = 4.0
+# A session whose next turn arrived waits for it to be placed, however long the pool's queue
+# holds it (a 23k-token first turn waited 9 s at time-scale 10 while its think time was 0.2 s);
+# it is dropped only when that turn is not placed within this many seconds (the default
+# GATEWAY_UPSTREAM_TIMEOUT_S): its client gave up.
+MAX_QUEUED_S = 600.0
 # Rounds ahead a session's placement is priced over at most: a migration's prefill is paid
 # once and its gain every round after, but loads further ahead than this are not foreseeable.
 MAX_ROUNDS_AHEAD = 8.0
@@ -143,6 +148,7 @@ class Conversations:
         thinking now (its wait for a slot is part of its turn, not of its think time)."""
         if (found := self.continued(request)) is not None and found[1].returned_at is None:
             found[1].returned_at = now
+            self._thinking.move_to_end(found[0])  # remembered in the order last seen
 
     def bound(self, origin: str, excluding: Conversation | None = None) -> int:
         """Sessions bound to the replica, less `excluding` when it is one of them."""
@@ -152,14 +158,16 @@ class Conversations:
         return count
 
     def expire(self, now: float) -> None:
-        """Forget conversations not continued within EXPIRY_THINK_TIMES think times."""
+        """Forget conversations not continued within EXPIRY_THINK_TIMES think times, or
+        whose arrived turn was not placed within MAX_QUEUED_S."""
         horizon = EXPIRY_THINK_TIMES * (self.think_s or DEFAULT_THINK_S)
         while self._thinking:
             block, conversation = next(iter(self._thinking.items()))
-            # A session whose turn arrived is waiting to be placed; one that gave up waiting
-            # is gone a horizon later.
-            seen = conversation.returned_at or conversation.ended_at or now
-            if len(self._thinking) <= MAX_THINKING and now - seen <= horizon:
+            if conversation.returned_at is not None:
+                overdue = now - conversation.returned_at > MAX_QUEUED_S
+            else:
+                overdue = now - (conversation.ended_at or now) > horizon
+            if len(self._thinking) <= MAX_THINKING and not overdue:
                 return
             del self._thinking[block]
             self._unbind(conversation)
