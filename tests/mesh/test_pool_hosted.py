@@ -117,7 +117,8 @@ def test_a_dark_local_backend_leaves_the_pool_to_the_peer(thor_sim, spark):
         wait_until(lambda: not replicas(box)[0]["ready"],
                    message="the local replica to turn unready")
         assert replicas(box)[0] == {"origin": me, "ready": False, "compatible": False,
-                                    "reason": "local backend unreachable", "rate": 100}
+                                    "reason": "local backend unreachable", "rate": 100,
+                                    "sessions": 0}
         reply = chat(box.url, CORTEX, timeout=60)
     assert (reply.status, reply.headers["x-lobes-proxied-by"]) == (200, spark.url)
 

@@ -78,3 +78,26 @@ def test_each_replica_rate_is_the_one_placement_uses_from_the_answer_that_taught
                  for row in gateway.get_json("/capabilities")["roles"]["cortex"]["replicas"]}
     assert published == exported
     assert set(exported.values()) != set(RATES)
+
+
+def test_a_conversations_second_turn_binds_its_session_to_the_replica_that_served_it(pool):
+    """Placement's sessions are published where an operator looks: /metrics and
+    /capabilities count one session, on the replica its second turn went to."""
+    gateway, origins = pool
+    messages = [{"role": "system", "content": "You are the fleet's agent. " * 40},
+                {"role": "user", "content": "Which replica serves this session, and why? " * 3}]
+    first = chat(gateway.url, {**CORTEX, "messages": messages, "max_tokens": 8})
+    assert first.status == 200
+    messages += [{"role": "assistant",
+                  "content": first.json()["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "And the next call's tool output. " * 3}]
+    second = chat(gateway.url, {**CORTEX, "messages": messages, "max_tokens": 8})
+    assert second.status == 200
+    bound_to = second.headers["x-lobes-proxied-by"]
+    scrape = Scrape.of(gateway.url)
+    exported = {origin: scrape.value("lobes_gateway_pool_replica_sessions", role="cortex",
+                                     replica=origin) for origin in origins}
+    published = {row["origin"]: row["sessions"]
+                 for row in gateway.get_json("/capabilities")["roles"]["cortex"]["replicas"]}
+    expected = {origin: int(origin == bound_to) for origin in origins}
+    assert exported == published == expected

@@ -136,6 +136,20 @@ def _pools(out: Exposition, pooled: Mapping[str, PooledRole]) -> None:
                "declared prior); absent while neither is known.",
                [(tuple(zip(names, (role, origin), strict=True)), rate)
                 for role, origin, rate in rates if rate is not None])
+    forecasting = [(role, s.origin, placer) for role, s, placer in rows
+                   if placer.policy.forecasts]
+    prefill_rates = [(role, origin, placer.prefill_rate(origin))
+                     for role, origin, placer in forecasting]
+    out.family("lobes_gateway_pool_replica_prefill_rate_tokens_per_second", "gauge",
+               "The prompt tokens per second placement prices the replica's prefill at "
+               "(learned; prefix policy); absent until learned.",
+               [(tuple(zip(names, (role, origin), strict=True)), rate)
+                for role, origin, rate in prefill_rates if rate is not None])
+    out.family("lobes_gateway_pool_replica_sessions", "gauge",
+               "Sessions (conversations continued at least once) placement counts as bound "
+               "to the replica (prefix policy).",
+               [(tuple(zip(names, (role, origin), strict=True)),
+                 placer.conversations.bound(origin)) for role, origin, placer in forecasting])
 
 
 def _admission(out: Exposition, gate: AdmissionGate) -> None:

@@ -128,11 +128,17 @@ class PooledRole:
         self._wake_when_external_work_ends()
 
     def _row(self, state: ReplicaState) -> dict[str, object]:
-        """A replica's /capabilities row: its verdict plus the rate placement now uses."""
+        """A replica's /capabilities row: its verdict plus the rates placement now uses and
+        the sessions it counts as bound there (forecasting policies only)."""
         row = state.snapshot()
         rate = self.placer.rate(state.origin)
         if rate is not None:
             row["rate"] = round(rate, 2)
+        if self.placer.policy.forecasts:
+            prefill_rate = self.placer.prefill_rate(state.origin)
+            if prefill_rate is not None:
+                row["prefill_rate"] = round(prefill_rate, 1)
+            row["sessions"] = self.placer.conversations.bound(state.origin)
         return row
 
     def view(self) -> PeerView:
