@@ -65,11 +65,10 @@ def test_sessions_joined_by_their_cost_split_seed_000s_pair_as_the_measured_swee
         decode_s = 64 / rate
         return TurnCost(2000 / prefill_rate + decode_s / 2, decode_s / 2)
 
-    spark, thor = turn(2575, 48.9), turn(1000, 11.0)
+    turns = {"spark": turn(2575, 48.9), "thor": turn(1000, 11.0)}
     on = {"spark": 0, "thor": 0}
-    for _ in range(16):
-        cheaper = min(on, key=lambda name: join_cost_s(spark if name == "spark" else thor,
-                                                       10.0, on[name]))
+    while sum(on.values()) < 16:
+        cheaper = min(on, key=lambda name: join_cost_s(turns[name], 10.0, on[name]))
         on[cheaper] += 1
     assert on == {"spark": 12, "thor": 4}
 
