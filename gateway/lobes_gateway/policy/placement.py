@@ -200,10 +200,16 @@ class Forecast:
         return self.wait_s + self.prefill_s + self.decode_s
 
 
+def answer_tokens(request: RequestShape) -> int:
+    """The answer a request is priced at: as Placer.priced expects it, else its max_tokens,
+    else DEFAULT_EXPECTED_TOKENS."""
+    return request.answer_tokens or request.max_tokens or DEFAULT_EXPECTED_TOKENS
+
+
 def forecast(view: ReplicaView, request: RequestShape) -> Forecast:
     """The request's wait, prefill and decode on the replica (its answer already priced:
     Placer.priced); choices beyond the replica's slots decode in waves after the first."""
-    tokens = request.answer_tokens or request.max_tokens or DEFAULT_EXPECTED_TOKENS
+    tokens = answer_tokens(request)
     waves = -(-request.choices // view.slots)
     return Forecast(view.slot_wait_s(request.choices), view.prefill_s(request.prompt_tokens),
                     waves * tokens / view.rate, view.rate, view.prompt_rate)
@@ -647,10 +653,9 @@ class Placer:
         # The session's next turns bring what no replica holds now (its new message) and
         # an answer like this one.
         new_tokens = max(0, request.prompt_tokens - max(v.cached_tokens for v in views))
-        answer = request.answer_tokens or request.max_tokens or DEFAULT_EXPECTED_TOKENS
         balanced = []
         for view in views:
-            decode_s = answer / view.rate
+            decode_s = answer_tokens(request) / view.rate
             turn = TurnCost(engine_s=new_tokens / view.prompt_rate + decode_s / view.slots,
                             overlap_s=decode_s - decode_s / view.slots)
             cost = join_cost_s(turn, think_s, sessions.bound(view.origin, excluding=own))
@@ -768,18 +773,18 @@ class Placer:
             self.observe_rate(placement.origin, tokens * placement.waves_at_dispatch / elapsed_s)
             return
         priced = placement.forecast
-        service_s = max(elapsed_s - priced.wait_s, elapsed_s * MIN_DECODE_SHARE)
-        expected_s = priced.prefill_s + tokens / priced.rate
-        factor = service_s / expected_s
-        prefill_share = priced.prefill_s / expected_s
-        decoded_s = elapsed_s - first_token_s if first_token_s is not None else 0.0
-        if tokens > 1 and decoded_s > 0 and first_token_s is not None:
-            self.observe_rate(placement.origin, (tokens - 1) / decoded_s)
-            if priced.prefill_s > 0 and priced.wait_s <= first_token_s * STARTED_AT_ONCE_SHARE:
+        if tokens > 1 and first_token_s is not None and elapsed_s > first_token_s:
+            self.observe_rate(placement.origin, (tokens - 1) / (elapsed_s - first_token_s))
+            if (priced.prefill_s > 0 and first_token_s > 0
+                    and priced.wait_s <= first_token_s * STARTED_AT_ONCE_SHARE):
                 prefill_s = first_token_s - priced.wait_s
                 self.observe_prefill_rate(placement.origin,
                                           priced.prefill_rate * priced.prefill_s / prefill_s)
             return
+        service_s = max(elapsed_s - priced.wait_s, elapsed_s * MIN_DECODE_SHARE)
+        expected_s = priced.prefill_s + tokens / priced.rate
+        factor = service_s / expected_s
+        prefill_share = priced.prefill_s / expected_s
         self.observe_rate(placement.origin, priced.rate / factor ** (1 - prefill_share))
         if priced.prefill_s > 0:
             self.observe_prefill_rate(placement.origin,
