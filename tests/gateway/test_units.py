@@ -1,4 +1,5 @@
-"""Pure rooms: pressure sampling and decision, the bearer gate, in-flight limits, strict tools."""
+"""Pure rooms: pressure sampling and decision, the bearer gate, in-flight limits, strict tools,
+learned estimates."""
 
 import json
 
@@ -7,6 +8,7 @@ from lobes_gateway.app.dispatch import encode_for, inject_strict, is_compile_fai
 from lobes_gateway.app.views import parse_metrics
 from lobes_gateway.policy.auth import CLIENT, FLEET, Caller, Gate, InflightLimits
 from lobes_gateway.policy.config import PressureConfig
+from lobes_gateway.policy.estimate import Estimate
 from lobes_gateway.policy.pressure import PressureMonitor
 
 
@@ -138,3 +140,17 @@ other_metric 9
 """
     assert parse_metrics(text) == {"running": 2.0, "waiting": 3.0, "request_success_total": 6.0,
                                    "kv_cache_usage_perc": 0.25}
+
+
+def test_an_estimate_averages_from_its_prior_or_starts_at_its_first_sample():
+    averaged = Estimate(10.0, smoothing=0.5)
+    averaged.observe(20.0)
+    assert (averaged.value, averaged.samples) == (15.0, 1)
+    declared = Estimate(10.0, smoothing=0.5, measured_replaces_prior=True)
+    declared.observe(20.0)
+    declared.observe(30.0)
+    assert (declared.value, declared.samples) == (25.0, 2)  # 20 replaced the prior, then 30
+    unknown = Estimate(None, smoothing=0.5)
+    assert unknown.value is None
+    unknown.observe(4.0)
+    assert unknown.value == 4.0

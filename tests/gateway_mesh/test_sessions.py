@@ -12,6 +12,7 @@ from lobes_gateway.policy.admission import STANDARD, Ticket
 from lobes_gateway.policy.placement import Candidate, Placer, PrefixPolicy
 from lobes_gateway.policy.prefix import RequestShape, request_shape
 from lobes_gateway.policy.sessions import (
+    DEFAULT_THINK_S,
     EXPIRY_THINK_TIMES,
     MAX_QUEUED_S,
     MAX_ROUNDS_AHEAD,
@@ -84,7 +85,7 @@ def test_a_turn_that_begins_with_the_last_prompt_continues_its_conversation():
     assert found is not None and found[1].origin == A
     assert sessions.continued(chat(2, 2)) is None  # another session: only the system prompt
     sessions.placed(chat(1, 2), B, now=11.0)
-    assert sessions.think_s == pytest.approx(10.0)
+    assert sessions.think_s() == pytest.approx(10.0)
     assert sessions.bound(B) == 1 and sessions.bound(A) == 0  # established where it went
 
 
@@ -109,10 +110,11 @@ def test_the_same_prompt_again_is_a_retry_or_a_twin_not_a_turn():
 
 def test_the_think_time_ends_when_the_next_turn_arrives_not_when_it_is_placed():
     sessions = Conversations(smoothing=0.3)
+    assert sessions.think_s() == DEFAULT_THINK_S  # until a continuation is seen
     sessions.ended(sessions.placed(chat(1, 1), A, now=0.0), now=1.0)
     sessions.returned(chat(1, 2), now=11.0)  # then waits 5 s in the pool's queue
     sessions.placed(chat(1, 2), A, now=16.0)
-    assert sessions.think_s == pytest.approx(10.0)
+    assert sessions.think_s() == pytest.approx(10.0)
 
 
 def test_conversations_not_continued_expire_and_lower_the_rounds_ahead():
@@ -121,7 +123,7 @@ def test_conversations_not_continued_expire_and_lower_the_rounds_ahead():
     for turn in range(2, 5):
         sessions.ended(key, now=10.0 * turn - 8)
         key = sessions.placed(chat(1, turn), A, now=10.0 * turn)
-    assert sessions.think_s == pytest.approx(8.0)
+    assert sessions.think_s() == pytest.approx(8.0)
     assert sessions.rounds_ahead() == pytest.approx(3.0, rel=0.02)  # 1 + 0.99 + 0.99²
     sessions.ended(key, now=41.0)
     sessions.expire(now=41.0 + EXPIRY_THINK_TIMES * 8.0)
@@ -212,7 +214,7 @@ def test_a_turn_that_waits_in_the_pools_queue_waits_in_its_turn_not_in_its_think
     clock.now += 5.0
     while second.placement is None:
         queue.finish(next(iter(queue.running - {second})), clock.now, 64)
-    assert p.conversations.think_s == pytest.approx(10.0)
+    assert p.conversations.think_s() == pytest.approx(10.0)
 
 
 def test_a_turn_waiting_in_the_queue_keeps_its_session_until_it_is_placed_or_given_up():

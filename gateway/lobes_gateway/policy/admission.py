@@ -22,7 +22,8 @@ from collections.abc import Iterator, Mapping
 
 from lobes_contract import PRIORITY_CLASSES
 
-from .placement import DEFAULT_SMOOTHING, Placement, RateEstimate
+from .estimate import Estimate
+from .placement import DEFAULT_SMOOTHING, Placement
 from .prefix import RequestShape
 
 CLASSES = PRIORITY_CLASSES  # strongest first
@@ -204,7 +205,7 @@ class AdmissionQueue(Waiting):
         self.slots = slots
         # Tokens/s per stream: the declared prior (P_RATE) until the first finished request
         # replaces it, then learned.
-        self.rate = RateEstimate(prior, smoothing, measured_replaces_prior=True)
+        self.rate = Estimate(prior, smoothing, measured_replaces_prior=True)
 
     def expected_wait_s(self, ticket: Ticket, now: float) -> float | None:
         """Seconds until `ticket` would start if it arrived now: 0 when a slot is free and

@@ -50,8 +50,9 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol
 
+from .estimate import Estimate
 from .prefix import PrefixAffinity, RequestShape, request_shape
-from .sessions import DEFAULT_THINK_S, Conversations, TurnCost, is_chat_turn, join_cost_s
+from .sessions import Conversations, TurnCost, is_chat_turn, join_cost_s
 from .tokens import CharsPerToken
 
 DEFAULT_EXPECTED_TOKENS = 256
@@ -337,29 +338,6 @@ def policy_named(name: str | None) -> Policy:
     return POLICIES[key]()
 
 
-class RateEstimate:
-    """A replica's service rate per stream, tok/s: an EWMA seeded by the declared prior.
-
-    With measured_replaces_prior, the first sample replaces the prior outright: a prior is
-    a declaration, a sample is a measurement, and an EWMA from a far-off prior would keep a
-    replica priced wrong for many requests it may never be given.
-    """
-
-    def __init__(self, prior: float | None, smoothing: float,
-                 measured_replaces_prior: bool = False) -> None:
-        self.value = prior
-        self.samples = 0
-        self._smoothing = smoothing
-        self._replaces_prior = measured_replaces_prior
-
-    def observe(self, tokens_per_second: float) -> None:
-        if self.value is None or (self._replaces_prior and self.samples == 0):
-            self.value = tokens_per_second
-        else:
-            self.value += self._smoothing * (tokens_per_second - self.value)
-        self.samples += 1
-
-
 # A max_tokens of 2**k - 2**(k+1) - 1 is one bucket: clients ask a few fixed budgets (4,096 for
 # any reply, 32 for a label), each answered at its own fill. Beyond 2**40 it is one bucket.
 MAX_FILL_BUCKET = 40
@@ -377,7 +355,7 @@ class AnswerFill:
 
     def __init__(self, smoothing: float) -> None:
         self._smoothing = smoothing
-        self._fill: dict[int, RateEstimate] = {}
+        self._fill: dict[int, Estimate] = {}
 
     @staticmethod
     def _bucket(max_tokens: int) -> int:
@@ -393,7 +371,7 @@ class AnswerFill:
         """A request that named `max_tokens` was answered with `answer_tokens`."""
         bucket = self._bucket(max_tokens)
         if bucket not in self._fill:
-            self._fill[bucket] = RateEstimate(1.0, self._smoothing, measured_replaces_prior=True)
+            self._fill[bucket] = Estimate(1.0, self._smoothing, measured_replaces_prior=True)
         self._fill[bucket].observe(min(1.0, answer_tokens / max_tokens))
 
 
@@ -481,7 +459,6 @@ class Placer:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = policy
-        self._smoothing = smoothing
         self._clock = clock
         self._active: dict[str, list[Placement]] = {origin: [] for origin in priors}
         # Work other boxes have on a replica, from its probed running + waiting, and when
@@ -491,17 +468,17 @@ class Placer:
         # When this box's latest requests on each replica ended (a probe may have seen them).
         self._released_at: dict[str, deque[float]] = {
             origin: deque(maxlen=RELEASES_KEPT) for origin in priors}
-        self._rates = {o: RateEstimate(prior, smoothing, policy.forecasts)
+        self._rates = {o: Estimate(prior, smoothing, policy.forecasts)
                        for o, prior in priors.items()}
         # Prompt tok/s of each replica's prefill, learned apart from its decode (forecasting
         # policies only); None until its first answer with a prefill to learn from.
-        self._prefill = {o: RateEstimate(None, smoothing) for o in priors}
+        self._prefill = {o: Estimate(None, smoothing) for o in priors}
         self._affinity = PrefixAffinity(priors)
         self._conversations = Conversations(smoothing)
         # The role's prompt characters per token, learned from the usage its answers report.
         self.chars_per_token = CharsPerToken(smoothing)
         # The pool's typical answer, tokens: the size of a request that names no max_tokens.
-        self._typical_answer = float(DEFAULT_EXPECTED_TOKENS)
+        self._typical_answer = Estimate(DEFAULT_EXPECTED_TOKENS, smoothing)
         # And the share of a named max_tokens its answers take.
         self.answer_fill = AnswerFill(smoothing)
         self._placed = 0
@@ -541,7 +518,7 @@ class Placer:
             self.on_room()
 
     def typical_answer_tokens(self) -> int:
-        return max(1, round(self._typical_answer))
+        return max(1, round(self._typical_answer.value))
 
     def _effective_rate(self, origin: str) -> float:
         """An unknown rate borrows the pool's best known one: neither starved nor stampeded."""
@@ -588,7 +565,7 @@ class Placer:
         count = self._external[origin]
         if not count:
             return ()
-        each = self._typical_answer / rate
+        each = self._typical_answer.value / rate
         ran = now - self._external_seen_at[origin] + each * EXTERNAL_DONE_WHEN_SEEN
         waves_done = int(ran // each)
         left = count - waves_done * slots
@@ -649,7 +626,7 @@ class Placer:
             return views
         found = sessions.continued(request)
         own = found[1] if found else None
-        think_s = sessions.think_s or DEFAULT_THINK_S
+        think_s = sessions.think_s()
         # The session's next turns bring what no replica holds now (its new message) and
         # an answer like this one.
         new_tokens = max(0, request.prompt_tokens - max(v.cached_tokens for v in views))
@@ -765,8 +742,7 @@ class Placer:
             # length: they tell neither one answer's length nor one stream's rate (taken as
             # one, a 32-token answer of n=4 taught 1.8x the true rate; a stream would 4x).
             return
-        answer = tokens if answer_tokens is None else answer_tokens
-        self._typical_answer += self._smoothing * (answer - self._typical_answer)
+        self._typical_answer.observe(tokens if answer_tokens is None else answer_tokens)
         if placement.named_max_tokens is not None:  # a continuation's own part and budget
             self.answer_fill.observe(placement.named_max_tokens, tokens)
         if not self.policy.forecasts:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from .estimate import Estimate
 from .prefix import BLOCK_CHARS, RequestShape
 
 # Until a continuation has been seen, sessions are assumed to come back within this many
@@ -107,14 +108,19 @@ class Conversations:
     """The live conversations of one pool, by the last full block of their latest prompt."""
 
     def __init__(self, smoothing: float) -> None:
-        self._smoothing = smoothing
         self._running: dict[int, Conversation] = {}
         self._thinking: OrderedDict[int, Conversation] = OrderedDict()  # oldest answer first
         self._bound: dict[str, int] = {}  # established conversations per replica
-        self.think_s: float | None = None  # learned from continuations
+        # Seconds from an answer to its session's next turn, learned from continuations.
+        self._think = Estimate(None, smoothing)
         # Answered turns that were continued and that were not, decayed (OUTCOME_DECAY).
         self._continued = 0.0
         self._dropped = 0.0
+
+    def think_s(self) -> float:
+        """The sessions' think time: learned, else DEFAULT_THINK_S."""
+        learned = self._think.value
+        return DEFAULT_THINK_S if learned is None else learned
 
     def remembered(self) -> int:
         """Conversations remembered between turns."""
@@ -160,7 +166,7 @@ class Conversations:
     def expire(self, now: float) -> None:
         """Forget conversations not continued within EXPIRY_THINK_TIMES think times, or
         whose arrived turn was not placed within MAX_QUEUED_S."""
-        horizon = EXPIRY_THINK_TIMES * (self.think_s or DEFAULT_THINK_S)
+        horizon = EXPIRY_THINK_TIMES * self.think_s()
         while self._thinking:
             block, conversation = next(iter(self._thinking.items()))
             if conversation.returned_at is not None:
@@ -193,7 +199,7 @@ class Conversations:
             del self._thinking[block]
             self._unbind(conversation)
             came_back = conversation.returned_at or now
-            self._learn_think(came_back - (conversation.ended_at or came_back))
+            self._think.observe(came_back - (conversation.ended_at or came_back))
             self._learn_outcome(continued=True)
             conversation.origin, conversation.ended_at = origin, None
             conversation.returned_at = None
@@ -214,12 +220,6 @@ class Conversations:
     def _unbind(self, conversation: Conversation) -> None:
         if conversation.established:
             self._bound[conversation.origin] -= 1
-
-    def _learn_think(self, seconds: float) -> None:
-        if self.think_s is None:
-            self.think_s = seconds
-        else:
-            self.think_s += self._smoothing * (seconds - self.think_s)
 
     def _learn_outcome(self, continued: bool) -> None:
         self._continued = self._continued * OUTCOME_DECAY + continued

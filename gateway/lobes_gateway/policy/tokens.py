@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from .estimate import Estimate
 from .prefix import CHARS_PER_TOKEN
 
 # A sample from a prompt this short is mostly template and rounding: it teaches nothing.
@@ -33,12 +34,19 @@ def reported_prompt_tokens(usage: bytes | None) -> int | None:
 
 
 class CharsPerToken:
-    """An EWMA of the characters per prompt token a role's backends count."""
+    """An average (Estimate) of the characters per prompt token a role's backends count."""
 
     def __init__(self, smoothing: float, prior: float = CHARS_PER_TOKEN) -> None:
-        self.value = prior
-        self.samples = 0
-        self._smoothing = smoothing
+        self._grain = Estimate(prior, smoothing)
+
+    @property
+    def value(self) -> float:
+        """Characters per token, as learned so far (the prior until the first sample)."""
+        return self._grain.value or CHARS_PER_TOKEN
+
+    @property
+    def samples(self) -> int:
+        return self._grain.samples
 
     def observe(self, text_chars: int, fixed_tokens: int, prompt_tokens: int) -> None:
         """A backend counted `prompt_tokens` for a prompt of `text_chars` plain text
@@ -47,8 +55,7 @@ class CharsPerToken:
         if text_chars < MIN_SAMPLE_CHARS or text_tokens <= 0:
             return
         sample = min(MAX_CHARS_PER_TOKEN, max(MIN_CHARS_PER_TOKEN, text_chars / text_tokens))
-        self.value += self._smoothing * (sample - self.value)
-        self.samples += 1
+        self._grain.observe(sample)
 
     def tokens(self, chars: int) -> float:
         """Tokens of `chars` characters of prompt text."""
