@@ -13,7 +13,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 def test_the_harness_relays_every_request_through_the_real_gateway(tmp_path):
     done = subprocess.run(
         [sys.executable, str(BENCH / "inprocess_cost.py"), "--requests", "300", "--warmup", "20",
-         "--rounds", "2", "--access-log"],
+         "--rounds", "2", "--concurrency", "4", "--access-log"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
     assert done.returncode == 0, done.stderr
     assert "access log on:" in done.stdout and "us a request of process CPU" in done.stdout
