@@ -189,6 +189,11 @@ ROUTE_MODES: tuple[str, ...] = (SERVE, POOL, PROXY, REFER, OWNERS, OFF)
 # Modes whose answers come from other boxes.
 PEER_MODES = frozenset({POOL, PROXY, OWNERS})
 
+# How a pool places a request on its replicas (GATEWAY_POOL_POLICY, the inventory's
+# fleet_gateway_pool_policy); the first is the default. The gateway's policy/placement.py
+# implements each.
+POOL_POLICIES: tuple[str, ...] = ("prefix", "rate", "queue", "pinned")
+
 # Priority classes of client requests, strongest first (GATEWAY_CLIENT_KEYS, X-Lobes-Priority).
 PRIORITY_CLASSES: tuple[str, ...] = ("interactive", "standard", "batch")
 # A request's class until its key or header says otherwise (the box key's, too).

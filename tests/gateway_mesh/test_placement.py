@@ -3,7 +3,9 @@
 import asyncio
 
 import pytest
+from lobes_contract import POOL_POLICIES
 from lobes_gateway.policy.placement import (
+    POLICIES,
     Candidate,
     PinnedPolicy,
     Placer,
@@ -188,6 +190,11 @@ def test_empty_or_nonsense_completions_teach_nothing():
 )
 def test_policy_is_selected_by_name_with_prefix_the_default(name, cls):
     assert isinstance(policy_named(name), cls)
+
+
+def test_the_gateway_implements_exactly_the_policies_the_contract_names():
+    # The collection validates fleet_gateway_pool_policy against the contract's names.
+    assert set(POLICIES) == set(POOL_POLICIES)
 
 
 def test_an_unknown_policy_names_the_variable_and_choices():

@@ -13,6 +13,7 @@ from lobes_contract import (
     OFF,
     OWNERS,
     POOL,
+    POOL_POLICIES,
     PROXY,
     REFER,
     ROLES,
@@ -28,7 +29,6 @@ from .admission import CLASSES
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_INFLIGHT_PER_KEY = 32
-POOL_POLICIES = ("prefix", "rate", "queue", "pinned")
 # Names a named client key may not take: the gateway's own callers (policy/auth.py).
 RESERVED_CLIENT_NAMES = frozenset({"anonymous", "client", "fleet"})
 _CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -147,7 +147,7 @@ class GatewayConfig:
     self_origin: str | None = None
     force_strict_tools: bool = False
     audio_url: Origin | None = None
-    pool_policy: str = "prefix"
+    pool_policy: str = POOL_POLICIES[0]
     # GATEWAY_ACCESS_LOG: None (off), "-" (stdout) or a file path.
     access_log: str | None = None
     client_keys: tuple[ClientKey, ...] = ()
@@ -483,7 +483,7 @@ def load_config(environ: Mapping[str, str]) -> GatewayConfig:
     self_origin = env.str("GATEWAY_SELF_ORIGIN")
     fleet_key = env.str("GATEWAY_FLEET_KEY")
     api_key = env.str("GATEWAY_API_KEY") or env.str("CULTURE_VLLM_API_KEY")
-    policy = (env.str("GATEWAY_POOL_POLICY") or "prefix").lower()
+    policy = (env.str("GATEWAY_POOL_POLICY") or POOL_POLICIES[0]).lower()
     if policy not in POOL_POLICIES:
         raise ConfigError("GATEWAY_POOL_POLICY", f"{policy!r} is not a policy",
                           f"use one of {', '.join(POOL_POLICIES)}")

@@ -50,6 +50,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol
 
+from lobes_contract import POOL_POLICIES
+
 from .estimate import Estimate
 from .prefix import PrefixAffinity, RequestShape, request_shape
 from .sessions import Conversations, TurnCost, is_chat_turn, join_cost_s
@@ -319,6 +321,7 @@ def _earliest(
     return best, _reason(views, RouteReason.EARLIEST_COMPLETION)
 
 
+# Each policy the contract names (POOL_POLICIES, the first the default), by its name.
 POLICIES: dict[str, type[Policy]] = {
     "prefix": PrefixPolicy,
     "rate": RatePolicy,
@@ -328,12 +331,12 @@ POLICIES: dict[str, type[Policy]] = {
 
 
 def policy_named(name: str | None) -> Policy:
-    """GATEWAY_POOL_POLICY -> a policy; unset means prefix."""
-    key = (name or "prefix").strip().lower()
+    """GATEWAY_POOL_POLICY -> a policy; unset means the contract's default (prefix)."""
+    key = (name or POOL_POLICIES[0]).strip().lower()
     if key not in POLICIES:
         raise ValueError(
             f"GATEWAY_POOL_POLICY={name!r} is not a pool policy; use one of "
-            f"{', '.join(POLICIES)} (prefix is the default)"
+            f"{', '.join(POOL_POLICIES)} ({POOL_POLICIES[0]} is the default)"
         )
     return POLICIES[key]()
 
