@@ -10,21 +10,24 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     OFF,
     OWNERS,
     POOL,
+    POOL_POLICIES,
     PROXY,
     SERVE,
 )
 
 FIELDS = ("route", "feasible", "ready", "proxied", "hosted_by", "served_name", "context",
-          "replicas")
+          "replicas", "policy", "stream_resume")
 ANY = object()  # a field whose advertised value the plan does not constrain
 
 
 def expected_roles(plan: dict, peers_must_be_ready: bool = True) -> dict:
     """role -> field -> the value the gateway must advertise (ANY when unconstrained)."""
-    return {name: _expected(role, peers_must_be_ready) for name, role in plan["roles"].items()}
+    policy = plan["gateway"].get("pool_policy") or POOL_POLICIES[0]
+    return {name: _expected(role, peers_must_be_ready, policy)
+            for name, role in plan["roles"].items()}
 
 
-def _expected(role: dict, peers_must_be_ready: bool) -> dict:
+def _expected(role: dict, peers_must_be_ready: bool, policy: str) -> dict:
     mode = role["mode"]
     remote = mode in (PROXY, POOL, OWNERS) and not role["feasible"]
     served = mode in (SERVE, POOL, PROXY, OWNERS)
@@ -41,6 +44,9 @@ def _expected(role: dict, peers_must_be_ready: bool) -> dict:
         "context": role["context"] if role["context"] and mode != OFF and not peers_waived
         else ANY,
         "replicas": sorted(peer["origin"] for peer in role["peers"]) if mode == POOL else ANY,
+        # A pool places by the box's policy and resumes streams as declared.
+        "policy": policy if mode == POOL else ANY,
+        "stream_resume": role["stream_resume"] if mode == POOL else ANY,
     }
     if role["task"] in ("stt", "tts"):
         # Audio lanes have no served id or window on the gateway.

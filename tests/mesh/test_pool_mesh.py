@@ -93,8 +93,14 @@ def test_the_pool_advertises_ready_the_agreed_window_and_its_replicas(pair):
         assert cortex["served_name"] == SERVED
         assert [(r["origin"], r["reason"]) for r in cortex["replicas"]] == [
             (spark.url, "fingerprint reference"), (thor.url, "")]
+        # How it places and whether its streams survive a replica: the defaults here.
+        assert (cortex["policy"], cortex["stream_resume"]) == ("prefix", False)
         listed = [m["id"] for m in orin.get_json("/v1/models")["data"]]
         assert "cortex" in listed
+    with start_gateway(pool_env(spark.url, [spark.url, thor.url], GATEWAY_POOL_POLICY="rate",
+                                PRIMARY_STREAM_RESUME="true")) as orin:
+        cortex = orin.get_json("/capabilities")["roles"]["cortex"]
+        assert (cortex["policy"], cortex["stream_resume"]) == ("rate", True)
 
 
 def test_concurrent_placements_spread_across_replicas(pair):

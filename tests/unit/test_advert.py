@@ -16,7 +16,8 @@ def orin_capabilities(**cortex) -> dict:
              "hosted_by": SPARK,
              "served_name": CORTEX, "context": 262144,
              "replicas": [{"origin": SPARK, "ready": True, "compatible": True, "reason": ""},
-                          {"origin": THOR, "ready": True, "compatible": True, "reason": ""}]}
+                          {"origin": THOR, "ready": True, "compatible": True, "reason": ""}],
+             "policy": "prefix", "stream_resume": True}
     entry.update(cortex)
     return {"roles": {
         "cortex": entry,
@@ -63,6 +64,15 @@ def test_a_pool_missing_a_replica_is_caught():
     assert differences(orin_plan(), capabilities) == {"cortex": ["replicas"]}
 
 
+def test_a_pool_placing_or_resuming_otherwise_than_declared_is_caught():
+    mesh = seed_mesh()
+    mesh["orin"]["fleet_gateway_pool_policy"] = "rate"
+    mesh["orin"]["fleet_roles"]["cortex"]["stream_resume"] = False
+    declared = plan_mesh(mesh)["boxes"]["orin"]
+    assert differences(declared, orin_capabilities()) == {"cortex": ["policy", "stream_resume"]}
+    assert differences(declared, orin_capabilities(policy="rate", stream_resume=False)) == {}
+
+
 def test_a_hosted_pool_may_list_its_own_replica():
     mesh = seed_mesh()
     mesh["thor"]["fleet_roles"]["cortex"].update(feasible=True, pool=["spark"])
@@ -70,7 +80,8 @@ def test_a_hosted_pool_may_list_its_own_replica():
     capabilities = {"roles": {
         "cortex": {"route": "pool", "feasible": True, "ready": True, "proxied": False,
                    "hosted_by": None, "served_name": CORTEX, "context": 262144,
-                   "replicas": [{"origin": THOR}, {"origin": SPARK}]},
+                   "replicas": [{"origin": THOR}, {"origin": SPARK}],
+                   "policy": "prefix", "stream_resume": True},
         "senses": {"route": "refer", "feasible": False, "ready": False, "proxied": False,
                    "hosted_by": SPARK,
                    "served_name": "coolthor/gemma-4-12B-it-NVFP4A16", "context": 32768},

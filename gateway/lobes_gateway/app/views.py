@@ -207,6 +207,9 @@ class Views:
                 entry.update(view.extra)
             if rc.feasible and rc.base_url is not None:  # a hosted pool's own replica
                 entry.update(_serving(rc))
+            if isinstance(route, PoolRoute):  # how it places, and whether streams survive
+                entry["policy"] = self._config.pool_policy
+                entry["stream_resume"] = rc.stream_resume
         elif isinstance(route, Refusal):
             entry["reason"] = json.loads(route.error.body())["error"]["code"]
         return entry
