@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     OWNERS,
     POOL,
+    POOL_POLICIES,
     PRIORITY_CLASSES,
     PROXY,
     REFER,
@@ -31,6 +32,7 @@ ROLE_FIELDS = (
     "feasible", "checkpoint", "served_name", "context", "native_context", "yarn_factor",
     "gpu_memory_utilization", "max_active", "mtp", "num_speculative_tokens", "tool_parser",
     "quantization", "sim_profile", "engine", "referral", "proxy", "pool", "owners", "rates",
+    "stream_resume",
 )
 
 
@@ -78,6 +80,8 @@ class RoleDecl:
     pool: tuple = ()
     owners: tuple = ()
     rates: tuple = ()  # ((peer hostname, tok/s), ...) in declaration order
+    # A pool's streams continue on another replica when theirs dies: on unless declared off.
+    stream_resume: bool | None = None
 
     @property
     def peer_field(self) -> str | None:
@@ -130,6 +134,7 @@ class BoxDecl:
     sim_image: str | None = None
     proc_root: str | None = None  # a fake /proc (tests): sim gears hold their shares in it
     client_keys: tuple = ()  # ClientKeyDecl, by name
+    pool_policy: str | None = None  # GATEWAY_POOL_POLICY; None: the gateway's default
 
     def role(self, name: str) -> RoleDecl | None:
         for decl in self.roles:
@@ -232,7 +237,16 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
         sim_image=read.get("fleet_sim_image", str),
         proc_root=_proc_root(read),
         client_keys=_parse_client_keys(read, bool(hostvars.get("fleet_gateway_api_key"))),
+        pool_policy=_pool_policy(read),
     )
+
+
+def _pool_policy(read: _Reader) -> str | None:
+    policy = read.get("fleet_gateway_pool_policy", str)
+    if policy is not None and policy not in POOL_POLICIES:
+        raise read.fail("fleet_gateway_pool_policy", f"must be one of {', '.join(POOL_POLICIES)} "
+                        f"({POOL_POLICIES[0]} when unset), got {policy!r}")
+    return policy
 
 
 def _proc_root(read: _Reader) -> str | None:
@@ -344,6 +358,7 @@ def parse_role(host: str, role: str, values: dict) -> RoleDecl:
         pool=pool,
         owners=owners,
         rates=_parse_rates(read),
+        stream_resume=read.get("stream_resume", bool),
     )
 
 

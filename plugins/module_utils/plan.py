@@ -319,6 +319,9 @@ def _check_role_peers(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) ->
     if decl.pool and (not decl.feasible or decl.role in local[box.host]):
         _check_pool_agreement(box, decl, local)
     _check_rates(box, decl)
+    if decl.stream_resume is not None and not decl.pool:
+        raise FleetError(box.host, decl.role, "stream_resume", "applies to a pool only (a "
+                         "stream continues on another replica); declare a pool or remove it")
 
 
 def _named_peers(decl: RoleDecl) -> list:
@@ -409,6 +412,7 @@ def _box_plan(box: BoxDecl, boxes: dict, local: dict) -> dict:
             "aliases": dict(box.aliases),
             "force_strict_tools": box.force_strict_tools,
             "tuning": dict(box.tuning),
+            "pool_policy": box.pool_policy,
             "client_keys": [{"name": k.name, "class": k.priority,
                              "inflight_limit": k.inflight_limit} for k in box.client_keys],
         },
@@ -454,6 +458,7 @@ def _role_plan(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) -> dict:
         "peers": [_peer_plan(decl, peer, boxes) for peer in _plan_peers(decl)],
         "hosted_by": None,
         "replicas": 0,
+        "stream_resume": bool(decl.pool) and decl.stream_resume is not False,
     }
     if decl.feasible:
         gear = dict(local[box.host][decl.role])

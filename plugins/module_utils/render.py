@@ -74,6 +74,8 @@ def _global_env(plan: dict, secrets: dict) -> list:
         env.append(("LOBES_PROC_ROOT", plan["proc_root"]))
     if gateway["force_strict_tools"]:
         env.append(("GATEWAY_FORCE_STRICT_TOOLS", "true"))
+    if gateway["pool_policy"]:
+        env.append(("GATEWAY_POOL_POLICY", gateway["pool_policy"]))
     audio = _local_audio_url(plan)
     if audio:
         env.append(("AUDIO_URL", audio))
@@ -174,7 +176,9 @@ def _peer_env(plan: dict, role: dict, secrets: dict) -> list:
         if all(peer["rate"] is not None for peer in peers):
             env.append((role_env(prefix, "PEER_RATES"),
                         ",".join(str(peer["rate"]) for peer in peers)))
-        # A pool has another replica to continue a stream on; a lone backend has none.
+    # A pool has another replica to continue a stream on (unless the inventory turned it off);
+    # a lone backend has none.
+    if role["stream_resume"]:
         env.append((role_env(prefix, "STREAM_RESUME"), "true"))
     return env
 

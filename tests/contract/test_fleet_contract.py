@@ -69,6 +69,7 @@ def test_every_rendered_env_is_accepted_and_read_back_as_rendered(env_file):
     config = load_config(env)
     assert config.port == int(env["GATEWAY_PORT"])
     assert config.self_origin == env.get("GATEWAY_SELF_ORIGIN")
+    assert config.pool_policy == env.get("GATEWAY_POOL_POLICY", lobes_contract.POOL_POLICIES[0])
     rendered_prefixes = {key.split("_", 1)[0] for key in env if key.endswith("_FEASIBLE")}
     for prefix in rendered_prefixes:
         role = next(r for r in config.roles.values() if r.role.prefix == prefix)
@@ -81,7 +82,8 @@ def test_every_rendered_env_is_accepted_and_read_back_as_rendered(env_file):
         assert role.route == env[f"{prefix}_ROUTE"]
         assert role.quantization == env.get(f"{prefix}_QUANTIZATION")
         assert role.stream_resume == (env.get(f"{prefix}_STREAM_RESUME") == "true")
-        # Rendered for every pool and for nothing else (the gateway refuses it elsewhere).
+        # Rendered for pools only (the gateway refuses it elsewhere); every example pool
+        # keeps the collection's default, on.
         assert (f"{prefix}_STREAM_RESUME" in env) == (role.route == "pool")
 
 

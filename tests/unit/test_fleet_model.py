@@ -144,6 +144,15 @@ REJECTIONS = [
                  ["field context: must be an int"], id="context-not-an-integer"),
     pytest.param({("spark", "fleet_gateway_tuning"): {"LOBES_FOO": 1}},
                  ["'LOBES_FOO' is not a tunable"], id="unknown-tunable"),
+    pytest.param({("orin", "fleet_gateway_pool_policy"): "fastest"},
+                 ["host orin, field fleet_gateway_pool_policy: must be one of prefix, rate, "
+                  "queue, pinned (prefix when unset), got 'fastest'"], id="unknown-pool-policy"),
+    pytest.param({("spark", "fleet_roles", "cortex", "stream_resume"): False},
+                 ["host spark, role cortex, field stream_resume: applies to a pool only"],
+                 id="stream-resume-without-a-pool"),
+    pytest.param({("orin", "fleet_roles", "cortex", "stream_resume"): "sometimes"},
+                 ["host orin, role cortex, field stream_resume: must be true or false"],
+                 id="stream-resume-not-a-bool"),
     pytest.param({("spark", "fleet_origin"): "spark:8001"},
                  ["field fleet_origin: must be a plain-HTTP origin"], id="origin-without-scheme"),
     pytest.param({("thor", "fleet_origin"): SPARK},
@@ -247,6 +256,28 @@ def test_owner_forwarding_is_a_declared_mode_rendered_explicitly():
     env = dict(render_env(thor, {"fleet_key": "mesh"}))
     assert (env["MULTIMODAL_ROUTE"], env["MULTIMODAL_PEER_ORIGINS"]) == ("owners", SPARK)
     assert env["GATEWAY_FLEET_KEY"] == "mesh"
+
+
+ORIN_SECRETS = {"gateway_api_key": "orin-key",
+                "peer_keys": {"spark": "spark-key", "thor": "thor-key"}}
+
+
+def test_a_pool_resumes_streams_and_places_by_the_default_policy_unless_declared_otherwise():
+    orin = plan_mesh(seed_mesh())["boxes"]["orin"]
+    env = dict(render_env(orin, ORIN_SECRETS))
+    assert env["PRIMARY_ROUTE"] == "pool" and env["PRIMARY_STREAM_RESUME"] == "true"
+    assert "GATEWAY_POOL_POLICY" not in env  # the gateway's default, prefix
+    resumed = [name for name in env if name.endswith("_STREAM_RESUME")]
+    assert resumed == ["PRIMARY_STREAM_RESUME"]  # the one pool
+    mesh = seed_mesh()
+    mesh["orin"]["fleet_gateway_pool_policy"] = "rate"
+    mesh["orin"]["fleet_roles"]["cortex"]["stream_resume"] = False
+    orin = plan_mesh(mesh)["boxes"]["orin"]
+    assert (orin["gateway"]["pool_policy"], orin["roles"]["cortex"]["stream_resume"]) == (
+        "rate", False)
+    env = dict(render_env(orin, ORIN_SECRETS))
+    assert env["GATEWAY_POOL_POLICY"] == "rate" and "PRIMARY_STREAM_RESUME" not in env
+    assert env["PRIMARY_ROUTE"] == "pool"
 
 
 def test_a_fleet_key_leaves_a_referral_a_referral():
