@@ -197,7 +197,7 @@ def per_request_counts(args: argparse.Namespace) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--warmup", type=int, default=2_000)
     parser.add_argument("--rounds", type=int, default=5)
