@@ -9,6 +9,7 @@ only: it runs on a box that has no Ansible.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 
 # The collection's version; the gateway reports it on /health (galaxy.yml holds it too, as
@@ -229,13 +230,52 @@ PRESSURE_ENV: tuple[str, ...] = (
     "LOBES_IOWAIT_NO_HARD_THRESHOLD", "LOBES_MEMAVAILABLE_DEGRADED_THRESHOLD",
     "LOBES_PSI_MEMORY_FULL_THRESHOLD", "LOBES_PROC_ROOT", "LOBES_PRESSURE_SAMPLE_S",
 )
-# What an inventory may tune through fleet_gateway_tuning.
-TUNABLE_ENV: tuple[str, ...] = (
-    "LOBES_SWAP_NO_HARD_THRESHOLD", "LOBES_SWAP_PREFER_CHEAP_THRESHOLD",
-    "LOBES_SWAP_DEGRADED_THRESHOLD", "LOBES_IOWAIT_NO_HARD_THRESHOLD",
-    "LOBES_IOWAIT_DEGRADED_THRESHOLD", "LOBES_MEMAVAILABLE_DEGRADED_THRESHOLD",
-    "LOBES_PSI_MEMORY_FULL_THRESHOLD", "GATEWAY_MAX_BODY_BYTES", "GATEWAY_MAX_INFLIGHT_PER_KEY",
-)
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """A gateway setting an inventory may override (fleet_gateway_tuning): the values the
+    gateway accepts, so the inventory refuses the rest before anything is deployed."""
+
+    minimum: float
+    maximum: float | None = None
+    integer: bool = False
+
+    def refusal(self, value: object) -> str | None:
+        """Why the gateway would refuse `value`, or None when it takes it."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"must be a number, got {value!r}"
+        if not math.isfinite(value):
+            return f"must be a finite number, got {value!r}"
+        if self.integer and not float(value).is_integer():
+            return f"must be a whole number, got {value!r}"
+        if value < self.minimum or (self.maximum is not None and value > self.maximum):
+            upper = f" and {self.maximum:g}" if self.maximum is not None else " or more"
+            between = "between " if self.maximum is not None else ""
+            return f"must be {between}{self.minimum:g}{upper}, got {value!r}"
+        return None
+
+
+_PERCENT = Tunable(0, 100)
+_SECONDS = Tunable(0.01)
+# What an inventory may tune through fleet_gateway_tuning, and what the gateway accepts of each.
+TUNABLES: dict[str, Tunable] = {
+    "LOBES_SWAP_NO_HARD_THRESHOLD": _PERCENT, "LOBES_SWAP_PREFER_CHEAP_THRESHOLD": _PERCENT,
+    "LOBES_SWAP_DEGRADED_THRESHOLD": _PERCENT, "LOBES_IOWAIT_NO_HARD_THRESHOLD": _PERCENT,
+    "LOBES_IOWAIT_DEGRADED_THRESHOLD": _PERCENT, "LOBES_MEMAVAILABLE_DEGRADED_THRESHOLD": _PERCENT,
+    "LOBES_PSI_MEMORY_FULL_THRESHOLD": _PERCENT, "LOBES_PRESSURE_SAMPLE_S": _SECONDS,
+    "GATEWAY_MAX_BODY_BYTES": Tunable(1, integer=True),
+    "GATEWAY_MAX_INFLIGHT_PER_KEY": Tunable(0, integer=True),
+    "GATEWAY_RETRY_AFTER_S": Tunable(1, integer=True),
+    # A long generation needs a longer upstream timeout; a slow box, a longer stream stall
+    # before its stream is continued elsewhere or ended.
+    "GATEWAY_HEADER_TIMEOUT_S": _SECONDS, "GATEWAY_BODY_TIMEOUT_S": _SECONDS,
+    "GATEWAY_CONNECT_TIMEOUT_S": _SECONDS, "GATEWAY_UPSTREAM_TIMEOUT_S": _SECONDS,
+    "GATEWAY_STREAM_STALL_S": _SECONDS, "GATEWAY_PROBE_INTERVAL_S": _SECONDS,
+    "GATEWAY_PROBE_TIMEOUT_S": _SECONDS,
+}
+TUNABLE_ENV: tuple[str, ...] = tuple(TUNABLES)
+
 # Environment values that are secrets: masked in diffs, never logged.
 SECRET_ENV = ("GATEWAY_API_KEY", "GATEWAY_FLEET_KEY", "CULTURE_VLLM_API_KEY",
               "GATEWAY_CLIENT_KEYS")

@@ -17,6 +17,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     REFER,
     ROLES_BY_NAME,
     TUNABLE_ENV,
+    TUNABLES,
     role_index,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetError
@@ -310,8 +311,9 @@ def _parse_tuning(read: _Reader) -> tuple:
         if name not in TUNABLE_ENV:
             raise read.fail("fleet_gateway_tuning", f"{name!r} is not a tunable gateway "
                             "variable; one of " + ", ".join(TUNABLE_ENV))
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise read.fail("fleet_gateway_tuning", f"{name} must be a number, got {value!r}")
+        refusal = TUNABLES[name].refusal(value)
+        if refusal is not None:
+            raise read.fail("fleet_gateway_tuning", f"{name} {refusal}")
     return tuple(sorted(tuning.items()))
 
 

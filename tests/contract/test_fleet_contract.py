@@ -21,7 +21,7 @@ import yaml
 from ansible_collections.lobes.fleet.plugins.module_utils import advert, contract, service_files
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from lobes_gateway import __version__ as gateway_version
-from lobes_gateway.policy.config import load_config
+from lobes_gateway.policy.config import ConfigError, load_config
 from lobes_service_files import parse_env_file
 
 from tests.support.gateway_proc import start_gateway
@@ -162,3 +162,26 @@ def test_the_gateway_reads_every_contract_name_and_no_other():
     environ = _Recording()
     load_config(environ)
     assert environ.asked == set(contract.KNOWN_ENV)
+
+
+def _rendered(value: float) -> str:
+    """A tuning value as render writes it into .env."""
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+@pytest.mark.parametrize("name", sorted(contract.TUNABLES))
+def test_the_gateway_takes_exactly_the_tuning_values_the_inventory_accepts(name):
+    tunable = contract.TUNABLES[name]
+    taken = [tunable.minimum, *([tunable.maximum] if tunable.maximum is not None else [])]
+    refused = [tunable.minimum - (1 if tunable.integer else tunable.minimum / 2 or 1)]
+    if tunable.maximum is not None:
+        refused.append(tunable.maximum + 1)
+    if tunable.integer:
+        refused.append(tunable.minimum + 0.5)
+    for value in taken:
+        assert tunable.refusal(value) is None
+        load_config({name: _rendered(value)})
+    for value in refused:
+        assert tunable.refusal(value) is not None
+        with pytest.raises(ConfigError, match=name):
+            load_config({name: _rendered(value)})

@@ -144,6 +144,15 @@ REJECTIONS = [
                  ["field context: must be an int"], id="context-not-an-integer"),
     pytest.param({("spark", "fleet_gateway_tuning"): {"LOBES_FOO": 1}},
                  ["'LOBES_FOO' is not a tunable"], id="unknown-tunable"),
+    pytest.param({("spark", "fleet_gateway_tuning"): {"GATEWAY_UPSTREAM_TIMEOUT_S": 0}},
+                 ["host spark, field fleet_gateway_tuning: GATEWAY_UPSTREAM_TIMEOUT_S must be "
+                  "0.01 or more, got 0"], id="tuned-timeout-the-gateway-refuses"),
+    pytest.param({("spark", "fleet_gateway_tuning"): {"LOBES_SWAP_DEGRADED_THRESHOLD": 120}},
+                 ["LOBES_SWAP_DEGRADED_THRESHOLD must be between 0 and 100, got 120"],
+                 id="tuned-percentage-above-100"),
+    pytest.param({("spark", "fleet_gateway_tuning"): {"GATEWAY_MAX_BODY_BYTES": 1.5}},
+                 ["GATEWAY_MAX_BODY_BYTES must be a whole number, got 1.5"],
+                 id="tuned-byte-count-not-whole"),
     pytest.param({("orin", "fleet_gateway_pool_policy"): "fastest"},
                  ["host orin, field fleet_gateway_pool_policy: must be one of prefix, rate, "
                   "queue, pinned (prefix when unset), got 'fastest'"], id="unknown-pool-policy"),
@@ -278,6 +287,14 @@ def test_a_pool_resumes_streams_and_places_by_the_default_policy_unless_declared
     env = dict(render_env(orin, ORIN_SECRETS))
     assert env["GATEWAY_POOL_POLICY"] == "rate" and "PRIMARY_STREAM_RESUME" not in env
     assert env["PRIMARY_ROUTE"] == "pool"
+
+
+def test_timeouts_are_tunable_for_long_generations_and_slow_boxes():
+    mesh = seed_mesh()
+    mesh["orin"]["fleet_gateway_tuning"] = {"GATEWAY_UPSTREAM_TIMEOUT_S": 1800,
+                                            "GATEWAY_STREAM_STALL_S": 45.5}
+    env = dict(render_env(plan_mesh(mesh)["boxes"]["orin"], ORIN_SECRETS))
+    assert (env["GATEWAY_UPSTREAM_TIMEOUT_S"], env["GATEWAY_STREAM_STALL_S"]) == ("1800", "45.5")
 
 
 def test_a_fleet_key_leaves_a_referral_a_referral():
