@@ -96,6 +96,20 @@ def percentile_ms(samples_ns: list[int], pct: float) -> float:
     return ordered[index] / 1e6
 
 
+def gateway_env(backend_url: str, port: int) -> dict[str, str]:
+    """The benchmarked gateway's settings: one backend, auth on, the in-flight cap above the
+    stream count."""
+    return {
+        "GATEWAY_HOST": "127.0.0.1",
+        "GATEWAY_PORT": str(port),
+        "PRIMARY_BASE_URL": backend_url,
+        "PRIMARY_SERVED_NAME": SERVED_NAME,
+        "GATEWAY_DEFAULT_MODEL": SERVED_NAME,
+        "GATEWAY_API_KEY": API_KEY,
+        "GATEWAY_MAX_INFLIGHT_PER_KEY": "100000",
+    }
+
+
 def start_gateway(
     backend_port: int,
     gateway_dir: Path,
@@ -113,13 +127,7 @@ def start_gateway(
     env = {
         **os.environ,
         "PYTHONPATH": str(gateway_dir),
-        "GATEWAY_HOST": "127.0.0.1",
-        "GATEWAY_PORT": str(port),
-        "PRIMARY_BASE_URL": f"http://127.0.0.1:{backend_port}",
-        "PRIMARY_SERVED_NAME": SERVED_NAME,
-        "GATEWAY_DEFAULT_MODEL": SERVED_NAME,
-        "GATEWAY_API_KEY": API_KEY,
-        "GATEWAY_MAX_INFLIGHT_PER_KEY": "100000",
+        **gateway_env(f"http://127.0.0.1:{backend_port}", port),
         **(extra_env or {}),
     }
     command = argv or [sys.executable, "-m", "lobes_gateway"]

@@ -39,7 +39,7 @@ from lobes_gateway.policy.config import load_config
 from lobes_gateway.transport.channel import Channel
 from lobes_gateway.transport.upstream import Connection, Origin
 
-BACKEND = Origin("127.0.0.1", 9)  # never dialled: its one connection is in the pool already
+BACKEND = Origin("127.0.0.1", 9)  # never dialled: its connections are in the pool already
 
 
 class MemoryTransport(asyncio.Transport):
@@ -129,16 +129,8 @@ class Harness:
 
 
 def environment(access_log: str | None) -> dict[str, str]:
-    """The socket benchmark's gateway settings (gateway_bench.start_gateway)."""
-    env = {
-        "GATEWAY_HOST": "127.0.0.1",
-        "GATEWAY_PORT": "8000",
-        "PRIMARY_BASE_URL": BACKEND.url,
-        "PRIMARY_SERVED_NAME": gateway_bench.SERVED_NAME,
-        "GATEWAY_DEFAULT_MODEL": gateway_bench.SERVED_NAME,
-        "GATEWAY_API_KEY": gateway_bench.API_KEY,
-        "GATEWAY_MAX_INFLIGHT_PER_KEY": "100000",
-    }
+    """The socket benchmark's gateway settings, with the access log when asked."""
+    env = gateway_bench.gateway_env(BACKEND.url, 8000)
     if access_log:
         env["GATEWAY_ACCESS_LOG"] = access_log
     return env
