@@ -42,7 +42,9 @@ class CharsPerToken:
     @property
     def value(self) -> float:
         """Characters per token, as learned so far (the prior until the first sample)."""
-        return self._grain.value or CHARS_PER_TOKEN
+        grain = self._grain.value
+        assert grain is not None  # seeded with a prior, never unset
+        return grain
 
     @property
     def samples(self) -> int:
