@@ -21,7 +21,13 @@ import yaml
 from ansible_collections.lobes.fleet.plugins.module_utils import advert, contract, service_files
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from lobes_gateway import __version__ as gateway_version
-from lobes_gateway.policy.config import ConfigError, load_config
+from lobes_gateway.policy.config import (
+    LIMIT_VARIABLES,
+    PRESSURE_VARIABLES,
+    ConfigError,
+    GatewayConfig,
+    load_config,
+)
 from lobes_service_files import parse_env_file
 
 from tests.support.gateway_proc import start_gateway
@@ -169,6 +175,23 @@ def _rendered(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
+def _tuned_value(config: GatewayConfig, name: str) -> float:
+    """The configuration field a tunable variable sets."""
+    if name in PRESSURE_VARIABLES.values():
+        fields = {variable: attr for attr, variable in PRESSURE_VARIABLES.items()}
+        return getattr(config.pressure, fields[name])
+    fields = {variable: attr for attr, variable in LIMIT_VARIABLES.items()}
+    return getattr(config.limits, fields[name])
+
+
+def test_every_tunable_sets_one_gateway_field_and_its_default_is_in_range():
+    variables = [*PRESSURE_VARIABLES.values(), *LIMIT_VARIABLES.values()]
+    assert sorted(variables) == sorted(contract.TUNABLES)
+    defaults = load_config({})
+    for name in variables:
+        assert contract.TUNABLES[name].refusal(_tuned_value(defaults, name)) is None, name
+
+
 @pytest.mark.parametrize("name", sorted(contract.TUNABLES))
 def test_the_gateway_takes_exactly_the_tuning_values_the_inventory_accepts(name):
     tunable = contract.TUNABLES[name]
@@ -180,7 +203,7 @@ def test_the_gateway_takes_exactly_the_tuning_values_the_inventory_accepts(name)
         refused.append(tunable.minimum + 0.5)
     for value in taken:
         assert tunable.refusal(value) is None
-        load_config({name: _rendered(value)})
+        assert _tuned_value(load_config({name: _rendered(value)}), name) == value
     for value in refused:
         assert tunable.refusal(value) is not None
         with pytest.raises(ConfigError, match=name):

@@ -19,6 +19,7 @@ from lobes_contract import (
     ROLES,
     ROUTE_MODES,
     SERVE,
+    TUNABLES,
     RoleSpec,
     unknown_env,
 )
@@ -27,8 +28,6 @@ from ..transport.upstream import Origin
 from .admission import CLASSES
 
 DEFAULT_PORT = 8000
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
-DEFAULT_MAX_INFLIGHT_PER_KEY = 32
 # Names a named client key may not take: the gateway's own callers (policy/auth.py).
 RESERVED_CLIENT_NAMES = frozenset({"anonymous", "client", "fleet"})
 _CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -122,8 +121,8 @@ class PressureConfig:
 class Limits:
     """Request limits and timeouts (seconds)."""
 
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_inflight_per_key: int = DEFAULT_MAX_INFLIGHT_PER_KEY
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_inflight_per_key: int = 32
     header_timeout_s: float = 30.0
     body_timeout_s: float = 60.0
     connect_timeout_s: float = 5.0
@@ -190,17 +189,25 @@ class _Env:
             raise ConfigError(name, f"{number} is below {minimum}", f"use {minimum} or more")
         return number
 
-    def float(self, name: str, default: float, minimum: float = 0.0) -> float:
+    def tunable(self, name: str) -> float | None:
+        """A tunable's value (lobes_contract.TUNABLES: the range the inventory checks too), None
+        when unset; a whole number where the contract wants one."""
         value = self.str(name)
         if value is None:
-            return default
-        try:
-            number = float(value)
-        except ValueError:
-            raise ConfigError(name, f"{value!r} is not a number", "use a decimal number") from None
-        if not math.isfinite(number) or number < minimum:
-            raise ConfigError(name, f"{value} is out of range", f"use a number >= {minimum}")
-        return number
+            return None
+        tunable = TUNABLES[name]
+        number: object = value
+        for kind in (int, float):
+            try:
+                number = kind(value)
+                break
+            except ValueError:
+                continue
+        refusal = tunable.refusal(number)
+        if refusal is not None:
+            raise ConfigError(name, refusal, "change the value (docs/gateway.md lists each one)")
+        assert isinstance(number, (int, float))  # refusal() took it: a finite number
+        return int(number) if tunable.integer else float(number)
 
     def origin(self, name: str) -> Origin | None:
         value = self.str(name)
@@ -370,41 +377,49 @@ def _aliases(env: _Env) -> dict[str, str]:
     return aliases
 
 
-def _pressure(env: _Env) -> PressureConfig:
-    def pct(name: str, default: float) -> float:
-        value = env.float(name, default)
-        if value > 100:
-            raise ConfigError(name, f"{value} is above 100", "give a percentage 0-100")
-        return value
+# The tunable fields of PressureConfig and Limits and the variables that set them: an unset one
+# keeps its field's default (a test holds these to the contract's TUNABLES, whole).
+PRESSURE_VARIABLES = {
+    "swap_degraded": "LOBES_SWAP_DEGRADED_THRESHOLD",
+    "iowait_degraded": "LOBES_IOWAIT_DEGRADED_THRESHOLD",
+    "swap_no_hard": "LOBES_SWAP_NO_HARD_THRESHOLD",
+    "swap_prefer_cheap": "LOBES_SWAP_PREFER_CHEAP_THRESHOLD",
+    "iowait_no_hard": "LOBES_IOWAIT_NO_HARD_THRESHOLD",
+    "memavailable_degraded": "LOBES_MEMAVAILABLE_DEGRADED_THRESHOLD",
+    "psi_memory_full": "LOBES_PSI_MEMORY_FULL_THRESHOLD",
+    "sample_interval_s": "LOBES_PRESSURE_SAMPLE_S",
+    "retry_after_s": "GATEWAY_RETRY_AFTER_S",
+}
+LIMIT_VARIABLES = {
+    "max_body_bytes": "GATEWAY_MAX_BODY_BYTES",
+    "max_inflight_per_key": "GATEWAY_MAX_INFLIGHT_PER_KEY",
+    "header_timeout_s": "GATEWAY_HEADER_TIMEOUT_S",
+    "body_timeout_s": "GATEWAY_BODY_TIMEOUT_S",
+    "connect_timeout_s": "GATEWAY_CONNECT_TIMEOUT_S",
+    "upstream_timeout_s": "GATEWAY_UPSTREAM_TIMEOUT_S",
+    "probe_interval_s": "GATEWAY_PROBE_INTERVAL_S",
+    "probe_timeout_s": "GATEWAY_PROBE_TIMEOUT_S",
+    "stream_stall_s": "GATEWAY_STREAM_STALL_S",
+}
 
-    return PressureConfig(
-        swap_degraded=pct("LOBES_SWAP_DEGRADED_THRESHOLD", 75.0),
-        iowait_degraded=pct("LOBES_IOWAIT_DEGRADED_THRESHOLD", 50.0),
-        swap_no_hard=pct("LOBES_SWAP_NO_HARD_THRESHOLD", 50.0),
-        swap_prefer_cheap=pct("LOBES_SWAP_PREFER_CHEAP_THRESHOLD", 65.0),
-        iowait_no_hard=pct("LOBES_IOWAIT_NO_HARD_THRESHOLD", 25.0),
-        memavailable_degraded=pct("LOBES_MEMAVAILABLE_DEGRADED_THRESHOLD", 5.0),
-        psi_memory_full=pct("LOBES_PSI_MEMORY_FULL_THRESHOLD", 10.0),
-        proc_root=env.str("LOBES_PROC_ROOT") or "/proc",
-        sample_interval_s=env.float("LOBES_PRESSURE_SAMPLE_S", 1.0, minimum=0.01),
-        retry_after_s=env.int("GATEWAY_RETRY_AFTER_S", 5, minimum=1) or 5,
-    )
+
+def _tuned(env: _Env, variables: Mapping[str, str]) -> dict[str, float]:
+    """The fields among `variables` (field -> variable) whose variable is set, with its value."""
+    tuned = {}
+    for attr, name in variables.items():
+        value = env.tunable(name)
+        if value is not None:
+            tuned[attr] = value
+    return tuned
+
+
+def _pressure(env: _Env) -> PressureConfig:
+    return PressureConfig(proc_root=env.str("LOBES_PROC_ROOT") or "/proc",
+                          **_tuned(env, PRESSURE_VARIABLES))
 
 
 def _limits(env: _Env) -> Limits:
-    return Limits(
-        max_body_bytes=env.int("GATEWAY_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, minimum=1)
-        or DEFAULT_MAX_BODY_BYTES,
-        max_inflight_per_key=env.int("GATEWAY_MAX_INFLIGHT_PER_KEY",
-                                     DEFAULT_MAX_INFLIGHT_PER_KEY) or 0,
-        header_timeout_s=env.float("GATEWAY_HEADER_TIMEOUT_S", 30.0, minimum=0.01),
-        body_timeout_s=env.float("GATEWAY_BODY_TIMEOUT_S", 60.0, minimum=0.01),
-        connect_timeout_s=env.float("GATEWAY_CONNECT_TIMEOUT_S", 5.0, minimum=0.01),
-        upstream_timeout_s=env.float("GATEWAY_UPSTREAM_TIMEOUT_S", 600.0, minimum=0.01),
-        probe_interval_s=env.float("GATEWAY_PROBE_INTERVAL_S", 5.0, minimum=0.01),
-        probe_timeout_s=env.float("GATEWAY_PROBE_TIMEOUT_S", 3.0, minimum=0.01),
-        stream_stall_s=env.float("GATEWAY_STREAM_STALL_S", 30.0, minimum=0.01),
-    )
+    return Limits(**_tuned(env, LIMIT_VARIABLES))
 
 
 def _client_key(entry: str) -> ClientKey:
