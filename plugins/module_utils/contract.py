@@ -245,7 +245,11 @@ class Tunable:
         """Why the gateway would refuse `value`, or None when it takes it."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"must be a number, got {value!r}"
-        if not math.isfinite(value):
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # a whole number past any float: no setting is that large
+            finite = False
+        if not finite:
             return f"must be a finite number, got {value!r}"
         if self.integer and not float(value).is_integer():
             return f"must be a whole number, got {value!r}"

@@ -175,6 +175,16 @@ def _rendered(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
+@pytest.mark.parametrize("name", sorted(contract.TUNABLES))
+def test_a_number_past_any_float_is_refused_alike(name):
+    # The inventory's YAML and the gateway's .env both take whole numbers of any size; the
+    # gateway would read such a value as infinity, so the plan must refuse it too.
+    huge = 10**400
+    assert "finite" in contract.TUNABLES[name].refusal(huge)
+    with pytest.raises(ConfigError, match=f"{name}: must be a finite number"):
+        load_config({name: str(huge)})
+
+
 def _tuned_value(config: GatewayConfig, name: str) -> float:
     """The configuration field a tunable variable sets."""
     if name in PRESSURE_VARIABLES.values():

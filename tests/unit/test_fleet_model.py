@@ -153,6 +153,9 @@ REJECTIONS = [
     pytest.param({("spark", "fleet_gateway_tuning"): {"GATEWAY_MAX_BODY_BYTES": 1.5}},
                  ["GATEWAY_MAX_BODY_BYTES must be a whole number, got 1.5"],
                  id="tuned-byte-count-not-whole"),
+    pytest.param({("spark", "fleet_gateway_tuning"): {"GATEWAY_UPSTREAM_TIMEOUT_S": 10**400}},
+                 ["GATEWAY_UPSTREAM_TIMEOUT_S must be a finite number, got 1000"],
+                 id="tuned-value-past-any-float"),
     pytest.param({("orin", "fleet_gateway_pool_policy"): "fastest"},
                  ["host orin, field fleet_gateway_pool_policy: must be one of prefix, rate, "
                   "queue, pinned (prefix when unset), got 'fastest'"], id="unknown-pool-policy"),
