@@ -5,6 +5,7 @@ Only syntax and types are checked here; whether the mesh can work is plan.py's q
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -43,6 +44,16 @@ RESERVED_CLIENT_NAMES = ("anonymous", "client", "fleet")
 _CLIENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 _BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+
+
+def _finite(value: int | float) -> float | None:
+    """`value` as a float, or None when no setting can be it: nan, an infinity, or a whole
+    number past any float (YAML reads .nan, .inf and such numbers)."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _number_text(text: str):
@@ -184,7 +195,10 @@ class _Reader:
                 value = _number_text(value)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise self.fail(key, f"must be a number, got {value!r}")
-            return float(value)
+            number = _finite(value)
+            if number is None:
+                raise self.fail(key, f"must be a finite number, got {value!r}")
+            return number
         if kind is str:
             if not isinstance(value, str) or not value:
                 raise self.fail(key, f"must be a non-empty string, got {value!r}")
@@ -375,7 +389,12 @@ def _parse_hosts(read: _Reader, field: str) -> tuple:
 
 def _parse_rates(read: _Reader) -> tuple:
     rates = read.get("rates", dict, {})
+    parsed = []
     for peer, rate in rates.items():
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
-            raise read.fail("rates", f"rate of {peer} must be a positive tok/s, got {rate!r}")
-    return tuple((str(peer), float(rate)) for peer, rate in rates.items())
+        number = (None if isinstance(rate, bool) or not isinstance(rate, (int, float))
+                  else _finite(rate))
+        if number is None or number <= 0:
+            raise read.fail("rates", f"rate of {peer} must be a positive, finite tok/s, "
+                            f"got {rate!r}")
+        parsed.append((str(peer), number))
+    return tuple(parsed)
