@@ -28,6 +28,7 @@ from ..transport.upstream import Origin
 from .admission import CLASSES
 
 DEFAULT_PORT = 8000
+MAX_PORT = 65535
 # Names a named client key may not take: the gateway's own callers (policy/auth.py).
 RESERVED_CLIENT_NAMES = frozenset({"anonymous", "client", "fleet"})
 _CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -177,7 +178,8 @@ class _Env:
             return False
         raise ConfigError(name, f"{value!r} is not a boolean", "use true or false")
 
-    def int(self, name: str, default: int | None, minimum: int = 0) -> int | None:
+    def int(self, name: str, default: int | None, minimum: int = 0,
+            maximum: int | None = None) -> int | None:
         value = self.str(name)
         if value is None:
             return default
@@ -187,6 +189,8 @@ class _Env:
             raise ConfigError(name, f"{value!r} is not an integer", "use a whole number") from None
         if number < minimum:
             raise ConfigError(name, f"{number} is below {minimum}", f"use {minimum} or more")
+        if maximum is not None and number > maximum:
+            raise ConfigError(name, f"{number} is above {maximum}", f"use {maximum} or less")
         return number
 
     def tunable(self, name: str) -> float | None:
@@ -504,7 +508,7 @@ def load_config(environ: Mapping[str, str]) -> GatewayConfig:
                           f"use one of {', '.join(POOL_POLICIES)}")
     return GatewayConfig(
         host=env.str("GATEWAY_HOST") or "0.0.0.0",
-        port=env.int("GATEWAY_PORT", DEFAULT_PORT) or 0,
+        port=env.int("GATEWAY_PORT", DEFAULT_PORT, maximum=MAX_PORT) or 0,
         default_model=env.str("GATEWAY_DEFAULT_MODEL"),
         aliases=_aliases(env),
         api_key=api_key,
