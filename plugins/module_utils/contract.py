@@ -232,6 +232,16 @@ PRESSURE_ENV: tuple[str, ...] = (
 )
 
 
+def finite_float(value: int | float) -> float | None:
+    """`value` as a float, or None when no setting can be it: nan, an infinity, or a whole
+    number past any float (YAML and .env files both take such numbers)."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 @dataclass(frozen=True)
 class Tunable:
     """A gateway setting an inventory may override (fleet_gateway_tuning): the values the
@@ -245,11 +255,7 @@ class Tunable:
         """Why the gateway would refuse `value`, or None when it takes it."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"must be a number, got {value!r}"
-        try:
-            finite = math.isfinite(value)
-        except OverflowError:  # a whole number past any float: no setting is that large
-            finite = False
-        if not finite:
+        if finite_float(value) is None:
             return f"must be a finite number, got {value!r}"
         if self.integer and not float(value).is_integer():
             return f"must be a whole number, got {value!r}"

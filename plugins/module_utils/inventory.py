@@ -5,7 +5,6 @@ Only syntax and types are checked here; whether the mesh can work is plan.py's q
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     ROLES_BY_NAME,
     TUNABLE_ENV,
     TUNABLES,
+    finite_float,
     role_index,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetError
@@ -44,16 +44,6 @@ RESERVED_CLIENT_NAMES = ("anonymous", "client", "fleet")
 _CLIENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 _BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
-
-
-def _finite(value: int | float) -> float | None:
-    """`value` as a float, or None when no setting can be it: nan, an infinity, or a whole
-    number past any float (YAML reads .nan, .inf and such numbers)."""
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _number_text(text: str):
@@ -195,7 +185,7 @@ class _Reader:
                 value = _number_text(value)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise self.fail(key, f"must be a number, got {value!r}")
-            number = _finite(value)
+            number = finite_float(value)
             if number is None:
                 raise self.fail(key, f"must be a finite number, got {value!r}")
             return number
@@ -392,7 +382,7 @@ def _parse_rates(read: _Reader) -> tuple:
     parsed = []
     for peer, rate in rates.items():
         number = (None if isinstance(rate, bool) or not isinstance(rate, (int, float))
-                  else _finite(rate))
+                  else finite_float(rate))
         if number is None or number <= 0:
             raise read.fail("rates", f"rate of {peer} must be a positive, finite tok/s, "
                             f"got {rate!r}")
