@@ -195,6 +195,11 @@ PEER_MODES = frozenset({POOL, PROXY, OWNERS})
 # implements each.
 POOL_POLICIES: tuple[str, ...] = ("prefix", "rate", "queue", "pinned")
 
+# The port a box's gateway listens on unless the inventory (fleet_gateway_port) or its .env
+# (GATEWAY_PORT) names another, and the ports either may name.
+DEFAULT_GATEWAY_PORT = 8000
+TCP_PORTS = range(1, 65536)
+
 # Priority classes of client requests, strongest first (GATEWAY_CLIENT_KEYS, X-Lobes-Priority).
 PRIORITY_CLASSES: tuple[str, ...] = ("interactive", "standard", "batch")
 # A request's class until its key or header says otherwise (the box key's, too).

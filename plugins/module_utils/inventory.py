@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 
 from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
+    DEFAULT_GATEWAY_PORT,
     OWNERS,
     POOL,
     POOL_POLICIES,
@@ -16,6 +17,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     PROXY,
     REFER,
     ROLES_BY_NAME,
+    TCP_PORTS,
     TUNABLE_ENV,
     TUNABLES,
     finite_float,
@@ -27,7 +29,6 @@ from ansible_collections.lobes.fleet.plugins.module_utils.hardware import PROFIL
 RUNTIMES = ("compose", "process")
 # What runs a gear: the real vLLM image, or lobes_sim standing in for it (no GPU, tests).
 ENGINES = ("vllm", "sim")
-DEFAULT_GATEWAY_PORT = 8000
 DEFAULT_GEAR_PORT_BASE = 18100
 
 ROLE_FIELDS = (
@@ -209,8 +210,9 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
     if runtime not in RUNTIMES:
         raise read.fail("fleet_runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     port = read.get("fleet_gateway_port", int, DEFAULT_GATEWAY_PORT)
-    if not 0 < port < 65536:
-        raise read.fail("fleet_gateway_port", f"must be a TCP port, got {port}")
+    if port not in TCP_PORTS:
+        raise read.fail("fleet_gateway_port",
+                        f"must be a TCP port ({TCP_PORTS[0]}-{TCP_PORTS[-1]}), got {port}")
     address = read.get("ansible_host", str, host)
     origin = read.get("fleet_origin", str, f"http://{address}:{port}")
     if not origin.startswith("http://") or origin.endswith("/"):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from lobes_contract import (
+    DEFAULT_GATEWAY_PORT,
     KNOWN_ENV,
     OFF,
     OWNERS,
@@ -19,6 +20,7 @@ from lobes_contract import (
     ROLES,
     ROUTE_MODES,
     SERVE,
+    TCP_PORTS,
     TUNABLES,
     RoleSpec,
     unknown_env,
@@ -27,8 +29,6 @@ from lobes_contract import (
 from ..transport.upstream import Origin
 from .admission import CLASSES
 
-DEFAULT_PORT = 8000
-MAX_PORT = 65535
 # Names a named client key may not take: the gateway's own callers (policy/auth.py).
 RESERVED_CLIENT_NAMES = frozenset({"anonymous", "client", "fleet"})
 _CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -139,7 +139,7 @@ class GatewayConfig:
     """The whole, validated environment contract of one gateway."""
 
     host: str = "0.0.0.0"
-    port: int = DEFAULT_PORT
+    port: int = DEFAULT_GATEWAY_PORT
     default_model: str | None = None
     aliases: Mapping[str, str] = field(default_factory=dict)
     api_key: str | None = None
@@ -232,9 +232,12 @@ def parse_origin(name: str, value: str) -> Origin:
         raise ConfigError(name, f"{value!r} carries a path",
                           "give the origin only, without /v1 or any path")
     try:
-        port = parts.port or 80
+        port = 80 if parts.port is None else parts.port
     except ValueError:
-        raise ConfigError(name, f"{value!r} has an invalid port", "use a port 1-65535") from None
+        port = -1
+    if port not in TCP_PORTS:
+        raise ConfigError(name, f"{value!r} has an invalid port",
+                          f"use a port {TCP_PORTS[0]}-{TCP_PORTS[-1]}")
     return Origin(parts.hostname, port)
 
 
@@ -508,7 +511,7 @@ def load_config(environ: Mapping[str, str]) -> GatewayConfig:
                           f"use one of {', '.join(POOL_POLICIES)}")
     return GatewayConfig(
         host=env.str("GATEWAY_HOST") or "0.0.0.0",
-        port=env.int("GATEWAY_PORT", DEFAULT_PORT, maximum=MAX_PORT) or 0,
+        port=env.int("GATEWAY_PORT", DEFAULT_GATEWAY_PORT, maximum=TCP_PORTS[-1]) or 0,
         default_model=env.str("GATEWAY_DEFAULT_MODEL"),
         aliases=_aliases(env),
         api_key=api_key,
