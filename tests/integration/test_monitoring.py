@@ -130,6 +130,7 @@ def _traffic(monitored: Monitored, url: str) -> None:
     held.close()
 
 
+@pytest.mark.slow
 def test_monitoring_converges_scrapes_the_mesh_answers_the_dashboard(monitored: Monitored) -> None:
     # 0. --check on a clean machine: the plan is checked, nothing is written or started.
     assert _ok(monitored.playbook("site.yml", "--check", "--diff"))["changed"] > 0

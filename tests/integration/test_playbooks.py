@@ -120,6 +120,7 @@ def mesh(tmp_path: Path):
     supervisor(deployed.deploy_dir / "state", "down")
 
 
+@pytest.mark.slow
 def test_local_default_lifecycle(mesh: LocalMesh) -> None:
     # 0. --check on a machine never deployed: it plans, and writes and starts nothing.
     assert _ok(mesh.playbook("site.yml", "--check", "--diff"))["changed"] > 0
@@ -223,6 +224,7 @@ def test_local_default_lifecycle(mesh: LocalMesh) -> None:
     assert _ok(mesh.playbook("down.yml"))["changed"] == 0
 
 
+@pytest.mark.slow
 def test_no_key_in_any_ansible_output_or_log_even_at_vvv(mesh: LocalMesh) -> None:
     """Keys reach the box's .env (mode 0600) and nothing else: not the output of site.yml,
     verify.yml, status.yml or down.yml at -vvv, not a log, pidfile or other file of the box."""

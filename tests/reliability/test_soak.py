@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_a_short_soak_loses_nothing_and_grows_nothing(tmp_path):
     out = tmp_path / "soak.json"
     run = subprocess.run(
