@@ -138,10 +138,14 @@ async def measure_window(target: Target, request: bytes, concurrency: int, windo
     """One warmed, measured closed-loop window: throughput, latency and proxy CPU."""
     await loadgen.closed_loop("127.0.0.1", target.port, request, concurrency, min(0.3, window_s))
     pid = target.service.pid if target.service else None
-    cpu_before = procs.cpu_seconds(pid) if pid else 0.0
+    user_before, system_before = procs.cpu_times(pid) if pid else (0.0, 0.0)
     sched_before = procs.sched_ns(pid) if pid else (0, 0)
     result = await loadgen.closed_loop("127.0.0.1", target.port, request, concurrency, window_s)
-    cpu = procs.cpu_seconds(pid) - cpu_before if pid else None
+    cpu = system = None
+    if pid:
+        user_after, system_after = procs.cpu_times(pid)
+        system = system_after - system_before
+        cpu = user_after - user_before + system
     wait_share = None
     if pid:
         ran, waited = (
@@ -155,6 +159,7 @@ async def measure_window(target: Target, request: bytes, concurrency: int, windo
         "p99": percentile_ms(result.latencies_ns, 99),
         "ttfc_p50": percentile_ms(result.first_event_ns, 50),
         "cpu_per_req_us": cpu / result.requests * 1e6 if cpu is not None else None,
+        "system_per_req_us": system / result.requests * 1e6 if system is not None else None,
         "cpu_per_event_us": cpu / result.events * 1e6
         if cpu is not None and result.events
         else None,
@@ -176,10 +181,13 @@ def median_of(rounds: list[dict]) -> dict:
 
 
 async def interleaved(targets: list[Target], request: bytes, concurrency: int, cfg: Settings):
-    """Rounds of every target in turn, so load drifts on the host hit all alike."""
+    """Rounds of every target in turn, so load drifts on the host hit all alike. Each round
+    starts one target later, so no target always runs first after a pause (or right after
+    another one's load): with as many rounds as targets each runs once in every position."""
     per_target: dict[str, list[dict]] = {t.name: [] for t in targets}
-    for _round in range(cfg.rounds):
-        for target in targets:
+    for round_index in range(cfg.rounds):
+        shift = round_index % len(targets)
+        for target in targets[shift:] + targets[:shift]:
             per_target[target.name].append(
                 await measure_window(target, request, concurrency, cfg.window_s)
             )

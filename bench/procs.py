@@ -46,13 +46,20 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of the whole process tree, in seconds."""
-    total = 0
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(utime, stime) of the whole process tree, in seconds: its own code, and the kernel's
+    work on its behalf (its syscalls: on loopback a send also runs the receiver's TCP path)."""
+    user = system = 0
     for member in process_tree(pid):
         fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return total / CLOCK_TICKS
+        user += int(fields[11])  # utime (field 14)
+        system += int(fields[12])  # stime (field 15)
+    return user / CLOCK_TICKS, system / CLOCK_TICKS
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process tree, in seconds."""
+    return sum(cpu_times(pid))
 
 
 def sched_ns(pid: int) -> tuple[int, int]:

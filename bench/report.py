@@ -93,6 +93,10 @@ def _throughput_and_cpu_rows(results: dict, concurrencies: list[int]) -> list[st
     rows += _per_concurrency_rows(
         results, concurrencies, "cpu_per_req_us", "proxy CPU per request", "{:.0f} us"
     )
+    rows += _per_concurrency_rows(
+        results, concurrencies, "system_per_req_us", "of which in the kernel (stime)",
+        "{:.0f} us"
+    )
     return rows
 
 
@@ -250,7 +254,8 @@ def render(results: dict, info: dict) -> str:
         "no auth, routing, parsing or metrics). Each proxy pinned to core 1, client and "
         "backend to core 0, "
         f"all in a session of their own at niceness {cfg.nice:+d} (its autogroup too). "
-        f"Figures are medians of {cfg.rounds} interleaved rounds of {cfg.window_s:g} s windows. "
+        f"Figures are medians of {cfg.rounds} interleaved rounds of {cfg.window_s:g} s windows "
+        "(each round starts one target later). "
         "CPU is the proxy process tree's utime+stime over the window. SSE chunks: "
         f"{cfg.sse_concurrency} concurrent streams of {cfg.sse_chunks} chunks "
         f"{cfg.sse_interval_ms} ms apart (CPU per chunk includes each stream's request, spread "

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docs_section
+import procs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "gateway")]
@@ -92,12 +93,6 @@ class Pass:
     cpu_s: float
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a running process (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run(resume: bool, streams: int, concurrency: int, time_scale: float) -> Pass:
     """One pass: a fresh pool, `streams` streams, the first replica killed a third of the way."""
     with ExitStack() as stack:
@@ -126,10 +121,10 @@ def run(resume: bool, streams: int, concurrency: int, time_scale: float) -> Pass
             started.release()
             return stream_chat(pool.url, ask(index), timeout=120)
 
-        cpu_before = cpu_seconds(pool.pid)
+        cpu_before = procs.cpu_seconds(pool.pid)
         with ThreadPoolExecutor(concurrency) as workers:
             answers = list(workers.map(one, range(streams)))
-        cpu_s = cpu_seconds(pool.pid) - cpu_before
+        cpu_s = procs.cpu_seconds(pool.pid) - cpu_before
         killer.join()
         references = [stream_chat(survivor.url, ask(i), timeout=120).text
                       for i in range(streams)]
