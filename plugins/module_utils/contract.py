@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 # The collection's version; the gateway reports it on /health (galaxy.yml holds it too, as
 # Galaxy requires, and a test holds the two together).
@@ -235,6 +236,47 @@ PRESSURE_ENV: tuple[str, ...] = (
     "LOBES_IOWAIT_NO_HARD_THRESHOLD", "LOBES_MEMAVAILABLE_DEGRADED_THRESHOLD",
     "LOBES_PSI_MEMORY_FULL_THRESHOLD", "LOBES_PROC_ROOT", "LOBES_PRESSURE_SAMPLE_S",
 )
+
+
+class OriginError(ValueError):
+    """A value that is not a plain-HTTP origin: what is wrong with it, and the fix."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(f"{problem}; {fix}")
+        self.problem = problem
+        self.fix = fix
+
+
+def parse_http_origin(value: str) -> tuple[str, int]:
+    """The host and port of http://host[:port] (80 when absent; an IPv6 address in brackets,
+    returned without them), the form every origin of the mesh takes, or OriginError."""
+    parts = urlsplit(value.rstrip("/"))
+    if parts.scheme != "http" or not parts.hostname:
+        raise OriginError(f"{value!r} is not an http://host:port origin",
+                          "write it as http://host:port (plain HTTP over the private network; "
+                          "an IPv6 address in brackets)")
+    if parts.path or parts.query:
+        raise OriginError(f"{value!r} carries a path",
+                          "give the origin only, without /v1 or any path")
+    try:
+        port = 80 if parts.port is None else parts.port
+    except ValueError:  # not a number, past 65535, or an IPv6 address without its brackets
+        port = -1
+    if port not in TCP_PORTS:
+        raise OriginError(f"{value!r} has an invalid port",
+                          f"use a port {TCP_PORTS[0]}-{TCP_PORTS[-1]} (and an IPv6 address "
+                          "in brackets)")
+    return parts.hostname, port
+
+
+def host_port(host: str, port: int) -> str:
+    """host:port as a URL and a Host header write it: an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def http_origin(host: str, port: int) -> str:
+    """The plain-HTTP origin of `host` and `port` (parse_http_origin's inverse)."""
+    return f"http://{host_port(host, port)}"
 
 
 def finite_float(value: int | float) -> float | None:

@@ -20,7 +20,10 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     TCP_PORTS,
     TUNABLE_ENV,
     TUNABLES,
+    OriginError,
     finite_float,
+    http_origin,
+    parse_http_origin,
     role_index,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetError
@@ -214,10 +217,14 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
         raise read.fail("fleet_gateway_port",
                         f"must be a TCP port ({TCP_PORTS[0]}-{TCP_PORTS[-1]}), got {port}")
     address = read.get("ansible_host", str, host)
-    origin = read.get("fleet_origin", str, f"http://{address}:{port}")
+    origin = read.get("fleet_origin", str, http_origin(address, port))
     if not origin.startswith("http://") or origin.endswith("/"):
         raise read.fail("fleet_origin", "must be a plain-HTTP origin like http://box:8000 (peers "
                         f"are dialled over the private network), got {origin!r}")
+    try:
+        parse_http_origin(origin)
+    except OriginError as exc:  # the gateway would refuse it at start: say so in the plan
+        raise read.fail("fleet_origin", str(exc)) from None
     return BoxDecl(
         host=host,
         hardware=hardware,

@@ -10,13 +10,16 @@ per gear, at its box's origin, its path set by the target's __metrics_path__ lab
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
+    OriginError,
+    host_port,
+    parse_http_origin,
+)
 
 GATEWAY_JOB = "lobes-gateway"
 GEAR_JOB = "lobes-gear"
 METRICS_PATH = "/metrics"
 GEAR_METRICS_PATH = "/metrics/gears/{role}"
-HTTP_PORT = 80
 
 
 class MonitoringError(ValueError):
@@ -25,12 +28,11 @@ class MonitoringError(ValueError):
 
 def origin_address(host: str, origin: str) -> str:
     """host:port of a box's gateway origin (the inventory holds plain-HTTP origins)."""
-    parts = urlsplit(origin)
-    if parts.scheme != "http" or not parts.hostname or parts.path:
-        raise MonitoringError(f"host {host}, field fleet_origin: {origin!r} is not "
-                              "http://host[:port]; the gateway's /metrics is scraped there")
-    hostname = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{hostname}:{parts.port or HTTP_PORT}"
+    try:
+        return host_port(*parse_http_origin(origin))
+    except OriginError as exc:
+        raise MonitoringError(f"host {host}, field fleet_origin: {exc.problem}; the gateway's "
+                              "/metrics is scraped there") from None
 
 
 def gateway_targets(plan: dict) -> list:

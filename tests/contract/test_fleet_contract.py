@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 import yaml
 from ansible_collections.lobes.fleet.plugins.module_utils import advert, contract, service_files
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
+from ansible_collections.lobes.fleet.plugins.module_utils.render import render_env
 from lobes_gateway import __version__ as gateway_version
 from lobes_gateway.policy.config import (
     LIMIT_VARIABLES,
@@ -28,9 +30,11 @@ from lobes_gateway.policy.config import (
     GatewayConfig,
     load_config,
 )
+from lobes_gateway.transport.upstream import Origin, request_head
 from lobes_service_files import parse_env_file
 
 from tests.support.gateway_proc import start_gateway
+from tests.unit.mesh import seed_mesh
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_ENVS = sorted((ROOT / "tests" / "fixtures" / "golden").glob("*/*/.env"))
@@ -218,3 +222,54 @@ def test_the_gateway_takes_exactly_the_tuning_values_the_inventory_accepts(name)
         assert tunable.refusal(value) is not None
         with pytest.raises(ConfigError, match=name):
             load_config({name: _rendered(value)})
+
+
+# An origin as written, its host and port, and the origin both sides write back.
+ORIGINS = [
+    ("http://spark:8001", ("spark", 8001), "http://spark:8001"),
+    ("http://spark.example", ("spark.example", 80), "http://spark.example:80"),
+    ("http://10.0.0.5:8000/", ("10.0.0.5", 8000), "http://10.0.0.5:8000"),
+    ("http://[fd7a:115c:a1e0::11]:8000", ("fd7a:115c:a1e0::11", 8000),
+     "http://[fd7a:115c:a1e0::11]:8000"),
+]
+
+
+@pytest.mark.parametrize(("origin", "host_and_port", "canonical"), ORIGINS)
+def test_an_origin_is_read_and_written_back_alike_on_both_sides(origin, host_and_port,
+                                                                 canonical):
+    assert contract.parse_http_origin(origin) == host_and_port
+    assert contract.http_origin(*host_and_port) == canonical
+    env = {"PRIMARY_BASE_URL": "http://127.0.0.1:9", "PRIMARY_FEASIBLE": "false",
+           "PRIMARY_PEER_ORIGINS": origin}
+    (peer,) = load_config(env).roles["cortex"].peers
+    assert peer.origin == canonical
+
+
+@pytest.mark.parametrize(("origin", "fix"), [
+    ("http://fd7a:115c:a1e0::11:8000", "IPv6 address in brackets"),
+    ("http://spark:0", "use a port 1-65535"),
+    ("http://spark:65536", "use a port 1-65535"),
+    ("http://spark:8000/v1", "without /v1"),
+    ("https://spark:8000", "plain HTTP"),
+])
+def test_an_origin_either_side_refuses_is_refused_by_both_with_the_fix(origin, fix):
+    with pytest.raises(contract.OriginError, match=re.escape(fix)):
+        contract.parse_http_origin(origin)
+    with pytest.raises(ConfigError, match=re.escape(fix)):
+        load_config({"PRIMARY_BASE_URL": origin})
+
+
+def test_a_mesh_addressed_by_ipv6_renders_origins_its_gateways_accept():
+    """Tailscale gives every box an IPv6 address too: a box whose ansible_host is one gets an
+    origin with the address in brackets, which its peers' gateways read back as rendered."""
+    mesh = seed_mesh()
+    mesh["spark"]["ansible_host"] = "fd7a:115c:a1e0::11"
+    mesh["thor"]["ansible_host"] = "fd7a:115c:a1e0::12"
+    orin = plan_mesh(mesh)["boxes"]["orin"]
+    origins = [peer["origin"] for peer in orin["roles"]["cortex"]["peers"]]
+    assert origins == ["http://[fd7a:115c:a1e0::11]:8001", "http://[fd7a:115c:a1e0::12]:8000"]
+    env = dict(render_env(orin, {"gateway_api_key": "k", "peer_keys": {"spark": "s"}}))
+    config = load_config(env)
+    assert [peer.origin for peer in config.roles["cortex"].peers] == origins
+    head = request_head("POST", "/v1/chat/completions", Origin("fd7a:115c:a1e0::11", 8001), "", 2)
+    assert b"\r\nHost: [fd7a:115c:a1e0::11]:8001\r\n" in head

@@ -182,6 +182,13 @@ REJECTIONS = [
                  id="stream-resume-not-a-bool"),
     pytest.param({("spark", "fleet_origin"): "spark:8001"},
                  ["field fleet_origin: must be a plain-HTTP origin"], id="origin-without-scheme"),
+    pytest.param({("spark", "fleet_origin"): "http://fd7a:115c:a1e0::11:8001"},
+                 ["host spark, field fleet_origin: 'http://fd7a:115c:a1e0::11:8001' has an invalid "
+                  "port; use a port 1-65535 (and an IPv6 address in brackets)"],
+                 id="origin-ipv6-without-brackets"),
+    pytest.param({("spark", "fleet_origin"): "http://spark:8001/v1"},
+                 ["host spark, field fleet_origin: 'http://spark:8001/v1' carries a path"],
+                 id="origin-with-a-path"),
     pytest.param({("thor", "fleet_origin"): SPARK},
                  ["host thor, field fleet_origin: " + SPARK + " is also"], id="origin-taken"),
     pytest.param({("spark", "fleet_hardware"): "sim", ("spark", "fleet_gear_engine"): "vllm"},

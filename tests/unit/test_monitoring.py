@@ -76,6 +76,13 @@ def test_an_origin_without_a_port_is_scraped_on_port_80() -> None:
     assert {"targets": ["spark.example:80"], "labels": {"box": "spark"}} in static
 
 
+def test_an_ipv6_origin_is_scraped_at_its_address_in_brackets() -> None:
+    config = monitoring.prometheus_config(
+        _plan(fleet_origin="http://[fd7a:115c:a1e0::11]:8001"), SETTINGS)
+    static = config["scrape_configs"][0]["static_configs"]
+    assert {"targets": ["[fd7a:115c:a1e0::11]:8001"], "labels": {"box": "spark"}} in static
+
+
 def test_an_origin_with_a_path_is_refused_naming_host_and_field() -> None:
     with pytest.raises(monitoring.MonitoringError, match=r"host spark, field fleet_origin"):
         monitoring.origin_address("spark", "http://spark:8000/v1")

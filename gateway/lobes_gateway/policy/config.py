@@ -6,7 +6,6 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from lobes_contract import (
     DEFAULT_GATEWAY_PORT,
@@ -22,7 +21,9 @@ from lobes_contract import (
     SERVE,
     TCP_PORTS,
     TUNABLES,
+    OriginError,
     RoleSpec,
+    parse_http_origin,
     unknown_env,
 )
 
@@ -224,21 +225,10 @@ class _Env:
 
 def parse_origin(name: str, value: str) -> Origin:
     """Parse http://host[:port] (no path, no /v1) or fail naming the variable."""
-    parts = urlsplit(value.rstrip("/"))
-    if parts.scheme != "http" or not parts.hostname:
-        raise ConfigError(name, f"{value!r} is not an http://host:port origin",
-                          "write it as http://host:port (plain HTTP over the private network)")
-    if parts.path or parts.query:
-        raise ConfigError(name, f"{value!r} carries a path",
-                          "give the origin only, without /v1 or any path")
     try:
-        port = 80 if parts.port is None else parts.port
-    except ValueError:
-        port = -1
-    if port not in TCP_PORTS:
-        raise ConfigError(name, f"{value!r} has an invalid port",
-                          f"use a port {TCP_PORTS[0]}-{TCP_PORTS[-1]}")
-    return Origin(parts.hostname, port)
+        return Origin(*parse_http_origin(value))
+    except OriginError as exc:
+        raise ConfigError(name, exc.problem, exc.fix) from None
 
 
 def _canonical_origin(name: str, value: str) -> str:

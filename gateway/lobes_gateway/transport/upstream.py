@@ -6,6 +6,8 @@ import asyncio
 from collections import defaultdict
 from typing import NamedTuple
 
+from lobes_contract import host_port, http_origin
+
 from .channel import Channel
 from .heads import ShapeMemo, split_head
 from .http import MAX_HEAD_BYTES, header_block
@@ -33,7 +35,12 @@ class Origin(NamedTuple):
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return http_origin(self.host, self.port)
+
+    @property
+    def authority(self) -> str:
+        """host:port as the Host header carries it (an IPv6 address in brackets)."""
+        return host_port(self.host, self.port)
 
 
 class UpstreamError(Exception):
@@ -253,7 +260,7 @@ def request_head(method: str, target: str, origin: Origin, headers: str,
     `headers` is a block of header lines, each ending CRLF (http.header_block).
     """
     length = "" if body_length is None else f"Content-Length: {body_length}\r\n"
-    return (f"{method} {target} HTTP/1.1\r\nHost: {origin.host}:{origin.port}\r\n"
+    return (f"{method} {target} HTTP/1.1\r\nHost: {origin.authority}\r\n"
             f"{headers}{length}\r\n").encode("latin-1")
 
 
