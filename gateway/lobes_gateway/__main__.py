@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 
+from lobes_contract import http_origin
+
 from . import __version__
 from .app.gateway import Gateway
 from .policy.config import ConfigError, load_config
@@ -27,7 +29,7 @@ async def serve(gateway: Gateway) -> None:
     server = await loop.create_server(gateway.accept, config.host, config.port,
                                       backlog=LISTEN_BACKLOG, reuse_address=True)
     port = server.sockets[0].getsockname()[1]
-    print(f"lobes_gateway {__version__} listening on http://{config.host}:{port}",
+    print(f"lobes_gateway {__version__} listening on {http_origin(config.host, port)}",
           file=sys.stderr, flush=True)
     # Start-up objects live for the process: keep them out of every collection.
     gc.collect()
