@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import os
 import signal
 import sys
 
-from lobes_contract import http_origin
+from lobes_contract import host_port, http_origin
 
 from . import __version__
 from .app.gateway import Gateway
@@ -20,14 +21,38 @@ LISTEN_BACKLOG = 4096
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
+class ListenError(Exception):
+    """The gateway cannot listen where its configuration says; the message names the fix."""
+
+
+def listen_failure(host: str, port: int, exc: OSError) -> ListenError:
+    """Why GATEWAY_HOST:GATEWAY_PORT cannot be listened on, and what to change."""
+    if exc.errno == errno.EADDRINUSE:
+        fix = ("another process holds the port: stop it, or set GATEWAY_PORT (the inventory's "
+               "fleet_gateway_port) to a free one")
+    elif exc.errno == errno.EACCES:
+        fix = "ports below 1024 need privileges: set GATEWAY_PORT to 1024 or above"
+    else:  # an unknown name or an address this box does not have
+        fix = ("set GATEWAY_HOST (the inventory's fleet_gateway_host) to an address of this "
+               "box, or 0.0.0.0 for all of them")
+    # asyncio words a bind error with the address again; the system's words say it once.
+    reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
+    return ListenError(f"cannot listen on {host_port(host, port)} (GATEWAY_HOST, GATEWAY_PORT): "
+                       f"{reason}; {fix}")
+
+
 async def serve(gateway: Gateway) -> None:
     """Listen until SIGTERM/SIGINT; the hot path is set up before gc.freeze()."""
     config = gateway.config
     # First: the samplers' first pass completes before the first request can arrive.
     await gateway.start_background()
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(gateway.accept, config.host, config.port,
-                                      backlog=LISTEN_BACKLOG, reuse_address=True)
+    try:
+        server = await loop.create_server(gateway.accept, config.host, config.port,
+                                          backlog=LISTEN_BACKLOG, reuse_address=True)
+    except OSError as exc:
+        await gateway.close()
+        raise listen_failure(config.host, config.port, exc) from None
     port = server.sockets[0].getsockname()[1]
     print(f"lobes_gateway {__version__} listening on {http_origin(config.host, port)}",
           file=sys.stderr, flush=True)
@@ -51,7 +76,11 @@ def main() -> int:
     except ConfigError as exc:
         print(f"lobes_gateway: configuration error: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(gateway))
+    try:
+        asyncio.run(serve(gateway))
+    except ListenError as exc:
+        print(f"lobes_gateway: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -1,6 +1,7 @@
 """policy/config.py: the environment contract parses into typed, validated, frozen config."""
 
 import dataclasses
+import socket
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,28 @@ def test_a_misspelt_variable_in_a_rendered_env_stops_the_gateway_at_start():
     assert started.returncode == 2
     assert ("EMBED_PEER_ORIGN: is not a variable of the gateway's contract; "
             "did you mean EMBED_PEER_ORIGIN?") in started.stderr
+
+
+def test_a_port_another_process_holds_stops_start_up_naming_the_variable():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        started = run_config_check({"GATEWAY_HOST": "127.0.0.1", "GATEWAY_PORT": str(port),
+                                    "PRIMARY_BASE_URL": "http://127.0.0.1:9"})
+    assert started.returncode == 2
+    assert started.stderr == (
+        f"lobes_gateway: cannot listen on 127.0.0.1:{port} (GATEWAY_HOST, GATEWAY_PORT): Address "
+        "already in use; another process holds the port: stop it, or set GATEWAY_PORT (the "
+        "inventory's fleet_gateway_port) to a free one\n")
+
+
+def test_an_address_the_box_does_not_have_stops_start_up_naming_the_variable():
+    # 192.0.2.0/24 is reserved for documentation: no box has it, and a bind sends nothing.
+    started = run_config_check({"GATEWAY_HOST": "192.0.2.1",
+                                "PRIMARY_BASE_URL": "http://127.0.0.1:9"})
+    assert started.returncode == 2
+    assert "cannot listen on 192.0.2.1:" in started.stderr
+    assert ("Cannot assign requested address; set GATEWAY_HOST (the inventory's "
+            "fleet_gateway_host) to an address of this box") in started.stderr
+    assert "Traceback" not in started.stderr
