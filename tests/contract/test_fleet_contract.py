@@ -235,8 +235,8 @@ ORIGINS = [
 
 
 @pytest.mark.parametrize(("origin", "host_and_port", "canonical"), ORIGINS)
-def test_an_origin_is_read_and_written_back_alike_on_both_sides(origin, host_and_port,
-                                                                 canonical):
+def test_an_origin_is_read_and_written_back_alike_on_both_sides(
+        origin, host_and_port, canonical):
     assert contract.parse_http_origin(origin) == host_and_port
     assert contract.http_origin(*host_and_port) == canonical
     env = {"PRIMARY_BASE_URL": "http://127.0.0.1:9", "PRIMARY_FEASIBLE": "false",
