@@ -141,13 +141,11 @@ async def measure_window(target: Target, request: bytes, concurrency: int, windo
     user_before, system_before = procs.cpu_times(pid) if pid else (0.0, 0.0)
     sched_before = procs.sched_ns(pid) if pid else (0, 0)
     result = await loadgen.closed_loop("127.0.0.1", target.port, request, concurrency, window_s)
-    cpu = system = None
+    cpu = system = wait_share = None
     if pid:
         user_after, system_after = procs.cpu_times(pid)
         system = system_after - system_before
         cpu = user_after - user_before + system
-    wait_share = None
-    if pid:
         ran, waited = (
             after - before for after, before in zip(procs.sched_ns(pid), sched_before, strict=True)
         )
