@@ -23,6 +23,7 @@ from lobes_service_files import (
 from . import pidfile
 from .health import wait_until_healthy
 from .layout import Layout
+from .logtail import masked_tail, service_secrets
 from .monitor import STOP_GRACE_S, terminate_group
 
 START_TIMEOUT_S = 15.0
@@ -105,6 +106,8 @@ def _check_env_file(spec: Service) -> None:
 
 def _start(spec: Service, layout: Layout, services_file: Path, watch: tuple[str, ...]) -> None:
     layout.ensure()
+    # The restart count a health wait reads is this start's, not an earlier monitor's.
+    layout.state_file(spec.name).unlink(missing_ok=True)
     env = {"PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": _PACKAGE_PARENT}
     argv = [
         sys.executable,
@@ -136,18 +139,35 @@ def _start(spec: Service, layout: Layout, services_file: Path, watch: tuple[str,
         if pidfile.alive(record) and child is not None:
             return
         time.sleep(0.05)
-    raise SupervisorError(f"service {spec.name!r}: monitor did not start; see {layout.log(spec)}")
+    raise SupervisorError(f"service {spec.name!r}: monitor did not start; "
+                          f"{_log_quoted(spec, layout)}")
 
 
 def wait_healthy(spec: Service, layout: Layout, later: list[str]) -> None:
     """Block until spec's health URL answers 200 (its start-up peak is over); the services
-    listed after it are not started when it does not within its timeout."""
-    if not wait_until_healthy(spec.health, spec.health_timeout_s):
-        waiting = ", ".join(later) or "none"
+    listed after it are not started when it does not within its timeout, or exits first."""
+    after = (f"the services already up keep running, those after it were not started "
+             f"({', '.join(later) or 'none'})")
+
+    def exited() -> None:
+        state = layout.read_state(spec.name)
+        if state.get("restarts"):
+            raise SupervisorError(
+                f"service {spec.name!r} exited with {state.get('last_exit')} before it became "
+                f"healthy ({spec.health}); its monitor restarts it; {after}; "
+                f"{_log_quoted(spec, layout)}")
+
+    if not wait_until_healthy(spec.health, spec.health_timeout_s, exited):
         raise SupervisorError(
             f"service {spec.name!r} did not become healthy ({spec.health}) within "
-            f"{spec.health_timeout_s:g} s; the services already up keep running, those after "
-            f"it were not started ({waiting}); see {layout.log(spec)}")
+            f"{spec.health_timeout_s:g} s; {after}; {_log_quoted(spec, layout)}")
+
+
+def _log_quoted(spec: Service, layout: Layout) -> str:
+    """Where the service's log is and how it ends (secrets masked): the reason, usually."""
+    path = layout.log(spec)
+    tail = masked_tail(path, service_secrets(spec))
+    return f"its log {path} ends:\n{tail}" if tail else f"its log {path} is empty"
 
 
 def _stop(layout: Layout, path: Path, record: pidfile.PidRecord) -> None:

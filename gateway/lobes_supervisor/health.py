@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 POLL_S = 0.5
 
@@ -23,9 +24,14 @@ def answers(url: str) -> bool:
         return False
 
 
-def wait_until_healthy(url: str, timeout_s: float) -> bool:
+def wait_until_healthy(url: str, timeout_s: float,
+                       check: Callable[[], None] | None = None) -> bool:
+    """Whether URL answered 200 within `timeout_s`; `check`, called between polls, raises to
+    stop waiting sooner (the supervisor's: the service exited)."""
     deadline = time.monotonic() + timeout_s
     while not answers(url):
+        if check is not None:
+            check()
         if time.monotonic() >= deadline:
             return False
         time.sleep(POLL_S)

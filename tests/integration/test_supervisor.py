@@ -317,7 +317,54 @@ def test_a_gear_that_never_becomes_healthy_stops_the_sequence_naming_it(tmp_path
     assert answer["failed"] is True
     assert "service 'gear-senses' did not become healthy" in answer["msg"]
     assert "those after it were not started (gear-embedder)" in answer["msg"]
+    assert f"its log {state_dir / 'log' / 'gear-senses.log'} ends:" in answer["msg"]
+    assert "env None None" in answer["msg"]  # what the service printed: the log's end, quoted
     status = _status(state_dir)
     assert status["gear-cortex"]["running"] and status["gear-senses"]["running"]
     assert "gear-embedder" not in status or not status["gear-embedder"]["running"]
     assert not (tmp_path / "gear-embedder.started").exists()
+
+
+# A service that cannot start: it prints a reason, its key among other output, and exits.
+FAILS_AT_START = (
+    "import os,sys;print('starting with key', os.environ['GATEWAY_API_KEY']);"
+    "print('client keys', os.environ['GATEWAY_CLIENT_KEYS']);"
+    "print('lobes_gateway: GATEWAY_PORT 8000 is in use', file=sys.stderr);sys.exit(2)"
+)
+
+
+def test_a_service_that_exits_before_it_is_healthy_fails_up_with_its_log_secrets_masked(
+        tmp_path, state_dir):
+    (tmp_path / "box.env").write_text("GATEWAY_API_KEY=sk-box-secret-1\n"
+                                      "GATEWAY_CLIENT_KEYS=ci=sk-ci-secret-2:batch\n")
+    services = _write_services(tmp_path, [
+        {**_service("gateway", FAILS_AT_START, env_file="box.env"),
+         "health": f"http://127.0.0.1:{free_port()}/health", "health_timeout_s": 50},
+        _gear("gear-late", free_port(), ["gateway"])])
+
+    answer = supervisor(state_dir, "up", services=services)
+
+    assert answer["failed"] is True
+    message = answer["msg"]
+    # Told at its exit, not after the health timeout, with the exit status and the reason.
+    assert "service 'gateway' exited with 2 before it became healthy" in message
+    assert "those after it were not started (gear-late)" in message
+    assert "lobes_gateway: GATEWAY_PORT 8000 is in use" in message
+    assert "starting with key ********" in message
+    assert "client keys ********" in message
+    assert "sk-box-secret-1" not in message and "sk-ci-secret-2" not in message
+    assert not (tmp_path / "gear-late.started").exists()
+
+
+def test_a_restarted_service_is_not_failed_for_an_earlier_monitors_restarts(tmp_path,
+                                                                             state_dir):
+    port = free_port()
+    services = _write_services(tmp_path, [_gear("gear-cortex", port, [])])
+    (state_dir / "run").mkdir(parents=True)
+    # What a monitor that restarted its child once, long ago, left behind.
+    (state_dir / "run" / "gear-cortex.state.json").write_text(
+        json.dumps({"restarts": 1, "last_exit": 1}))
+
+    answer = supervisor(state_dir, "up", services=services)
+
+    assert answer["up"] == [{"name": "gear-cortex", "action": "started"}]
