@@ -13,6 +13,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     OWNERS,
     POOL,
     PROXY,
+    http_origin,
     is_secret_env,
     role_env,
     role_spec,
@@ -31,6 +32,11 @@ ACCESS_LOG = "access.log"
 NOBODY = "65534:65534"
 # A simulated gear answers /health within a second of starting; a minute is a failure.
 SIM_HEALTH_TIMEOUT_S = 60
+# The gateway listens within seconds (its first window probe is bounded by the probe timeout);
+# `up` waits this long for its /health, and reports an exit before then with its log's end.
+GATEWAY_HEALTH_TIMEOUT_S = 60
+# Where a gateway listening on every address is reached from its own box.
+_LOOPBACK_OF = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 ENV_HEADER = "# Rendered by lobes.fleet.render from the mesh plan: edit the inventory, not this."
 
 
@@ -207,6 +213,13 @@ def gear_service_name(plan: dict, role: dict) -> str:
 def process_health_url(role: dict) -> str:
     """Where a process-runtime gear answers /health on its box."""
     return f"http://127.0.0.1:{role['gear']['port']}/health"
+
+
+def gateway_health_url(plan: dict) -> str:
+    """Where the process-runtime gateway answers /health on its box: its listening address,
+    or the loopback when it listens on every address."""
+    host = plan["gateway"]["host"]
+    return f"{http_origin(_LOOPBACK_OF.get(host, host), plan['gateway']['port'])}/health"
 
 
 def _local_audio(plan: dict) -> list:
@@ -499,6 +512,8 @@ def render_services(plan: dict, gateway_dir: str = "gateway") -> dict:
         "env_file": ".env",
         "pidfile": "gateway.pid",
         "log": "gateway.log",
+        "health": gateway_health_url(plan),
+        "health_timeout_s": GATEWAY_HEALTH_TIMEOUT_S,
         # The gateway imports the contract module beside its package: a change there restarts it.
         "watch": [f"{gateway_dir}/lobes_gateway", f"{gateway_dir}/lobes_contract.py"],
     })

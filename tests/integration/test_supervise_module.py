@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 
 from .conftest import GATEWAY_SRC, ansible_module, supervisor
@@ -72,3 +73,29 @@ def test_module_fails_clearly_without_the_supervisor_source(tmp_path, state_dir)
 
     assert result["failed"] is True
     assert "holds no lobes_supervisor package" in result["msg"]
+
+
+def test_a_gateway_that_cannot_listen_fails_the_module_with_its_own_reason(tmp_path, state_dir):
+    """The real gateway under the supervisor: its start-up error reaches the play, its key
+    does not."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()  # never accepts: a health poll here is never answered
+        port = holder.getsockname()[1]
+        (tmp_path / ".env").write_text(
+            f"GATEWAY_HOST=127.0.0.1\nGATEWAY_PORT={port}\nGATEWAY_API_KEY=sk-never-shown\n"
+            "PRIMARY_BASE_URL=http://127.0.0.1:9\n")
+        services = tmp_path / "services.json"
+        services.write_text(json.dumps({"services": [{
+            "name": "gateway", "argv": [sys.executable, "-m", "lobes_gateway"],
+            "env": {"PYTHONPATH": str(GATEWAY_SRC)}, "env_file": ".env",
+            "health": f"http://127.0.0.1:{port}/health", "health_timeout_s": 50}]}))
+
+        result = _ansible(f"services_file={services}", f"state_dir={state_dir}",
+                          f"source_dir={GATEWAY_SRC}")
+
+    assert result["failed"] is True
+    assert "service 'gateway' exited with 2 before it became healthy" in result["msg"]
+    assert (f"lobes_gateway: cannot listen on 127.0.0.1:{port} (GATEWAY_HOST, GATEWAY_PORT): "
+            "Address already in use") in result["msg"]
+    assert "sk-never-shown" not in json.dumps(result)

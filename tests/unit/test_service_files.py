@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from ansible_collections.lobes.fleet.plugins.module_utils.render import format_env
+from ansible_collections.lobes.fleet.plugins.module_utils.render import (
+    format_env,
+    gateway_health_url,
+)
 from ansible_collections.lobes.fleet.plugins.module_utils.service_files import (
     EnvFileError,
     ServicesError,
@@ -153,3 +156,15 @@ def test_the_restart_fingerprint_covers_the_definition_and_the_inputs(tmp_path: 
     watched = of(watch=["code"])
     (tmp_path / "code" / "app.py").write_text("x")
     assert of(watch=["code"]) != watched
+
+
+@pytest.mark.parametrize(("host", "url"), [
+    ("0.0.0.0", "http://127.0.0.1:8000/health"),
+    ("::", "http://[::1]:8000/health"),
+    ("100.64.0.11", "http://100.64.0.11:8000/health"),
+    ("fd7a:115c:a1e0::11", "http://[fd7a:115c:a1e0::11]:8000/health"),
+])
+def test_the_gateway_is_waited_for_where_it_listens(host: str, url: str) -> None:
+    assert gateway_health_url({"gateway": {"host": host, "port": 8000}}) == url
+    # The URL is one the supervisor accepts (an http:// health URL).
+    parse_services(_document(health=url), "/srv/lobes")
