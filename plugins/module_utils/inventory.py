@@ -218,13 +218,12 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
                         f"must be a TCP port ({TCP_PORTS[0]}-{TCP_PORTS[-1]}), got {port}")
     address = read.get("ansible_host", str, host)
     origin = read.get("fleet_origin", str, http_origin(address, port))
-    if not origin.startswith("http://") or origin.endswith("/"):
-        raise read.fail("fleet_origin", "must be a plain-HTTP origin like http://box:8000 (peers "
-                        f"are dialled over the private network), got {origin!r}")
     try:
         parse_http_origin(origin)
     except OriginError as exc:  # the gateway would refuse it at start: say so in the plan
         raise read.fail("fleet_origin", str(exc)) from None
+    if origin.endswith("/"):  # the origin names the box in peers' lists: one spelling
+        raise read.fail("fleet_origin", f"{origin!r} ends in '/'; write it as http://host:port")
     return BoxDecl(
         host=host,
         hardware=hardware,

@@ -181,7 +181,11 @@ REJECTIONS = [
                  ["host orin, role cortex, field stream_resume: must be true or false"],
                  id="stream-resume-not-a-bool"),
     pytest.param({("spark", "fleet_origin"): "spark:8001"},
-                 ["field fleet_origin: must be a plain-HTTP origin"], id="origin-without-scheme"),
+                 ["host spark, field fleet_origin: 'spark:8001' is not an http://host:port "
+                  "origin; write it as http://host:port"], id="origin-without-scheme"),
+    pytest.param({("spark", "fleet_origin"): "http://spark:8001/"},
+                 ["host spark, field fleet_origin: 'http://spark:8001/' ends in '/'"],
+                 id="origin-trailing-slash"),
     pytest.param({("spark", "fleet_origin"): "http://fd7a:115c:a1e0::11:8001"},
                  ["host spark, field fleet_origin: 'http://fd7a:115c:a1e0::11:8001' has an invalid "
                   "port; use a port 1-65535 (and an IPv6 address in brackets)"],
