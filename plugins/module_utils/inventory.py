@@ -58,6 +58,16 @@ def _number_text(text: str):
         return text
 
 
+def _finite_number(value: object) -> float | None:
+    """An inventory value (YAML, or text from --extra-vars) as a finite float; None when it is
+    not one: a bool, not a number, nan or an infinity."""
+    if isinstance(value, str):
+        value = _number_text(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return finite_float(value)
+
+
 # The inventory field that names a role's peers -> the route mode it declares.
 _PEER_MODES = {"referral": REFER, "proxy": PROXY, "pool": POOL, "owners": OWNERS}
 
@@ -185,11 +195,7 @@ class _Reader:
                 raise self.fail(key, f"must be an integer, got {value!r}")
             return value
         if kind is float:
-            if isinstance(value, str):
-                value = _number_text(value)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise self.fail(key, f"must be a number, got {value!r}")
-            number = finite_float(value)
+            number = _finite_number(value)
             if number is None:
                 raise self.fail(key, f"must be a finite number, got {value!r}")
             return number
@@ -389,8 +395,7 @@ def _parse_rates(read: _Reader) -> tuple:
     rates = read.get("rates", dict, {})
     parsed = []
     for peer, rate in rates.items():
-        number = (None if isinstance(rate, bool) or not isinstance(rate, (int, float))
-                  else finite_float(rate))
+        number = _finite_number(rate)
         if number is None or number <= 0:
             raise read.fail("rates", f"rate of {peer} must be a positive, finite tok/s, "
                             f"got {rate!r}")

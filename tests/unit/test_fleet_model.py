@@ -385,3 +385,6 @@ def test_extra_vars_written_as_text_are_read_as_numbers_and_booleans():
     spark = plan_mesh(mesh)["boxes"]["spark"]
     assert spark["gateway"]["port"] == 18555 and spark["gateway"]["force_strict_tools"] is True
     assert spark["budget"]["headroom_gib"] == 24.5
+    mesh["orin"]["fleet_roles"]["cortex"]["rates"] = {"spark": "48.9", "thor": "11"}
+    cortex = plan_mesh(mesh)["boxes"]["orin"]["roles"]["cortex"]
+    assert [peer["rate"] for peer in cortex["peers"]] == [48.9, 11.0]
