@@ -136,6 +136,9 @@ def run(spec: Service, layout: Layout, extra_watch: Iterable[str] = ()) -> int:
 def _supervise(spec: Service, layout: Layout, log: TextIO, stop: _Stop) -> None:
     backoff = FIRST_BACKOFF_S
     restarts = 0
+    # The exit that caused the latest restart: kept while the next child runs, so a reader
+    # (status, a health wait) sees why it restarted whenever it looks.
+    last_exit: int | None = None
     while not stop.requested:
         started = time.monotonic()
         try:
@@ -145,7 +148,7 @@ def _supervise(spec: Service, layout: Layout, log: TextIO, stop: _Stop) -> None:
             exit_code: int | None = 127
         else:
             pidfile.write(layout.child_pidfile(spec), _child_record(child.pid, spec))
-            layout.write_state(spec, restarts=restarts, last_exit=None)
+            layout.write_state(spec, restarts=restarts, last_exit=last_exit)
             _note(log, f"{spec.name}: started pid {child.pid} (restart #{restarts})")
             exit_code = _wait(child, stop)
             if exit_code is None:
@@ -155,6 +158,7 @@ def _supervise(spec: Service, layout: Layout, log: TextIO, stop: _Stop) -> None:
         if time.monotonic() - started >= STABLE_AFTER_S:
             backoff = FIRST_BACKOFF_S
         restarts += 1
+        last_exit = exit_code
         layout.write_state(spec, restarts=restarts, last_exit=exit_code)
         _note(log, f"{spec.name}: exited with {exit_code}; restarting in {backoff:.1f}s")
         _sleep(backoff, stop)
