@@ -11,19 +11,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from lobes_contract import is_secret_env
 from lobes_service_files import (
     EnvFileError,
     Service,
     ServicesError,
+    env_file_secrets,
     fingerprint,
+    masked_tail,
     read_env_file,
+    secret_values,
     select,
 )
 
 from . import pidfile
 from .health import wait_until_healthy
 from .layout import Layout
-from .logtail import masked_tail, service_secrets
 from .monitor import STOP_GRACE_S, terminate_group
 
 START_TIMEOUT_S = 15.0
@@ -163,10 +166,17 @@ def wait_healthy(spec: Service, layout: Layout, later: list[str]) -> None:
             f"{spec.health_timeout_s:g} s; {after}; {_log_quoted(spec, layout)}")
 
 
+def service_secrets(spec: Service) -> set[str]:
+    """The secret values of a service's env_file and of its own env."""
+    from_file = set() if spec.env_path is None else env_file_secrets(spec.env_path,
+                                                                      is_secret_env)
+    return from_file | secret_values(spec.env, is_secret_env)
+
+
 def _log_quoted(spec: Service, layout: Layout) -> str:
     """Where the service's log is and how it ends (secrets masked): the reason, usually."""
     path = layout.log(spec)
-    tail = masked_tail(path, service_secrets(spec))
+    tail = masked_tail(str(path), service_secrets(spec))
     return f"its log {path} ends:\n{tail}" if tail else f"its log {path} is empty"
 
 

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 # ---------------------------------------------------------------- .env
@@ -295,3 +295,60 @@ def fingerprint(service: Service, extra_watch: Iterable[str] = ()) -> str:
         "inputs": inputs_fingerprint(service, extra_watch),
     }
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- a failing service's log
+
+# A service that exits or never becomes healthy is reported with why, which is in its log (the
+# gateway's one-line start-up errors, a traceback). The log may hold what the service printed of
+# its environment, so every secret value of that environment is replaced before a line leaves
+# the box in a failure message. Both runtimes quote logs so: the supervisor's and compose's.
+
+LOG_TAIL_LINES = 15
+# Read from the end: a log may be large, its last lines never are.
+_LOG_TAIL_BYTES = 16 * 1024
+# A line longer than this is cut (after masking, so no secret is cut in two).
+_LOG_LINE_CHARS = 400
+MASK = "********"
+
+
+def secret_values(env: Mapping[str, str], is_secret: Callable[[str], bool]) -> set[str]:
+    """Every secret value of an environment (`is_secret`: the contract's is_secret_env): each
+    secret variable's whole value and, for a list of keys (`k1,k2` or GATEWAY_CLIENT_KEYS'
+    `name=key:class`), each key in it."""
+    secrets = set()
+    for name, value in env.items():
+        if not is_secret(name):
+            continue
+        secrets.add(value.strip())
+        for item in value.split(","):
+            secrets.add(item.split("=", 1)[-1].split(":", 1)[0].strip())
+    secrets.discard("")
+    return secrets
+
+
+def env_file_secrets(path: str, is_secret: Callable[[str], bool]) -> set[str]:
+    """The secret values of a .env file; none when it is missing or does not parse (then
+    nothing started from it)."""
+    try:
+        return secret_values(read_env_file(path), is_secret)
+    except (OSError, EnvFileError):
+        return set()
+
+
+def masked_tail(path: str, secrets: Iterable[str], lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of the log at `path`, each secret replaced by MASK; "" when
+    the log is missing or empty."""
+    try:
+        with open(path, "rb") as log:
+            start = max(0, log.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES)
+            log.seek(start)
+            text = log.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    for secret in sorted(secrets, key=len, reverse=True):  # a key inside another: longest first
+        text = text.replace(secret, MASK)
+    kept = text.splitlines()
+    if start > 0:
+        kept = kept[1:]  # read from mid-line: its start, and any secret there, was cut off
+    return "\n".join(line[:_LOG_LINE_CHARS] for line in kept[-lines:])

@@ -1,9 +1,18 @@
-"""What a supervisor failure quotes of a service's log: the last lines, every secret masked."""
+"""What a start failure quotes of a service's log (the supervisor's and compose's): the last
+lines, every secret masked."""
 
 from __future__ import annotations
 
-from lobes_service_files import Service
-from lobes_supervisor.logtail import MASK, TAIL_LINES, masked_tail, secret_values, service_secrets
+from ansible_collections.lobes.fleet.plugins.module_utils.contract import is_secret_env
+from ansible_collections.lobes.fleet.plugins.module_utils.service_files import (
+    LOG_TAIL_LINES,
+    MASK,
+    Service,
+    env_file_secrets,
+    masked_tail,
+    secret_values,
+)
+from lobes_supervisor.control import service_secrets
 
 
 def test_secret_values_are_the_contracts_secret_variables_and_each_key_of_a_list():
@@ -15,7 +24,7 @@ def test_secret_values_are_the_contracts_secret_variables_and_each_key_of_a_list
         "GATEWAY_PORT": "8000",
     }
 
-    assert secret_values(env) == {
+    assert secret_values(env, is_secret_env) == {
         "sk-box", "sk-one,,sk-two", "sk-one", "sk-two",
         "ci=sk-ci:batch,ops=sk-ops:interactive:4", "sk-ci", "sk-ops"}
 
@@ -28,17 +37,24 @@ def test_service_secrets_read_the_env_file_and_the_services_own_env(tmp_path):
     assert service_secrets(spec) == {"sk-fleet", "sk-legacy"}
 
 
+def test_an_env_file_missing_or_not_parsing_has_no_secrets(tmp_path):
+    (tmp_path / "bad.env").write_text("not a line of a .env\n")
+
+    assert env_file_secrets(str(tmp_path / "absent.env"), is_secret_env) == set()
+    assert env_file_secrets(str(tmp_path / "bad.env"), is_secret_env) == set()
+
+
 def test_the_tail_is_the_last_lines_with_every_secret_masked_longest_first(tmp_path):
     log = tmp_path / "gateway.log"
     log.write_text("".join(f"line {n}\n" for n in range(40))
                    + "keys sk-one,sk-two and sk-one alone\n")
 
-    tail = masked_tail(log, {"sk-one,sk-two", "sk-one", "sk-two"})
+    tail = masked_tail(str(log), {"sk-one,sk-two", "sk-one", "sk-two"})
 
     lines = tail.splitlines()
-    assert len(lines) == TAIL_LINES
+    assert len(lines) == LOG_TAIL_LINES
     assert lines[-1] == f"keys {MASK} and {MASK} alone"
-    assert lines[0] == f"line {41 - TAIL_LINES}"
+    assert lines[0] == f"line {41 - LOG_TAIL_LINES}"
 
 
 def test_a_large_log_is_read_from_its_end_and_its_cut_first_line_left_out(tmp_path):
@@ -47,7 +63,7 @@ def test_a_large_log_is_read_from_its_end_and_its_cut_first_line_left_out(tmp_pa
     # inside the long line, past the key, so that line must not be quoted at all.
     log.write_text("key sk-secret " + "x" * 40_000 + "\nlast words\n")
 
-    tail = masked_tail(log, {"sk-secret"})
+    tail = masked_tail(str(log), {"sk-secret"})
 
     assert tail == "last words"
 
@@ -55,5 +71,5 @@ def test_a_large_log_is_read_from_its_end_and_its_cut_first_line_left_out(tmp_pa
 def test_a_missing_or_empty_log_has_no_tail(tmp_path):
     (tmp_path / "empty.log").write_text("")
 
-    assert masked_tail(tmp_path / "absent.log", set()) == ""
-    assert masked_tail(tmp_path / "empty.log", set()) == ""
+    assert masked_tail(str(tmp_path / "absent.log"), set()) == ""
+    assert masked_tail(str(tmp_path / "empty.log"), set()) == ""
