@@ -168,9 +168,10 @@ def wait_healthy(spec: Service, layout: Layout, later: list[str]) -> None:
 
 def service_secrets(spec: Service) -> set[str]:
     """The secret values of a service's env_file and of its own env."""
-    from_file = set() if spec.env_path is None else env_file_secrets(spec.env_path,
-                                                                      is_secret_env)
-    return from_file | secret_values(spec.env, is_secret_env)
+    secrets = secret_values(spec.env, is_secret_env)
+    if spec.env_path is not None:
+        secrets |= env_file_secrets(spec.env_path, is_secret_env)
+    return secrets
 
 
 def _log_quoted(spec: Service, layout: Layout) -> str:

@@ -356,8 +356,8 @@ def test_a_service_that_exits_before_it_is_healthy_fails_up_with_its_log_secrets
     assert not (tmp_path / "gear-late.started").exists()
 
 
-def test_a_restarted_service_is_not_failed_for_an_earlier_monitors_restarts(tmp_path,
-                                                                             state_dir):
+def test_a_restarted_service_is_not_failed_for_an_earlier_monitors_restarts(
+        tmp_path, state_dir):
     port = free_port()
     services = _write_services(tmp_path, [_gear("gear-cortex", port, [])])
     (state_dir / "run").mkdir(parents=True)
