@@ -13,6 +13,8 @@ not a test: it asserts nothing, it reports.
     python3 bench/gateway_bench.py --quick     # a smoke run with short windows, 500 streams
 
 Each proxy is pinned to core 1; the load generator (this process) and the backend share core 0.
+The Python proxies (gateway, bare relay) run under --python, by default the distribution's
+python3: the interpreter a box runs the gateway with, not whatever build runs this script.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Settings:
     sse_chunks: int
     sse_interval_ms: int
     gateway_dir: Path
+    python: str  # the interpreter of the Python proxies (gateway, bare relay)
     targets: tuple[str, ...]
     nice: int
     realtime: bool
@@ -117,10 +120,11 @@ def start_gateway(
     argv: list[str] | None = None,
     extra_env: dict[str, str] | None = None,
     name: str = "gateway",
+    python: str = sys.executable,
 ) -> procs.Service:
-    """The gateway with auth on and the in-flight cap above the stream count.
+    """The gateway with auth on and the in-flight cap above the stream count, run by `python`.
 
-    `argv` replaces `python3 -m lobes_gateway` (profile_gateway.py runs it under cProfile);
+    `argv` replaces `python -m lobes_gateway` (profile_gateway.py runs it under cProfile);
     `extra_env` adds variables (metrics_cost.py turns the access log on).
     """
     port = procs.free_port()
@@ -130,7 +134,7 @@ def start_gateway(
         **gateway_env(f"http://127.0.0.1:{backend_port}", port),
         **(extra_env or {}),
     }
-    command = argv or [sys.executable, "-m", "lobes_gateway"]
+    command = argv or [python, "-m", "lobes_gateway"]
     return procs.spawn(name, command, port, PROXY_CORE, workdir, env)
 
 
@@ -253,11 +257,12 @@ async def held_streams(target: Target, backend_port: int, cfg: Settings) -> dict
     }
 
 
-def start_relay(backend_port: int, workdir: Path) -> procs.Service:
-    """bench/bare_relay.py on the proxies' core: the floor of a stdlib asyncio proxy."""
+def start_relay(backend_port: int, workdir: Path, python: str) -> procs.Service:
+    """bench/bare_relay.py on the proxies' core, run by `python`: the floor of a stdlib
+    asyncio proxy."""
     port = procs.free_port()
     argv = [
-        sys.executable,
+        python,
         str(REPO / "bench" / "bare_relay.py"),
         "--port",
         str(port),
@@ -291,14 +296,17 @@ async def run(cfg: Settings, workdir: Path, log) -> dict:
         targets = [Target("direct", backend_port, None)]
         starters = {
             "nginx": lambda: procs.start_nginx(backend_port, PROXY_CORE, workdir, nofile),
-            "relay": lambda: start_relay(backend_port, workdir),
-            "gateway": lambda: start_gateway(backend_port, cfg.gateway_dir, workdir),
+            "relay": lambda: start_relay(backend_port, workdir, cfg.python),
+            "gateway": lambda: start_gateway(
+                backend_port, cfg.gateway_dir, workdir, python=cfg.python
+            ),
             "logged": lambda: start_gateway(
                 backend_port,
                 cfg.gateway_dir,
                 workdir,
                 extra_env={"GATEWAY_ACCESS_LOG": str(workdir / "access.log")},
                 name="logged",
+                python=cfg.python,
             ),
         }
         # Streams first: each proxy is fresh, so its idle RSS is the start-up footprint.
@@ -375,6 +383,7 @@ def describe_run(cfg: Settings, argv: list[str]) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python3 " + shlex.join(["bench/gateway_bench.py", *argv]),
         "python": platform.python_version(),
+        "proxy_python": procs.describe_interpreter(cfg.python),
         "nginx": procs.nginx_version(procs.ensure_nginx()),
         "gateway": (commit + (" + uncommitted changes" if dirty else "")) or str(cfg.gateway_dir),
         "load_before": load_average(),
@@ -393,6 +402,12 @@ def parse_args(argv: list[str]) -> Settings:
         type=Path,
         default=REPO / "gateway",
         help="directory holding lobes_gateway (default: this checkout's gateway/)",
+    )
+    parser.add_argument(
+        "--python",
+        default=procs.distro_python() or sys.executable,
+        help="interpreter of the Python proxies (gateway, bare relay); default: the "
+        "distribution's python3, as a box runs the gateway (else this script's)",
     )
     parser.add_argument(
         "--targets",
@@ -429,6 +444,7 @@ def parse_args(argv: list[str]) -> Settings:
         sse_chunks=50,
         sse_interval_ms=4,
         gateway_dir=args.gateway_dir.resolve(),
+        python=args.python,
         targets=chosen,
         nice=args.nice,
         realtime=not args.no_realtime,

@@ -111,6 +111,7 @@ def main(argv: list[str]) -> int:
         sse_chunks=50,
         sse_interval_ms=4,
         gateway_dir=bench.REPO / "gateway",
+        python=sys.executable,  # both trees' gateways run under this script's interpreter
         targets=("direct", "gateway"),
         nice=0,
         realtime=True,

@@ -16,6 +16,33 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 
+# Where a distribution installs its own python3: the interpreter a box runs the gateway with
+# (the process runtime runs `python3`; compose's python image is an optimized build too), not a
+# development build first on PATH.
+_DISTRO_BIN = "/usr/bin:/bin:/usr/local/bin"
+# Prints the interpreter's version and whether its libpython is a shared library it loaded.
+_DESCRIBE_INTERPRETER = (
+    "import platform; maps = open('/proc/self/maps').read(); "
+    "print(platform.python_version(), '/libpython' in maps)"
+)
+
+
+def distro_python() -> str | None:
+    """The distribution's python3, if the machine has one."""
+    return shutil.which("python3", path=_DISTRO_BIN)
+
+
+def describe_interpreter(python: str) -> str:
+    """`python`'s path, version and build as the figures depend on it: a shared libpython
+    (calls across a library boundary, as pyenv and many development builds make it) or one
+    linked into the executable (Debian's and Ubuntu's python3)."""
+    version, shared = subprocess.run(
+        [python, "-c", _DESCRIBE_INTERPRETER], capture_output=True, text=True, check=True
+    ).stdout.split()
+    build = "shared libpython" if shared == "True" else "libpython linked in"
+    return f"{python} ({version}, {build})"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

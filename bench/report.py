@@ -243,8 +243,10 @@ def render(results: dict, info: dict) -> str:
     cfg = info["settings"]
     concurrencies = sorted(int(p[1:]) for p in results if p.startswith("c") and p[1:].isdigit())
     lines = [
-        f"Measured {info['date']} on {info['machine']}; Python {info['python']}, "
-        f"nginx {info['nginx']}, gateway at `{info['gateway']}`. Host load average "
+        f"Measured {info['date']} on {info['machine']}; the Python proxies (gateway, bare "
+        f"relay) under {info['proxy_python']}, the client and backend under Python "
+        f"{info['python']}; nginx {info['nginx']}, gateway at `{info['gateway']}`. Host load "
+        "average "
         f"{info['load_before']} before, {info['load_after']} after (other work on the host "
         "moves wall-time figures; CPU ratios and KiB per stream are the stable ones).",
         "",
