@@ -26,18 +26,18 @@ import procs
 CONCURRENCIES = (64, 256)
 
 
-def start_targets(backend_port: int, pythons: dict[str, str], workdir: Path,
-                  nofile: int) -> list[bench.Target]:
-    """nginx, then the bare relay and the gateway under each interpreter."""
+def start_targets(backend_port: int, pythons: dict[str, str], workdir: Path, nofile: int,
+                  targets: list[bench.Target]) -> None:
+    """nginx, then the bare relay and the gateway under each interpreter, each added to
+    `targets` once started (so a failed start leaves the others to be stopped)."""
     nginx = procs.start_nginx(backend_port, bench.PROXY_CORE, workdir, nofile)
-    targets = [bench.Target("nginx", nginx.port, nginx)]
+    targets.append(bench.Target("nginx", nginx.port, nginx))
     for label, python in pythons.items():
         relay = bench.start_relay(backend_port, workdir, python)
         targets.append(bench.Target(f"relay, {label}", relay.port, relay))
         gateway = bench.start_gateway(backend_port, bench.REPO / "gateway", workdir,
                                       name=f"gateway-{label}", python=python)
         targets.append(bench.Target(f"gateway, {label}", gateway.port, gateway))
-    return targets
 
 
 async def measure(pythons: dict[str, str], cfg: bench.Settings) -> dict[int, dict]:
@@ -52,7 +52,7 @@ async def measure(pythons: dict[str, str], cfg: bench.Settings) -> dict[int, dic
         backend = bench.start_backend(Path(tmp))
         targets: list[bench.Target] = []
         try:
-            targets = start_targets(backend.port, pythons, Path(tmp), nofile)
+            start_targets(backend.port, pythons, Path(tmp), nofile, targets)
             request = bench.post(bench.chat_body())
             return {c: await bench.interleaved(targets, request, c, cfg) for c in CONCURRENCIES}
         finally:
