@@ -283,11 +283,7 @@ async def run(cfg: Settings, workdir: Path, log) -> dict:
     """Every phase against every target; returns results[phase][target] -> metrics."""
     nofile = procs.raise_fd_limit()
     os.sched_setaffinity(0, {CLIENT_CORE})
-    if cfg.nice:
-        try:
-            procs.raise_priority(cfg.nice)  # inherited by the backend and the proxies
-        except OSError as error:
-            log(f"cannot renice by {cfg.nice} ({error}): running at normal priority")
+    renice(cfg.nice, log)
     backend = start_backend(workdir)
     backend_port = backend.port
     services = [backend]
@@ -338,6 +334,17 @@ async def run(cfg: Settings, workdir: Path, log) -> dict:
         for service in reversed(services):
             service.stop()
     return results
+
+
+def renice(nice: int, log) -> None:
+    """Lower this process's niceness by `nice`, inherited by the backend and the proxies it
+    starts; says so when it may not."""
+    if not nice:
+        return
+    try:
+        procs.raise_priority(nice)
+    except OSError as error:
+        log(f"cannot renice by {nice} ({error}): running at normal priority")
 
 
 def load_average() -> str:
@@ -462,14 +469,14 @@ def save_raw(results: dict, run_info: dict) -> None:
     (out / "gateway_bench.json").write_text(raw)
 
 
-def rerun_in_own_session(argv: list[str]) -> int:
+def rerun_in_own_session(argv: list[str], script: str = __file__) -> int:
     """Run the benchmark as a child in a new session, so it gets its own scheduling group.
 
     With Linux autogroups, CPU is shared between sessions first and niceness only counts
     inside one; a session of its own lets the benchmark's niceness reach the whole host.
     """
     env = {**os.environ, OWN_SESSION_ENV: "1"}
-    child = subprocess.Popen([sys.executable, __file__, *argv], start_new_session=True, env=env)
+    child = subprocess.Popen([sys.executable, script, *argv], start_new_session=True, env=env)
     try:
         return child.wait()
     except KeyboardInterrupt:

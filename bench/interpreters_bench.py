@@ -44,10 +44,7 @@ async def measure(pythons: dict[str, str], cfg: bench.Settings) -> dict[int, dic
     """results[concurrency][target] -> gateway_bench's figures (medians of the rounds)."""
     nofile = procs.raise_fd_limit()
     os.sched_setaffinity(0, {bench.CLIENT_CORE})
-    try:
-        procs.raise_priority(cfg.nice)  # inherited by the backend and the proxies
-    except OSError as error:
-        print(f"cannot renice by {cfg.nice} ({error}): running at normal priority")
+    bench.renice(cfg.nice, print)
     with tempfile.TemporaryDirectory(prefix="interpreters-") as tmp:
         backend = bench.start_backend(Path(tmp))
         targets: list[bench.Target] = []
@@ -66,8 +63,8 @@ def table(results: dict[int, dict], pythons: dict[str, str], cfg: bench.Settings
     described = "; ".join(f"{label}: {procs.describe_interpreter(python)}"
                           for label, python in pythons.items())
     lines = [f"`python3 bench/interpreters_bench.py`, one run: {cfg.rounds} interleaved rounds of "
-             f"{cfg.window_s:g} s windows per concurrency, pinned and reniced as "
-             "gateway_bench.py. "
+             f"{cfg.window_s:g} s windows per concurrency, pinned, reniced and in a session "
+             "of its own as gateway_bench.py. "
              f"Interpreters: {described}. Proxy CPU a request (user + system), its ratio to "
              "nginx's in the same run, and the kernel's part (stime).", "",
              "| target | " + " | ".join(f"c={c}" for c in CONCURRENCIES) + " |",
@@ -89,7 +86,7 @@ def table(results: dict[int, dict], pythons: dict[str, str], cfg: bench.Settings
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--distro", default=procs.distro_python(),
-                        help="the distribution's python3 (default: found in /usr/bin, /bin)")
+                        help="the distribution's python3 (default: procs.distro_python())")
     parser.add_argument("--other", default=sys.executable,
                         help="the interpreter to compare with (default: this script's)")
     parser.add_argument("--rounds", type=int, default=5)
@@ -97,7 +94,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args(argv)
     if args.distro is None:
-        parser.error("no python3 in /usr/bin or /bin: name one with --distro")
+        parser.error("no distribution python3 found: name one with --distro")
+    if os.environ.get(bench.OWN_SESSION_ENV) != "1":
+        # As gateway_bench: niceness reaches the whole host only from a session of its own.
+        return bench.rerun_in_own_session(argv, __file__)
     pythons = {"distro": args.distro, "other": args.other}
     cfg = bench.Settings(rounds=args.rounds, window_s=args.window, streams=0,
                          stream_interval_ms=1000, sse_concurrency=0, sse_chunks=0,
