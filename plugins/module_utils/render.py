@@ -36,7 +36,7 @@ SIM_HEALTH_TIMEOUT_S = 60
 # `up` waits this long for its /health, and reports an exit before then with its log's end.
 GATEWAY_HEALTH_TIMEOUT_S = 60
 # Where a gateway listening on every address is reached from its own box.
-_LOOPBACK_OF = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+_LOOPBACK_OF = {"0.0.0.0": "127.0.0.1", "::": "::1"}
 ENV_HEADER = "# Rendered by lobes.fleet.render from the mesh plan: edit the inventory, not this."
 
 
