@@ -87,6 +87,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (  # n
     is_secret_env,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.service_files import (  # noqa: E402
+    LOG_TAIL_LINES,
     env_file_secrets,
     masked_tail,
 )
@@ -131,7 +132,7 @@ def summarise(failures, not_started):
 def main():
     module = AnsibleModule(
         argument_spec={"project_dir": {"type": "path", "required": True},
-                       "lines": {"type": "int", "default": 15}},
+                       "lines": {"type": "int", "default": LOG_TAIL_LINES}},
         supports_check_mode=True,
     )
     project = module.params["project_dir"]
