@@ -242,9 +242,20 @@ class Failure:
         return SERVER_ERROR if self.status >= 500 else DECLINED
 
 
-# What a plan yields, and what it is sent back after each failed attempt. A pool's own
-# replica's plan returns its failure instead of answering (Dispatcher._local).
-Plan = Generator["Attempt | Answer", Failure, "Failure | None"]
+# What a plan yields, and what it is sent back after each failed attempt; sent None, it ends
+# where it stands (end_plan). A pool's own replica's plan returns its failure instead of
+# answering (Dispatcher._local).
+Plan = Generator["Attempt | Answer", "Failure | None", "Failure | None"]
+
+
+def end_plan(plan: Plan) -> None:
+    """End a plan whose request is answered or abandoned: sent None, each of its yields returns
+    (and its finally blocks run). plan.close() would end it too, by throwing GeneratorExit
+    through its frames: a traceback per request, 6% of a request's instructions."""
+    step = next(plan, None)
+    if step is not None:
+        plan.close()
+        raise RuntimeError(f"a plan went on after it was ended: {step!r}")
 
 
 def _overridden(req: Request) -> bool:
@@ -356,7 +367,7 @@ class Dispatcher:
         finally:
             # An error answered here, or a request cancelled or broken on the way: give back
             # what it held.
-            plan.close()
+            end_plan(plan)
             if handed is None:
                 if held is not None:
                     held.release()
@@ -452,11 +463,15 @@ class Dispatcher:
                 failure = yield Attempt(target.origin, target.name, headers,
                                         encode_for(req.body, strict_ranked, model, True), extra,
                                         rule, placement, strict=True, resume=own)
+                if failure is None:  # ended (end_plan)
+                    return None
                 if not failure.compile_failure:
                     continue
             failure = yield Attempt(target.origin, target.name, headers,
                                     encode_for(req.body, ranked, model, ranked is not payload),
                                     extra, rule, placement, resume=own)
+            if failure is None:
+                return None
         if targets is not _ALL_TARGETS:
             return failure
         if last == 0:
@@ -495,6 +510,8 @@ class Dispatcher:
         extra = [b"X-Lobes-Proxied-By: " + route.origin.encode(), *tail]
         failure = yield Attempt(self._peers.origin(route.origin), route.origin, headers, body,
                                 extra, PEER)
+        if failure is None:
+            return
         if failure.declined:
             error = errors.peer_declined(route.role, route.origin)
         else:
@@ -547,7 +564,7 @@ class Dispatcher:
                 assert isinstance(local, LocalRoute)  # a hosted pool's own path
                 failure = yield from self._local(req, local, requested_tier, payload, [reason],
                                                  placement, resume, _OWN_GEAR)
-                if failure is None:  # answered here (pressure shed it)
+                if failure is None:  # answered here (pressure shed it), or ended
                     return
                 failures.append(failure)
                 continue
@@ -557,9 +574,11 @@ class Dispatcher:
                 body = encode_for(req.body, counted,
                                   role.replicas.served_id if counted else None, resume is not None)
             extra = [b"X-Lobes-Proxied-By: " + spec.origin.encode(), reason]
-            failures.append((yield Attempt(self._peers.origin(spec.origin), spec.origin,
-                                           headers, body, extra, REPLICA, placement,
-                                           resume=resume)))
+            failure = yield Attempt(self._peers.origin(spec.origin), spec.origin, headers, body,
+                                    extra, REPLICA, placement, resume=resume)
+            if failure is None:
+                return
+            failures.append(failure)
         if not failures and (shedding or not tried):  # no replica tried: the local path
             # (its shed) or, nothing selectable, the singular forward
             yield from self.plan(req, route.fall_through, requested_tier, payload,
@@ -622,6 +641,9 @@ class Dispatcher:
         failures: list[Failure] = []
         for owner in distinct_boxes(route.owners):
             extra = [b"X-Lobes-Proxied-By: " + owner.encode()]
-            failures.append((yield Attempt(self._peers.origin(owner), owner, headers, body,
-                                           extra, OWNER)))
+            failure = yield Attempt(self._peers.origin(owner), owner, headers, body, extra,
+                                    OWNER)
+            if failure is None:
+                return
+            failures.append(failure)
         yield Answer(exhausted(f"every owner of {route.role}", failures, self._retry_after))
