@@ -14,7 +14,8 @@ import itertools
 import os
 import time
 from bisect import bisect_left
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 
 from ..transport.channel import Channel
 from ..transport.trace import CLIENT_CLOSED, Trace
@@ -61,11 +62,29 @@ class Latency:
         self.first_byte = Histogram()
 
 
+class Series:
+    """The requests of one combination of labels, their completion tokens, and the latency of
+    their role and lane (shared by that role and lane's series)."""
+
+    __slots__ = ("latency", "requests", "tokens")
+
+    def __init__(self, latency: Latency) -> None:
+        self.latency = latency
+        self.requests = 0
+        self.tokens = 0
+
+
+# A request's labels: role, lane, route reason, status code, replica (served), client key name.
+SeriesKey = tuple[str, str, str, int, str, str]
+
+
 class Metrics:
     """Every counter of the gateway's own traffic, and the requests in flight now."""
 
     def __init__(self, access_log: AccessLog | None) -> None:
-        self.requests: defaultdict[tuple[str, str, str, int], int] = defaultdict(int)
+        # One entry per combination of a request's labels, found with one lookup a request;
+        # the request, token and client families are sums of these (bounded: every label is).
+        self.series: dict[SeriesKey, Series] = {}
         self.latency: dict[tuple[str, str], Latency] = {}
         self.attempts: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.failovers: defaultdict[tuple[str, str], int] = defaultdict(int)
@@ -73,9 +92,6 @@ class Metrics:
         self.resumes: defaultdict[tuple[str, str], int] = defaultdict(int)
         # Every reason from zero: an alert on rate() sees the first shed too.
         self.shed: dict[str, int] = dict.fromkeys(SHED_REASONS, 0)
-        self.tokens: defaultdict[tuple[str, str], int] = defaultdict(int)
-        # Requests by the caller's key name (bounded: the configured names) and status code.
-        self.clients: defaultdict[tuple[str, int], int] = defaultdict(int)
         self.live: set[Trace] = set()
         self.access_log = access_log
         # Request ids: unique per process run without a random read per request.
@@ -94,13 +110,16 @@ class Metrics:
         client.write = trace.sink
         self.live.discard(trace)
         trace.ended = ended = time.monotonic()
-        role, lane, started = trace.role, trace.lane, trace.started
-        code = trace.status or CLIENT_CLOSED
-        self.requests[role, lane, trace.reason, code] += 1
-        latency = self.latency.get((role, lane))
-        if latency is None:
-            latency = self.latency[role, lane] = Latency()
+        key = (trace.role, trace.lane, trace.reason, trace.status or CLIENT_CLOSED, trace.served,
+               trace.client)
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = Series(self._latency(trace.role, trace.lane))
+        series.requests += 1
+        if trace.tokens:
+            series.tokens += trace.tokens
         # Histogram.observe inlined: this runs once per request.
+        latency, started = series.latency, trace.started
         elapsed = ended - started
         histogram = latency.duration
         histogram.counts[bisect_left(BUCKETS, elapsed)] += 1
@@ -110,9 +129,35 @@ class Metrics:
             histogram = latency.first_byte
             histogram.counts[bisect_left(BUCKETS, elapsed)] += 1
             histogram.sum += elapsed
-        if trace.tokens:
-            self.tokens[role, trace.served] += trace.tokens
-        if trace.client:
-            self.clients[trace.client, code] += 1
         if self.access_log is not None:
             self.access_log.push(trace)
+
+    def _latency(self, role: str, lane: str) -> Latency:
+        latency = self.latency.get((role, lane))
+        if latency is None:
+            latency = self.latency[role, lane] = Latency()
+        return latency
+
+    @property
+    def requests(self) -> Counter[tuple[str, str, str, int]]:
+        """Requests by role, lane, route reason and status code."""
+        return _summed((key[:4], series.requests) for key, series in self.series.items())
+
+    @property
+    def tokens(self) -> Counter[tuple[str, str]]:
+        """Completion tokens by role and the replica that served them (those with any)."""
+        return _summed(((key[0], key[4]), series.tokens) for key, series in self.series.items())
+
+    @property
+    def clients(self) -> Counter[tuple[str, int]]:
+        """Requests by the caller's key name and status code (once the gate named it)."""
+        return _summed(((key[5], key[3]), series.requests)
+                       for key, series in self.series.items() if key[5])
+
+
+def _summed(pairs: Iterable[tuple[tuple, int]]) -> Counter:
+    """The values summed by key; keys summing to 0 are left out."""
+    total: Counter = Counter()
+    for key, value in pairs:
+        total[key] += value
+    return +total
