@@ -90,7 +90,9 @@ class InflightLimits:
 
     def acquire(self, caller: Caller) -> bool:
         """Count one more request for `caller`; False when its limit is reached."""
-        limit = self._limit(caller)
+        limit = self._limits.get(caller.key_id)
+        if limit is None:
+            limit = self._limit(caller)
         if limit <= 0:
             return True
         counts = self._counts
@@ -100,14 +102,12 @@ class InflightLimits:
         return True
 
     def release(self, caller: Caller) -> None:
-        if self._limit(caller) > 0:
+        if self._limits[caller.key_id] > 0:  # resolved by its acquire
             self._counts[caller.key_id] -= 1
 
     def _limit(self, caller: Caller) -> int:
-        """limit_of, resolved once per key (the keys are the configured few)."""
-        limit = self._limits.get(caller.key_id)
-        if limit is None:
-            limit = self._limits[caller.key_id] = self.limit_of(caller)
+        """limit_of, resolved once per key (the keys are the configured few) and kept."""
+        limit = self._limits[caller.key_id] = self.limit_of(caller)
         return limit
 
     def in_flight(self, caller: Caller) -> int:

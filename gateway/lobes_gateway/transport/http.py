@@ -76,16 +76,12 @@ def parse_head(head: bytes) -> Request:
     shape = _REQUEST_SHAPES.parsed(key)
     headers = dict(shape.headers)  # the request's own: the trace sets its id there
     if lengths:
-        _add_values(headers, "content-length", lengths)
+        _add_value(headers, "content-length", b", ".join(lengths).decode("latin-1"))
     if ids:
-        _add_values(headers, "x-request-id", ids)
+        _add_value(headers, "x-request-id", b", ".join(ids).decode("latin-1"))
     if "transfer-encoding" in headers:
         _check_chunked_framing(headers)
     return Request(shape, headers)
-
-
-def _add_values(headers: dict[str, str], name: str, values: tuple[bytes, ...]) -> None:
-    _add_value(headers, name, b", ".join(values).decode("latin-1"))
 
 
 def _add_value(headers: dict[str, str], name: str, value: str) -> None:

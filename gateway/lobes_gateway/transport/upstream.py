@@ -94,7 +94,7 @@ class Response:
 def _content_length(values: tuple[bytes, ...]) -> int:
     """The length its Content-Length lines agree on; a ValueError when they do not or it is not
     a number (the body's end is then unknown)."""
-    if not values[0].isdigit() or values.count(values[0]) != len(values):
+    if not values[0].isdigit() or (len(values) > 1 and values.count(values[0]) != len(values)):
         raise ValueError(f"bad Content-Length {values!r}")
     return int(values[0])
 
@@ -122,6 +122,8 @@ def _parse_shape(raw: bytes) -> _ResponseShape:
 
 
 _RESPONSE_SHAPES: ShapeMemo[_ResponseShape] = ShapeMemo(_parse_shape)
+# Each origin's Host line, as request_head writes it.
+_HOST_LINES: dict[Origin, str] = {}
 
 
 class Connections:
@@ -259,9 +261,11 @@ def request_head(method: str, target: str, origin: Origin, headers: str,
 
     `headers` is a block of header lines, each ending CRLF (http.header_block).
     """
+    host = _HOST_LINES.get(origin)
+    if host is None:  # once per origin: the origins are the configured few
+        host = _HOST_LINES[origin] = f"Host: {origin.authority}\r\n"
     length = "" if body_length is None else f"Content-Length: {body_length}\r\n"
-    return (f"{method} {target} HTTP/1.1\r\nHost: {origin.authority}\r\n"
-            f"{headers}{length}\r\n").encode("latin-1")
+    return f"{method} {target} HTTP/1.1\r\n{host}{headers}{length}\r\n".encode("latin-1")
 
 
 async def fetch(connections: Connections, origin: Origin, path: str, headers: list[tuple[str, str]],
