@@ -1,6 +1,7 @@
 """Counting a relayed stream's completion tokens without parsing its chunks."""
 
-from lobes_gateway.app.meter import CountingWriter
+import pytest
+from lobes_gateway.app.meter import CountingWriter, completion_tokens
 
 
 class Sink:
@@ -35,3 +36,19 @@ def test_a_usage_chunk_wins_over_the_event_count():
     counted.write(event('{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":7}}'))
     counted.write(b"data: [DONE]\n\n")
     assert counted.completion_tokens == 7
+
+
+@pytest.mark.parametrize(("body", "tokens"), [
+    (b'{"usage": {"prompt_tokens": 9, "completion_tokens": 7, "total_tokens": 16}}', 7),
+    (b'{"usage": {"completion_tokens" :\n 12}}', 12),
+    # The last key counts: an answer quoting an earlier usage in its own fields.
+    (b'{"a": {"completion_tokens": 3}, "usage": {"completion_tokens": 5}}', 5),
+    # The last key has no count: the one before it that has one.
+    (b'{"a": {"completion_tokens": 3}, "usage": {"completion_tokens": null}}', 3),
+    (b'{"usage": {"completion_tokens": null}}', 0),
+    (b'{"usage": null}', 0),
+    (b'{"content": "\\"completion_tokens\\": 99"}', 0),  # quoted inside a string
+    (b"", 0),
+])
+def test_a_json_answers_completion_tokens_are_its_last_counted_key(body, tokens):
+    assert completion_tokens(body) == tokens

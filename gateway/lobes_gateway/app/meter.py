@@ -19,7 +19,8 @@ _EVENT = b"data: "
 _DONE = b"data: [DONE]"
 # In JSON text a key's closing quote is never escaped, so this finds only real
 # "completion_tokens" keys, never one quoted inside a string.
-_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_USAGE_KEY = b'"completion_tokens"'
+_USAGE = re.compile(_USAGE_KEY + rb'\s*:\s*(\d+)')
 
 
 class CountingWriter:
@@ -49,9 +50,9 @@ class CountingWriter:
         if _DONE in data:
             self.done += 1
         if b'"usage"' in data:  # rare: only the usage-bearing chunks are searched further
-            found = _USAGE.findall(data)
-            if found:
-                self.usage_tokens = int(found[-1])
+            found = last_usage_count(data)
+            if found is not None:
+                self.usage_tokens = found
                 self.usage_data = data
 
     async def drain(self) -> None:
@@ -67,5 +68,20 @@ class CountingWriter:
 
 def completion_tokens(body: bytes) -> int:
     """usage.completion_tokens of a JSON answer (its last such key), 0 when it carries none."""
-    found = _USAGE.findall(body)
-    return int(found[-1]) if found else 0
+    found = last_usage_count(body)
+    return 0 if found is None else found
+
+
+def last_usage_count(data: bytes) -> int | None:
+    """The count of the last "completion_tokens" key in `data` that has one, None when none
+    has. Looked for from the end, where an answer's usage is: a scan of the whole body cost
+    more than the rest of the metering."""
+    at = data.rfind(_USAGE_KEY)
+    if at < 0:
+        return None
+    found = _USAGE.match(data, at)
+    if found is not None:
+        return int(found.group(1))
+    # The last key has no count (null): an earlier one may, and no earlier match runs past it.
+    counts = _USAGE.findall(data, 0, at)
+    return int(counts[-1]) if counts else None
