@@ -89,6 +89,39 @@ def test_a_turn_that_begins_with_the_last_prompt_continues_its_conversation():
     assert sessions.bound(B) == 1 and sessions.bound(A) == 0  # established where it went
 
 
+def test_a_turn_asked_about_again_is_searched_once_until_the_conversations_change(
+        monkeypatch):
+    sessions = Conversations(smoothing=0.3)
+    sessions.ended(sessions.placed(chat(1, 1), A, now=0.0), now=1.0)
+    searched = []
+    search = sessions._find_continued
+    monkeypatch.setattr(sessions, "_find_continued",
+                        lambda request: searched.append(request) or search(request))
+    turn = chat(1, 2)
+    # Arrival, pricing and placement ask about the same turn: one search.
+    sessions.returned(turn, now=5.0)
+    assert sessions.continued(turn)[1].origin == A
+    assert len(searched) == 1
+    # Another turn is searched for itself.
+    other = chat(2, 2)
+    assert sessions.continued(other) is None and len(searched) == 2
+    # A conversation that ends changes what a turn may continue: searched again.
+    sessions.ended(sessions.placed(chat(3, 1), B, now=6.0), now=7.0)  # (placing searches too)
+    assert sessions.continued(other) is None and len(searched) == 4
+    # Placed, the turn's conversation runs: the same turn continues nothing now.
+    key = sessions.placed(turn, A, now=8.0)
+    assert sessions.continued(turn) is None
+    following = chat(1, 3)
+    assert sessions.continued(following) is None  # not while its conversation runs
+    sessions.ended(key, now=9.0)
+    assert sessions.continued(following)[1].turns == 2
+    # Expired (while another session still thinks): the following turn continues nothing.
+    sessions.ended(sessions.placed(chat(4, 1), B, now=1e6 - 2), now=1e6 - 1)
+    assert sessions.continued(following)[1].turns == 2
+    sessions.expire(now=1e6)
+    assert sessions.remembered() == 1 and sessions.continued(following) is None
+
+
 def test_a_short_first_turn_ending_inside_the_shared_prompt_is_no_ones_conversation():
     # Its last full block lies in the system prompt, which every session's prompt holds:
     # only the text past that block tells its own.
