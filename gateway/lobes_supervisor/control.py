@@ -16,12 +16,11 @@ from lobes_service_files import (
     EnvFileError,
     Service,
     ServicesError,
-    env_file_secrets,
     fingerprint,
     masked_tail,
     read_env_file,
-    secret_values,
     select,
+    service_secrets,
 )
 
 from . import pidfile
@@ -166,18 +165,10 @@ def wait_healthy(spec: Service, layout: Layout, later: list[str]) -> None:
             f"{spec.health_timeout_s:g} s; {after}; {_log_quoted(spec, layout)}")
 
 
-def service_secrets(spec: Service) -> set[str]:
-    """The secret values of a service's env_file and of its own env."""
-    secrets = secret_values(spec.env, is_secret_env)
-    if spec.env_path is not None:
-        secrets |= env_file_secrets(spec.env_path, is_secret_env)
-    return secrets
-
-
 def _log_quoted(spec: Service, layout: Layout) -> str:
     """Where the service's log is and how it ends (secrets masked): the reason, usually."""
     path = layout.log(spec)
-    tail = masked_tail(str(path), service_secrets(spec))
+    tail = masked_tail(str(path), service_secrets(spec, is_secret_env))
     return f"its log {path} ends:\n{tail}" if tail else f"its log {path} is empty"
 
 

@@ -336,6 +336,14 @@ def env_file_secrets(path: str, is_secret: Callable[[str], bool]) -> set[str]:
         return set()
 
 
+def service_secrets(service: Service, is_secret: Callable[[str], bool]) -> set[str]:
+    """The secret values of a service's own env and of its env_file."""
+    secrets = secret_values(service.env, is_secret)
+    if service.env_path is not None:
+        secrets |= env_file_secrets(service.env_path, is_secret)
+    return secrets
+
+
 def masked_tail(path: str, secrets: Iterable[str], lines: int = LOG_TAIL_LINES) -> str:
     """The last `lines` lines of the log at `path`, each secret replaced by MASK; "" when
     the log is missing or empty."""

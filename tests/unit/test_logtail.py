@@ -11,8 +11,8 @@ from ansible_collections.lobes.fleet.plugins.module_utils.service_files import (
     env_file_secrets,
     masked_tail,
     secret_values,
+    service_secrets,
 )
-from lobes_supervisor.control import service_secrets
 
 
 def test_secret_values_are_the_contracts_secret_variables_and_each_key_of_a_list():
@@ -34,7 +34,7 @@ def test_service_secrets_read_the_env_file_and_the_services_own_env(tmp_path):
     spec = Service(name="gateway", argv=("python3",), base_dir=str(tmp_path),
                    env_file="box.env", env={"CULTURE_VLLM_API_KEY": "sk-legacy"})
 
-    assert service_secrets(spec) == {"sk-fleet", "sk-legacy"}
+    assert service_secrets(spec, is_secret_env) == {"sk-fleet", "sk-legacy"}
 
 
 def test_an_env_file_missing_or_not_parsing_has_no_secrets(tmp_path):
