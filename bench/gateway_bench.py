@@ -193,7 +193,12 @@ async def interleaved(targets: list[Target], request: bytes, concurrency: int, c
             per_target[target.name].append(
                 await measure_window(target, request, concurrency, cfg.window_s)
             )
-    return {name: median_of(rounds) for name, rounds in per_target.items()}
+    merged = {name: median_of(rounds) for name, rounds in per_target.items()}
+    # Each round's CPU a request too: a ratio within one round pairs windows seconds apart,
+    # so the spread of those ratios shows how much the host moved the figure in this run.
+    for name, rounds in per_target.items():
+        merged[name]["round_cpu_per_req_us"] = [r["cpu_per_req_us"] for r in rounds]
+    return merged
 
 
 async def phase(
