@@ -17,6 +17,7 @@ from lobes_service_files import (
     Service,
     ServicesError,
     fingerprint,
+    log_quote,
     masked_tail,
     read_env_file,
     select,
@@ -169,7 +170,7 @@ def _log_quoted(spec: Service, layout: Layout) -> str:
     """Where the service's log is and how it ends (secrets masked): the reason, usually."""
     path = layout.log(spec)
     tail = masked_tail(str(path), service_secrets(spec, is_secret_env))
-    return f"its log {path} ends:\n{tail}" if tail else f"its log {path} is empty"
+    return log_quote(str(path), tail)
 
 
 def _stop(layout: Layout, path: Path, record: pidfile.PidRecord) -> None:

@@ -344,6 +344,11 @@ def service_secrets(service: Service, is_secret: Callable[[str], bool]) -> set[s
     return secrets
 
 
+def log_quote(path: str, tail: str) -> str:
+    """Where a failed service's log is and how it ends (masked_tail's), as failures say it."""
+    return f"its log {path} ends:\n{tail}" if tail else f"its log {path} is empty or missing"
+
+
 def masked_tail(path: str, secrets: Iterable[str], lines: int = LOG_TAIL_LINES) -> str:
     """The last `lines` lines of the log at `path`, each secret replaced by MASK; "" when
     the log is missing or empty."""

@@ -89,6 +89,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (  # n
 from ansible_collections.lobes.fleet.plugins.module_utils.service_files import (  # noqa: E402
     LOG_TAIL_LINES,
     env_file_secrets,
+    log_quote,
     masked_tail,
 )
 
@@ -117,9 +118,7 @@ def describe(failure):
     """One service not up: its state, health and how its log ends."""
     health = f", health {failure['health']}" if failure["health"] else ""
     said = f"{failure['service']}: {failure['state']} ({failure['status']}){health}; "
-    if failure["tail"]:
-        return said + f"its log {failure['log']} ends:\n{failure['tail']}"
-    return said + f"its log {failure['log']} is empty or missing"
+    return said + log_quote(failure["log"], failure["tail"])
 
 
 def summarise(failures, not_started):

@@ -100,6 +100,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.service_files import (
     LOG_TAIL_LINES,
     ServicesError,
     load_services,
+    log_quote,
     masked_tail,
     select,
     service_secrets,
@@ -148,9 +149,7 @@ def describe(failure):
     if failure["load_state"] not in ("", "loaded"):
         facts.insert(0, f"unit {failure['load_state']}")
     said += f", {', '.join(facts)}" if facts else ""
-    if failure["tail"]:
-        return said + f"; its log {failure['log']} ends:\n{failure['tail']}"
-    return said + f"; its log {failure['log']} is empty or missing"
+    return f"{said}; {log_quote(failure['log'], failure['tail'])}"
 
 
 def summarise(failures):
