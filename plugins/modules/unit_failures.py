@@ -130,7 +130,8 @@ def shown_units(text):
 
 
 def not_active(units, shown):
-    """(unit, its properties) for each unit that is not active."""
+    """(unit, its properties) for each unit that is not active; `shown` holds the units'
+    properties in their order (a unit may be any value naming it)."""
     return [(unit, properties) for unit, properties in zip(units, shown, strict=True)
             if properties.get("ActiveState") not in _UP_STATES]
 
@@ -140,14 +141,15 @@ def describe(failure):
     state = failure["state"] if failure["state"] == failure["sub_state"] else (
         f"{failure['state']} ({failure['sub_state']})")
     said = f"{failure['unit']} ({failure['service']}): {state}"
-    facts = [f"result {failure['result']}" if failure["result"] not in ("", "success") else "",
-             f"exit status {failure['exit_status']}" if failure["exit_status"] not in ("", "0")
-             else "",
-             f"restarted {failure['restarts']} times" if failure["restarts"] not in ("", "0")
-             else ""]
-    facts = [fact for fact in facts if fact]
+    facts = []
     if failure["load_state"] not in ("", "loaded"):
-        facts.insert(0, f"unit {failure['load_state']}")
+        facts.append(f"unit {failure['load_state']}")
+    if failure["result"] not in ("", "success"):
+        facts.append(f"result {failure['result']}")
+    if failure["exit_status"] not in ("", "0"):
+        facts.append(f"exit status {failure['exit_status']}")
+    if failure["restarts"] not in ("", "0"):
+        facts.append(f"restarted {failure['restarts']} times")
     said += f", {', '.join(facts)}" if facts else ""
     return f"{said}; {log_quote(failure['log'], failure['tail'])}"
 
@@ -183,10 +185,9 @@ def main():
     if len(shown) != len(units):
         module.exit_json(changed=False, failures=[],
                          summary=f"the units' state could not be read: {err.strip() or out}")
-    by_unit = dict(zip(units, services, strict=True))
     failures = []
-    for unit, properties in not_active(units, shown):
-        service = by_unit[unit]
+    for (unit, service), properties in not_active(list(zip(units, services, strict=True)),
+                                                  shown):
         log = os.path.join(params["state_dir"], "log", service.log_name)
         failures.append({
             "unit": unit, "service": service.name,
