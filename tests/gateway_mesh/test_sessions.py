@@ -89,6 +89,27 @@ def test_a_turn_that_begins_with_the_last_prompt_continues_its_conversation():
     assert sessions.bound(B) == 1 and sessions.bound(A) == 0  # established where it went
 
 
+def test_first_turns_count_where_they_went_as_many_as_first_turns_go_on():
+    sessions = Conversations(smoothing=0.3)
+    sessions.ended(sessions.placed(chat(1, 1), A, now=0.0), now=1.0)
+    second = sessions.placed(chat(2, 1), B, now=1.0)  # a first turn, running on B
+    assert sessions.bound(B) == 0  # no first turn went on yet: one-off prompts, for all we know
+    sessions.placed(chat(1, 2), A, now=3.0)  # one did: a first turn is a session in the making
+    assert (sessions.bound(A), sessions.bound(B)) == (1, 1)
+    sessions.ended(second, now=4.0)
+    own = sessions.continued(chat(2, 2))[1]
+    assert sessions.bound(B, excluding=own) == 0  # its own turn does not count against it
+    sessions.placed(chat(2, 2), B, now=5.0)
+    # Two more first turns on B, and one first turn that is never continued: two of three
+    # first turns went on, so one of B's two new ones counts, beside its session.
+    for session in (3, 4):
+        sessions.placed(chat(session, 1), B, now=5.0)
+    sessions.ended(sessions.placed(chat(5, 1), A, now=5.0), now=5.0)
+    sessions.expire(now=5.0 + EXPIRY_THINK_TIMES * sessions.think_s() + 0.1)
+    assert sessions.continued(chat(5, 2)) is None
+    assert (sessions.bound(A), sessions.bound(B)) == (1, 2)
+
+
 def test_a_turn_asked_about_again_is_searched_once_until_the_conversations_change(
         monkeypatch):
     sessions = Conversations(smoothing=0.3)
@@ -226,6 +247,22 @@ def test_a_session_stays_on_the_slow_replica_that_holds_it_when_the_fast_ones_se
     # against ~6 s of decode alone on the Thor): it moves. With twelve sessions bound to
     # the Spark, each round of theirs would wait for its turns there: it stays.
     assert goes_to == (B if sessions_on_spark else A)
+
+
+def test_a_burst_of_first_turns_keeps_its_sessions_where_the_first_turns_went():
+    # Seed 000's pair, tool outputs: a burst of first turns, four of them on the Thor, still
+    # running there when the Spark's sessions come back. Counted as nothing, the Thor looked
+    # empty and Spark sessions moved there, prefilling their histories again, while the Thor's
+    # own sessions moved back to the Spark when their second turns came (7 of 16 in a run).
+    clock = Clock()
+    p = seed_pair(clock)
+    for session in range(12):
+        run_turn(p, clock, chat(session, 1), [Candidate(A, 2)])
+    for session in range(12, 16):
+        p.place([Candidate(B, 2)], request=chat(session, 1))  # running on the Thor
+    both = [Candidate(A, 2), Candidate(B, 2)]
+    assert [run_turn(p, clock, chat(session, 2), both) for session in range(12)] == [A] * 12
+    assert p.conversations.bound(B) == 4
 
 
 def test_a_turn_that_waits_in_the_pools_queue_waits_in_its_turn_not_in_its_think_time():

@@ -12,7 +12,8 @@ next round, to the sessions bound to the replica it goes to.
 What is learned, with no round trip and no session id: a conversation is a chain of prompts,
 each beginning with the one before (its last full block is a block of the next); from that,
 the time between an answer and the next turn (the session's think time), the share of turns
-that are continued, and the sessions bound to each replica. A replica is modelled as a closed
+that are continued, and the sessions bound to each replica (a first turn counts as one as
+often as first turns are continued). A replica is modelled as a closed
 loop of its bound sessions (exact mean value analysis: one queueing station, the engine's time
 a turn holds it, and a delay, the think time and the part of a turn's decode that overlaps
 the other slots'), and the cost of one more session there is how much it adds to the sum of
@@ -111,11 +112,17 @@ class Conversations:
         self._running: dict[int, Conversation] = {}
         self._thinking: OrderedDict[int, Conversation] = OrderedDict()  # oldest answer first
         self._bound: dict[str, int] = {}  # established conversations per replica
+        # Conversations of one turn so far per replica (its turn running, or answered and not
+        # expired): sessions in the making, as many of them as first turns go on.
+        self._opened: dict[str, int] = {}
         # Seconds from an answer to its session's next turn, learned from continuations.
         self._think = Estimate(None, smoothing)
         # Answered turns that were continued and that were not, decayed (OUTCOME_DECAY).
         self._continued = 0.0
         self._dropped = 0.0
+        # The same for first turns alone: how many conversations become sessions.
+        self._first_continued = 0.0
+        self._first_dropped = 0.0
         # continued()'s last answer, for the request whose blocks it found it for, while the
         # thinking conversations stay as they were (_changes counts their changes): a pooled
         # turn asks three times (arrival, pricing, placement), a long prompt's search costs
@@ -171,11 +178,20 @@ class Conversations:
             self._thinking.move_to_end(found[0])  # remembered in the order last seen
 
     def bound(self, origin: str, excluding: Conversation | None = None) -> int:
-        """Sessions bound to the replica, less `excluding` when it is one of them."""
-        count = self._bound.get(origin, 0)
-        if excluding is not None and excluding.established and excluding.origin == origin:
-            count -= 1
-        return count
+        """Sessions bound to the replica, less `excluding` when it is one of them: the
+        established ones and as many of its one-turn conversations as first turns go on (so a
+        burst of first turns is counted where it went before its second turns come back)."""
+        established = self._bound.get(origin, 0)
+        opened = self._opened.get(origin, 0)
+        if excluding is not None and excluding.origin == origin:
+            if excluding.established:
+                established -= 1
+            else:
+                opened -= 1
+        if opened <= 0:
+            return established
+        share = self._first_continued / (self._first_continued + self._first_dropped or 1.0)
+        return established + round(opened * share)
 
     def expire(self, now: float) -> None:
         """Forget conversations not continued within EXPIRY_THINK_TIMES think times, or
@@ -192,7 +208,7 @@ class Conversations:
             del self._thinking[block]
             self._changes += 1
             self._unbind(conversation)
-            self._learn_outcome(continued=False)
+            self._learn_outcome(conversation, continued=False)
 
     def placed(self, request: RequestShape, origin: str, now: float) -> int | None:
         """A request went to `origin`: it continues its conversation there or starts one. The
@@ -209,6 +225,7 @@ class Conversations:
             if key in self._thinking:
                 return None
             conversation = Conversation(origin, len(request.text), tail)
+            self._opened[origin] = self._opened.get(origin, 0) + 1
         else:
             block, conversation = found
             del self._thinking[block]
@@ -216,7 +233,7 @@ class Conversations:
             self._unbind(conversation)
             came_back = conversation.returned_at or now
             self._think.observe(came_back - (conversation.ended_at or came_back))
-            self._learn_outcome(continued=True)
+            self._learn_outcome(conversation, continued=True)
             conversation.origin, conversation.ended_at = origin, None
             conversation.returned_at = None
             conversation.chars, conversation.tail = len(request.text), tail
@@ -235,12 +252,17 @@ class Conversations:
             self._changes += 1
 
     def _unbind(self, conversation: Conversation) -> None:
-        if conversation.established:
-            self._bound[conversation.origin] -= 1
+        counts = self._bound if conversation.established else self._opened
+        counts[conversation.origin] -= 1
 
-    def _learn_outcome(self, continued: bool) -> None:
+    def _learn_outcome(self, conversation: Conversation, continued: bool) -> None:
+        """An answered turn was continued, or its conversation ended (before the turn that
+        continues it is counted)."""
         self._continued = self._continued * OUTCOME_DECAY + continued
         self._dropped = self._dropped * OUTCOME_DECAY + (not continued)
+        if not conversation.established:
+            self._first_continued = self._first_continued * OUTCOME_DECAY + continued
+            self._first_dropped = self._first_dropped * OUTCOME_DECAY + (not continued)
 
 
 def is_chat_turn(request: RequestShape) -> bool:
