@@ -51,21 +51,21 @@ OWN_SESSION_ENV = "LOBES_BENCH_OWN_SESSION"
 
 @dataclass(frozen=True)
 class Settings:
-    """How long and how hard each phase runs."""
+    """How long and how hard each phase runs; the defaults are the gateway bench's own."""
 
     rounds: int
     window_s: float
     streams: int
-    stream_interval_ms: int
-    sse_concurrency: int
-    sse_chunks: int
-    sse_interval_ms: int
-    gateway_dir: Path
     python: str  # the interpreter of the Python proxies (gateway, bare relay)
     targets: tuple[str, ...]
-    nice: int
-    realtime: bool
-    write_docs: bool
+    stream_interval_ms: int = 1000
+    sse_concurrency: int = 16
+    sse_chunks: int = 50
+    sse_interval_ms: int = 4
+    gateway_dir: Path = REPO / "gateway"
+    nice: int = -10
+    realtime: bool = True
+    write_docs: bool = False
 
 
 @dataclass
@@ -451,10 +451,6 @@ def parse_args(argv: list[str]) -> Settings:
         rounds=args.rounds or (1 if quick else 5),
         window_s=args.window or (0.5 if quick else 3.0),
         streams=args.streams or (500 if quick else 4000),
-        stream_interval_ms=1000,
-        sse_concurrency=16,
-        sse_chunks=50,
-        sse_interval_ms=4,
         gateway_dir=args.gateway_dir.resolve(),
         python=args.python,
         targets=chosen,

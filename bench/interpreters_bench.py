@@ -100,10 +100,8 @@ def main(argv: list[str]) -> int:
         return bench.rerun_in_own_session(argv, __file__)
     pythons = {"distro": args.distro, "other": args.other}
     cfg = bench.Settings(rounds=args.rounds, window_s=args.window, streams=0,
-                         stream_interval_ms=1000, sse_concurrency=0, sse_chunks=0,
-                         sse_interval_ms=0, gateway_dir=bench.REPO / "gateway",
-                         python=args.distro, targets=(), nice=-10, realtime=False,
-                         write_docs=args.write_docs)
+                         python=args.distro, targets=(), sse_concurrency=0, sse_chunks=0,
+                         realtime=False, write_docs=args.write_docs)
     text = table(asyncio.run(measure(pythons, cfg)), pythons, cfg)
     print(text)
     if args.write_docs:

@@ -106,15 +106,9 @@ def main(argv: list[str]) -> int:
         rounds=args.rounds,
         window_s=args.window,
         streams=0,
-        stream_interval_ms=1000,
-        sse_concurrency=16,
-        sse_chunks=50,
-        sse_interval_ms=4,
-        gateway_dir=bench.REPO / "gateway",
         python=sys.executable,  # both trees' gateways run under this script's interpreter
         targets=("direct", "gateway"),
         nice=0,
-        realtime=True,
         write_docs=args.docs,
     )
     with tempfile.TemporaryDirectory(prefix="metrics-cost-") as tmp:
