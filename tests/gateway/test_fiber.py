@@ -62,3 +62,42 @@ def test_a_fiber_waiting_on_a_closed_channel_ends():
         return result
 
     assert asyncio.run(scenario()) == b"GET / HT"
+
+
+def test_a_fibers_wait_is_held_by_its_channel_and_a_tasks_by_a_future():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        channels: list[Channel] = []
+        got: list[bytes] = []
+
+        async def serve(channel: Channel) -> None:
+            got.append(await channel.readuntil(b"\n", 1024))
+
+        def accept(channel: Channel) -> None:
+            channels.append(channel)
+            if len(channels) == 1:
+                Fiber(serve(channel)).step()
+            else:
+                loop.create_task(serve(channel))
+
+        server = await loop.create_server(lambda: Channel(accept), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        writers = []
+        for _client in range(2):
+            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"part")
+            writers.append(writer)
+            await asyncio.sleep(0.05)
+        # The fiber's channel holds the fiber and no future; the Task waits on a future.
+        held = [(c._fiber is not None, c._waiter is not None) for c in channels]
+        for writer in writers:
+            writer.write(b" two\n")
+        await asyncio.sleep(0.05)
+        for writer in writers:
+            writer.close()
+        server.close()
+        return held, got
+
+    held, got = asyncio.run(scenario())
+    assert held == [(True, False), (False, True)]
+    assert got == [b"part two\n", b"part two\n"]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-from .fiber import Fiber, claim
+from .fiber import CHANNEL_WAIT, Fiber, running_fiber
 
 # Unread bytes above this pause the socket until the reader asks for more.
 READ_HIGH_WATER = 256 * 1024
@@ -43,9 +43,10 @@ class Channel(asyncio.Protocol):
         self._buffer = bytearray()
         self._eof = False
         self._lost = False
-        self._waiter: asyncio.Future | None = None
-        # The fiber awaiting _waiter, stepped here when bytes come (see fiber.py).
+        # Who waits for more bytes: a fiber, stepped here when they come (see fiber.py), or
+        # else a Task, through a future's result.
         self._fiber: Fiber | None = None
+        self._waiter: asyncio.Future | None = None
         self._drain_waiter: asyncio.Future | None = None
         self._read_paused = False
         self._write_paused = False
@@ -70,7 +71,7 @@ class Channel(asyncio.Protocol):
             self._receiver.data_received(data)
             return
         self._buffer += data
-        if self._waiter is not None:
+        if self._fiber is not None or self._waiter is not None:
             self._wake()
         elif len(self._buffer) > READ_HIGH_WATER and not self._read_paused:
             self._read_paused = True
@@ -160,14 +161,17 @@ class Channel(asyncio.Protocol):
         """Whether another exchange may use this socket: not ended, not closing."""
         return not (self._eof or self.transport.is_closing())
 
-    def _more(self) -> asyncio.Future:
-        """A future done when more bytes (or the end) arrive; the socket reads meanwhile."""
+    def _more(self) -> Awaitable[None]:
+        """What to await until more bytes (or the end) arrive; the socket reads meanwhile."""
         if self._read_paused:
             self._read_paused = False
             self.transport.resume_reading()
+        fiber = running_fiber()
+        if fiber is not None:
+            self._fiber = fiber
+            return CHANNEL_WAIT
         # asyncio.Future itself, as the stdlib loops' create_future makes it, one frame less.
         waiter = self._waiter = asyncio.Future(loop=self._loop)
-        self._fiber = claim(waiter)
         return waiter
 
     def watch_gone(self, callback: Callable[[], None] | None) -> bool:
@@ -185,16 +189,16 @@ class Channel(asyncio.Protocol):
             callback()
 
     def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is None:
-            return
-        self._waiter = None
-        if not waiter.done():
-            waiter.set_result(None)
         fiber = self._fiber
         if fiber is not None:
             self._fiber = None
             fiber.step()
+            return
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def divert(self, receiver: asyncio.Protocol | None) -> bytes:
         """Hand the socket's later bytes and its loss to `receiver` (None: buffer them again).
