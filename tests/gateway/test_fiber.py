@@ -68,6 +68,7 @@ def test_a_fibers_wait_is_held_by_its_channel_and_a_tasks_by_a_future():
     async def scenario():
         loop = asyncio.get_running_loop()
         channels: list[Channel] = []
+        tasks: list[asyncio.Task] = []
         got: list[bytes] = []
 
         async def serve(channel: Channel) -> None:
@@ -78,7 +79,7 @@ def test_a_fibers_wait_is_held_by_its_channel_and_a_tasks_by_a_future():
             if len(channels) == 1:
                 Fiber(serve(channel)).step()
             else:
-                loop.create_task(serve(channel))
+                tasks.append(loop.create_task(serve(channel)))
 
         server = await loop.create_server(lambda: Channel(accept), "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
