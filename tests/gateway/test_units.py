@@ -6,7 +6,14 @@ import json
 import pytest
 from lobes_gateway.app.dispatch import encode_for, inject_strict, is_compile_failure
 from lobes_gateway.app.views import parse_metrics
-from lobes_gateway.policy.auth import CLIENT, FLEET, Caller, Gate, InflightLimits
+from lobes_gateway.policy.auth import (
+    CLIENT,
+    FLEET,
+    MAX_KNOWN_AUTHORIZATIONS,
+    Caller,
+    Gate,
+    InflightLimits,
+)
 from lobes_gateway.policy.config import PressureConfig
 from lobes_gateway.policy.estimate import Estimate
 from lobes_gateway.policy.pressure import PressureMonitor
@@ -86,6 +93,21 @@ def test_gate_accepts_client_and_fleet_keys():
     assert gate.identify("Bearer secret").key_id == CLIENT
     assert gate.identify("bearer  secret").key_id == CLIENT
     assert gate.identify("Bearer fleet").key_id == FLEET
+
+
+def test_gate_remembers_values_that_identified_a_caller_and_compares_the_rest(monkeypatch):
+    gate = Gate("secret", "fleet")
+    compared = []
+    compare = gate._compared
+    monkeypatch.setattr(gate, "_compared", lambda value: compared.append(value) or compare(value))
+    for _request in range(3):
+        assert gate.identify("Bearer secret").key_id == CLIENT
+        assert gate.identify("Bearer wrong") is None
+    # The key's value is compared once, then found; a wrong one is compared every time.
+    assert compared == ["Bearer secret", "Bearer wrong", "Bearer wrong", "Bearer wrong"]
+    for spelling in range(MAX_KNOWN_AUTHORIZATIONS + 10):  # spellings of the key: bounded
+        assert gate.identify("Bearer" + " " * (spelling + 1) + "secret").key_id == CLIENT
+    assert len(gate._known) == MAX_KNOWN_AUTHORIZATIONS
 
 
 def test_inflight_limit_counts_client_key_and_exempts_fleet():
