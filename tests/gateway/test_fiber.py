@@ -102,3 +102,29 @@ def test_a_fibers_wait_is_held_by_its_channel_and_a_tasks_by_a_future():
     held, got = asyncio.run(scenario())
     assert held == [(True, False), (False, True)]
     assert got == [b"part two\n", b"part two\n"]
+
+
+def test_a_separator_split_across_segments_is_found():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        got: list[bytes] = []
+        finished = loop.create_future()
+
+        async def serve(channel: Channel) -> None:
+            got.append(await channel.readuntil(b"\r\n\r\n", 1024))
+            got.append(await channel.readexactly(4))
+            finished.set_result(None)
+
+        server = await loop.create_server(lambda: Channel(lambda ch: Fiber(serve(ch)).step()),
+                                          "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for segment in (b"GET / HTTP/1.1\r", b"\nHost: x\r\n", b"\r", b"\nbody"):
+            writer.write(segment)
+            await asyncio.sleep(0.02)  # each its own segment, read before the next comes
+        await asyncio.wait_for(finished, 5)
+        writer.close()
+        server.close()
+        return got
+
+    assert asyncio.run(scenario()) == [b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"body"]

@@ -115,8 +115,8 @@ class Channel(asyncio.Protocol):
                 raise asyncio.LimitOverrunError("separator not found within the limit", 0)
             if self._eof:
                 raise asyncio.IncompleteReadError(bytes(buffer), None)
-            # A trickled head is searched once, not again from its start per segment.
-            start = max(0, len(buffer) - len(separator) + 1)
+            if buffer:  # a trickled head is searched once, not again from its start per segment
+                start = max(0, len(buffer) - len(separator) + 1)
             await self._more()
         end += len(separator)
         if end > limit:
