@@ -148,8 +148,8 @@ def test_a_marked_arrival_counts_on_the_local_replica_while_it_is_served(thor_si
     with box:
         all_selectable(box)
         with ThreadPoolExecutor(3) as pool:
-            marked = [pool.submit(chat, box.url, {**CORTEX, "max_tokens": 400}, MARKED,
-                                  timeout=60) for _ in range(2)]
+            marked = [pool.submit(chat, box.url, {**CORTEX, "max_tokens": 400, "ignore_eos": True},
+                                  MARKED, timeout=60) for _ in range(2)]
             wait_until(lambda: thor_sim_running(thor_sim) == 2,
                        message="both marked arrivals running on thor's simulator")
             own = pool.submit(chat, box.url, CORTEX, timeout=60).result()

@@ -324,8 +324,10 @@ def test_a_replica_busy_with_another_boxes_work_is_not_taken_for_idle(pair):
     env = pool_env(spark.url, [spark.url, thor.url], PRIMARY_PEER_RATES="11,11")
     with start_gateway(env) as orin, ThreadPoolExecutor(2) as elsewhere:
         all_selectable(orin)
-        # Another box's two long requests straight to spark fill its two slots.
-        held = [elsewhere.submit(chat, spark.url, {**CORTEX, "max_tokens": 600},
+        # Another box's two long requests straight to spark fill its two slots (ignore_eos:
+        # a natural answer ends in 0.7 s).
+        held = [elsewhere.submit(chat, spark.url,
+                                 {**CORTEX, "max_tokens": 600, "ignore_eos": True},
                                  {"Authorization": f"Bearer {SPARK_KEY}"}) for _ in range(2)]
         wait_until(lambda: replicas(orin)[0].get("load") == 2,
                    message="spark's replica to show a load of 2")
@@ -343,8 +345,11 @@ def test_a_request_held_for_another_boxes_work_starts_when_it_is_forecast_done(p
                    GATEWAY_POOL_POLICY="rate", GATEWAY_PROBE_INTERVAL_S="60")
     before = len(posts(pair["spark_sim"]))
     with ThreadPoolExecutor(2) as elsewhere:
-        # Another box's two requests straight to spark fill its two slots (about 5 s).
-        held = [elsewhere.submit(chat, spark.url, {**CORTEX, "max_tokens": 1200},
+        # Another box's two requests straight to spark fill its two slots for about 5 s
+        # (ignore_eos: a natural answer ends in 0.7 s, which a loaded CI host once took to
+        # start the Orin, whose first probe then found the Spark idle).
+        held = [elsewhere.submit(chat, spark.url,
+                                 {**CORTEX, "max_tokens": 1200, "ignore_eos": True},
                                  {"Authorization": f"Bearer {SPARK_KEY}"}) for _ in range(2)]
         wait_until(lambda: len(posts(pair["spark_sim"])) == before + 2,
                    message="both of another box's requests on spark")
