@@ -205,7 +205,8 @@ def test_a_change_that_fails_verify_restores_the_files_and_containers_that_ran(b
     assert "gateway source were restored and restarted" in words
     assert "vllm-senses-1 is unhealthy" in words
     # Why, from the gear's own log (lobes.fleet.compose_failures), masked as any log quote.
-    assert "vllm-senses: " in words and "invalid choice: 'no-such-profile'" in words
+    said = words[words.find("failed during rollout"):]
+    assert "vllm-senses: " in said and "invalid choice: 'no-such-profile'" in said, said
     state = wait_healthy(box)
     after = {name: starts(box, name) - before[name] for name in GEARS}
     # cortex: the failed run and the rollback's; senses: its failed starts, then the
