@@ -6,6 +6,18 @@ from lobes_gateway.transport.channel import Channel
 from lobes_gateway.transport.fiber import Fiber
 
 
+async def listening(on_connect) -> tuple[asyncio.AbstractServer, int]:
+    """A server on 127.0.0.1 whose connections are Channels calling `on_connect`; its port."""
+    server = await asyncio.get_running_loop().create_server(lambda: Channel(on_connect),
+                                                            "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def in_fiber(serve):
+    """An on_connect that serves each connection's Channel with `serve` as a fiber."""
+    return lambda channel: Fiber(serve(channel)).step()
+
+
 def test_a_fiber_reads_a_channel_and_awaits_other_futures():
     async def scenario():
         loop = asyncio.get_running_loop()
@@ -21,9 +33,7 @@ def test_a_fiber_reads_a_channel_and_awaits_other_futures():
             channel.write(b"done")
             finished.set_result(None)
 
-        server = await loop.create_server(lambda: Channel(lambda ch: Fiber(serve(ch)).step()),
-                                          "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+        server, port = await listening(in_fiber(serve))
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"hello\n")
         await asyncio.sleep(0.05)
@@ -50,9 +60,7 @@ def test_a_fiber_waiting_on_a_closed_channel_ends():
             except asyncio.IncompleteReadError as exc:
                 outcome.set_result(exc.partial)
 
-        server = await loop.create_server(lambda: Channel(lambda ch: Fiber(serve(ch)).step()),
-                                          "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+        server, port = await listening(in_fiber(serve))
         _reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET / HT")
         await writer.drain()
@@ -77,12 +85,11 @@ def test_a_fibers_wait_is_held_by_its_channel_and_a_tasks_by_a_future():
         def accept(channel: Channel) -> None:
             channels.append(channel)
             if len(channels) == 1:
-                Fiber(serve(channel)).step()
+                in_fiber(serve)(channel)
             else:
                 tasks.append(loop.create_task(serve(channel)))
 
-        server = await loop.create_server(lambda: Channel(accept), "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+        server, port = await listening(accept)
         writers = []
         for _client in range(2):
             _reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -115,9 +122,7 @@ def test_a_separator_split_across_segments_is_found():
             got.append(await channel.readexactly(4))
             finished.set_result(None)
 
-        server = await loop.create_server(lambda: Channel(lambda ch: Fiber(serve(ch)).step()),
-                                          "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+        server, port = await listening(in_fiber(serve))
         _reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for segment in (b"GET / HTTP/1.1\r", b"\nHost: x\r\n", b"\r", b"\nbody"):
             writer.write(segment)
