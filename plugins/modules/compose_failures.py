@@ -96,6 +96,9 @@ from ansible_collections.lobes.fleet.plugins.module_utils.service_files import (
 # Container states of a service that is not up; "created" is one never started.
 _DOWN_STATES = frozenset({"exited", "restarting", "dead", "paused", "removing"})
 _NOT_HEALTHY = frozenset({"unhealthy", "starting"})
+# Compose 2.26 leaves Health empty for a container that has just (re)started, while its Status
+# says "(health: starting)": a crash loop caught right after a restart reads so.
+_HEALTH_IN_STATUS = (("(health: starting)", "starting"), ("(unhealthy)", "unhealthy"))
 
 
 def ps_rows(text):
@@ -106,10 +109,18 @@ def ps_rows(text):
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def health(row):
+    """The row's health, from its Status when its Health field is empty."""
+    if row.get("Health"):
+        return row["Health"]
+    status = row.get("Status", "")
+    return next((said for mark, said in _HEALTH_IN_STATUS if status.endswith(mark)), "")
+
+
 def not_up(rows):
     """(the rows of services not up, the services never started), each sorted by service."""
     down = [row for row in rows
-            if row.get("State") in _DOWN_STATES or row.get("Health") in _NOT_HEALTHY]
+            if row.get("State") in _DOWN_STATES or health(row) in _NOT_HEALTHY]
     created = [row["Service"] for row in rows if row.get("State") == "created"]
     return sorted(down, key=lambda row: row["Service"]), sorted(created)
 
@@ -147,7 +158,7 @@ def main():
     for row in rows:
         log = os.path.join(project, "state", "log", f"{row['Service']}.log")
         failures.append({"service": row["Service"], "state": row.get("State", ""),
-                         "status": row.get("Status", ""), "health": row.get("Health", ""),
+                         "status": row.get("Status", ""), "health": health(row),
                          "log": log, "tail": masked_tail(log, secrets, module.params["lines"])})
     module.exit_json(changed=False, failures=failures, not_started=not_started,
                      summary=summarise(failures, not_started))

@@ -12,7 +12,10 @@ from pathlib import Path
 
 from ansible_collections.lobes.fleet.plugins.modules import compose_failures
 
-RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "compose" / "ps-crash-loop.jsonl"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "compose"
+RECORDED = FIXTURES / "ps-crash-loop.jsonl"
+# The same kind of project caught in the moment after a restart: running, Health still empty.
+RESTARTED = FIXTURES / "ps-restarted-in-crash-loop.jsonl"
 
 
 def test_a_crash_loop_is_not_up_and_the_service_waiting_on_it_was_not_started():
@@ -20,6 +23,25 @@ def test_a_crash_loop_is_not_up_and_the_service_waiting_on_it_was_not_started():
 
     assert [(row["Service"], row["State"]) for row in down] == [("crash", "restarting")]
     assert not_started == ["after"]
+
+
+def test_a_crash_loop_caught_just_after_a_restart_is_still_not_up():
+    rows = compose_failures.ps_rows(RESTARTED.read_text())
+
+    down, not_started = compose_failures.not_up(rows)
+
+    assert [(row["Service"], compose_failures.health(row)) for row in down] == [
+        ("bad", "starting")]
+    assert not_started == ["after"]
+
+
+def test_health_is_read_from_the_status_only_when_the_field_is_empty():
+    def row(health, status):
+        return {"Service": "gear", "State": "running", "Health": health, "Status": status}
+
+    assert compose_failures.health(row("", "Up 2 seconds (unhealthy)")) == "unhealthy"
+    assert compose_failures.health(row("", "Up 2 minutes")) == ""
+    assert compose_failures.health(row("healthy", "Up 2 minutes (healthy)")) == "healthy"
 
 
 def test_the_array_form_of_older_compose_reads_the_same():
