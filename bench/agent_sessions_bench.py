@@ -189,6 +189,8 @@ class Result:
     scale: float
     split: str  # turns served by the first/second replica
     hit_rate: float  # prefix-cache hits over queries, in tokens, both simulators together
+    sessions: int
+    think_s: float  # seed seconds between an answer and the session's next turn
 
     def ttft(self, quantile: float) -> float:
         values = sorted((t.first - t.sent) * self.scale for t in self.turns)
@@ -196,9 +198,21 @@ class Result:
             return statistics.median(values)
         return values[min(len(values) - 1, int(quantile * len(values)))]
 
+    def ttft_mean(self) -> float:
+        return statistics.fmean((t.first - t.sent) * self.scale for t in self.turns)
+
     def tok_per_s(self) -> float:
         span = max(t.done for t in self.turns) - min(t.sent for t in self.turns)
         return sum(t.tokens for t in self.turns) / span / self.scale
+
+    def steady_tok_per_s(self) -> float:
+        """Throughput of the closed loop without its ramp and drain (Little's law: sessions
+        over a round's mean response time plus think time, times a turn's mean tokens): a
+        placement that leaves one replica finishing alone loses makespan throughput that an
+        endless stream of sessions would not."""
+        response = statistics.fmean((t.done - t.sent) * self.scale for t in self.turns)
+        tokens = statistics.fmean(t.tokens for t in self.turns)
+        return self.sessions / (response + self.think_s) * tokens
 
 
 def split(turns: list[Turn], origins: list[str]) -> str:
@@ -267,7 +281,8 @@ def measure_pair(pair: str, profiles: tuple[str, str], scenario: Scenario,
             port = urlsplit(orin.url).port or 0
             turns = run_sessions(lambda _index, pool=Endpoint(port): pool, scenario, args)
             result = Result(policy, turns, scale, split(turns, [first.url, second.url]),
-                            hit_rate([sim.url for sim in sims]))
+                            hit_rate([sim.url for sim in sims]),
+                            scenario.sessions or args.sessions, scenario.think_s)
             results.append(report_row(result))
     return results
 
@@ -279,12 +294,13 @@ def static_split(sims: list, on_second: int, scenario: Scenario,
     endpoints = [Endpoint(urlsplit(url).port or 0, SERVED, url) for url in urls]
     turns = run_sessions(lambda index: endpoints[1 if index < on_second else 0], scenario, args)
     return Result(f"{STATIC_SPLIT}{on_second}", turns, args.time_scale, split(turns, urls),
-                  hit_rate(urls))
+                  hit_rate(urls), scenario.sessions or args.sessions, scenario.think_s)
 
 
 def report_row(result: Result) -> Result:
     print(f"  {result.policy:18s} TTFT p50 {result.ttft(0.5):6.2f} s  p95 "
-          f"{result.ttft(0.95):6.2f} s  {result.tok_per_s():6.1f} tok/s  "
+          f"{result.ttft(0.95):6.2f} s  mean {result.ttft_mean():6.2f} s  "
+          f"{result.tok_per_s():6.1f} tok/s  steady {result.steady_tok_per_s():6.1f}  "
           f"hits {result.hit_rate:.0%}  ({result.split})", flush=True)
     return result
 
@@ -293,13 +309,15 @@ def table(title: str, results: list[Result]) -> list[str]:
     rate = next(r for r in results if r.policy == "rate")
     lines = [f"**{title}**: time to first token and aggregate tok/s in seed time (ratio to "
              "rate), prefix-cache hit rate (tokens), turns served by the first/second replica",
-             "", "| policy | TTFT p50 | TTFT p95 | tok/s | cache hits | split |",
-             "|---|---|---|---|---|---|"]
+             "", "| policy | TTFT p50 | TTFT p95 | TTFT mean | tok/s | steady tok/s | cache hits "
+             "| split |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(
             f"| {r.policy} | {r.ttft(0.5):.2f} s ({rate.ttft(0.5) / r.ttft(0.5):.2f}x faster) | "
             f"{r.ttft(0.95):.2f} s ({rate.ttft(0.95) / r.ttft(0.95):.2f}x faster) | "
+            f"{r.ttft_mean():.2f} s ({rate.ttft_mean() / r.ttft_mean():.2f}x faster) | "
             f"{r.tok_per_s():.1f} ({r.tok_per_s() / rate.tok_per_s():.2f}x) | "
+            f"{r.steady_tok_per_s():.1f} ({r.steady_tok_per_s() / rate.steady_tok_per_s():.2f}x) | "
             f"{r.hit_rate:.0%} | {r.split} |")
     return [*lines, ""]
 
@@ -335,7 +353,11 @@ def main() -> None:
         "reference too: K sessions sent whole, straight to the second simulator, the rest to "
         "the first (no gateway), so it shows what placing sessions by the replicas' capacity, "
         "not each turn alone, could reach; the seed pair's K is the best of a sweep over 2-6 "
-        "at no loss of throughput (and, for tool outputs, 5: the best at any throughput).",
+        "at no loss of throughput (and, for tool outputs, 5: the best at any throughput). "
+        "`TTFT mean` tells a placement that cut the waiting from one that moved it between "
+        "turns; `tok/s` is the tokens over the run's whole span, `steady tok/s` the closed "
+        "loop's without its ramp and drain (Little's law: the sessions over a turn's mean "
+        "response time plus the tool call's, times a turn's tokens).",
         "",
     ]
     for index, scenario in enumerate(SCENARIOS):
