@@ -128,6 +128,10 @@ class Scenario:
     # time to first token at any throughput.
     static_splits: tuple[tuple[str, int], ...] = ()
 
+    def session_count(self, args: argparse.Namespace) -> int:
+        """This scenario's sessions, else --sessions."""
+        return self.sessions or args.sessions
+
     def rows(self, pair: str) -> tuple[str, ...]:
         """The policies, then this pair's static-split references."""
         splits = tuple(f"{STATIC_SPLIT}{count}" for name, count in self.static_splits
@@ -245,7 +249,7 @@ def run_sessions(endpoint_of: Callable[[int], Endpoint], scenario: Scenario,
         with lock:
             every.extend(done)
 
-    sessions = scenario.sessions or args.sessions
+    sessions = scenario.session_count(args)
     with ThreadPoolExecutor(sessions) as pool:
         list(pool.map(one, range(sessions)))
     return every
@@ -282,7 +286,7 @@ def measure_pair(pair: str, profiles: tuple[str, str], scenario: Scenario,
             turns = run_sessions(lambda _index, pool=Endpoint(port): pool, scenario, args)
             result = Result(policy, turns, scale, split(turns, [first.url, second.url]),
                             hit_rate([sim.url for sim in sims]),
-                            scenario.sessions or args.sessions, scenario.think_s)
+                            scenario.session_count(args), scenario.think_s)
             results.append(report_row(result))
     return results
 
@@ -294,7 +298,7 @@ def static_split(sims: list, on_second: int, scenario: Scenario,
     endpoints = [Endpoint(urlsplit(url).port or 0, SERVED, url) for url in urls]
     turns = run_sessions(lambda index: endpoints[1 if index < on_second else 0], scenario, args)
     return Result(f"{STATIC_SPLIT}{on_second}", turns, args.time_scale, split(turns, urls),
-                  hit_rate(urls), scenario.sessions or args.sessions, scenario.think_s)
+                  hit_rate(urls), scenario.session_count(args), scenario.think_s)
 
 
 def report_row(result: Result) -> Result:
