@@ -75,7 +75,7 @@ def test_full_tiers_are_shed_with_429_busy(busy, model):
     assert reply.status == 429
     assert reply.headers["retry-after"] == "5"
     assert reply.headers["x-lobes-tier-reason"] == "busy"
-    assert reply.error == {"type": "server_busy", "code": "busy",
+    assert reply.error == {"type": "server_busy", "code": "busy", "param": None,
                            "message": reply.error["message"]}
 
 

@@ -17,14 +17,33 @@ class ApiError:
     headers: tuple[tuple[str, str], ...] = ()
     # Members of the error object a program can act on, e.g. a referral's hosted_by.
     fields: tuple[tuple[str, str], ...] = ()
+    # The request field the error is about (OpenAI's error.param), None when none is.
+    param: str | None = None
 
     def body(self) -> bytes:
-        error = {"type": self.type, "code": self.code, "message": self.message, **dict(self.fields)}
+        error = {"message": self.message, "type": self.type, "param": self.param,
+                 "code": self.code, **dict(self.fields)}
         return json.dumps({"error": error}).encode()
 
 
-def bad_request(message: str) -> ApiError:
-    return ApiError(400, "invalid_request_error", "invalid_request", message)
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, "invalid_request_error", "invalid_request", message, param=param)
+
+
+def uri_too_long(limit: int) -> ApiError:
+    return ApiError(414, "invalid_request_error", "uri_too_long",
+                    f"the request target exceeds {limit} bytes; send a shorter path")
+
+
+def version_not_supported(version: str) -> ApiError:
+    return ApiError(505, "invalid_request_error", "http_version_not_supported",
+                    f"{version[:16]} is not supported; speak HTTP/1.1")
+
+
+def unsupported_media_type(coding: str) -> ApiError:
+    return ApiError(415, "invalid_request_error", "unsupported_media_type",
+                    f"Content-Encoding {coding[:32]!r} is not supported; send the JSON body "
+                    "uncompressed")
 
 
 def context_length_exceeded(role: str, prompt_tokens: int, max_tokens: int | None,
@@ -99,9 +118,9 @@ def request_timeout() -> ApiError:
                     "the request did not arrive in time; send headers and body promptly")
 
 
-def head_too_large(limit: int) -> ApiError:
+def head_too_large(limit: int, what: str = "request line and headers") -> ApiError:
     return ApiError(431, "invalid_request_error", "request_header_fields_too_large",
-                    f"request line and headers exceed {limit} bytes; send fewer or shorter headers")
+                    f"{what} exceed {limit} bytes; send fewer or shorter headers")
 
 
 def payload_too_large(limit: int) -> ApiError:
