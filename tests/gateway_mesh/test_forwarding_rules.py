@@ -48,7 +48,9 @@ def test_which_statuses_move_on_under_each_rule(rule, status, moves):
 
 def _request(*header_lines: str) -> Request:
     """A parsed request, named by a trace as the gateway names each (its id: the caller's)."""
-    head = "POST /v1/chat/completions HTTP/1.1\r\n" + "".join(f"{h}\r\n" for h in header_lines)
+    lines = header_lines if any(h.lower().startswith("host:") for h in header_lines) \
+        else ("Host: box:8000", *header_lines)
+    head = "POST /v1/chat/completions HTTP/1.1\r\n" + "".join(f"{h}\r\n" for h in lines)
     request = parse_head((head + "\r\n").encode("latin-1"))
     Trace(lambda _data: None, 0.0, "own-id").identify(request, "chat")
     return request

@@ -85,13 +85,8 @@ FORWARDED_BY = "X-Lobes-Forwarded-By"
 # A request that already crossed a box is answered where it lands (owner forwarding).
 _MARKERS = ("x-lobes-forwarded-by", "x-lobes-proxied")
 
-# Request header lines that describe the client hop (the gateway sets its own), and the
-# caller's key: it opens this gateway only, and a gear or peer sees only a key declared for it.
-_NOT_FORWARDED = header_names("connection", "keep-alive", "proxy-connection", "te", "trailer",
-                              "transfer-encoding", "upgrade", "host", "content-length",
-                              "expect", "authorization")
-# The end-to-end lines of each header block, per extra filter (forward_headers).
-_END_TO_END: dict[re.Pattern[str] | None, ShapeMemo[str]] = {}
+# The end-to-end lines of each header block, per filter (forward_headers).
+_END_TO_END: dict[re.Pattern[str], ShapeMemo[str]] = {}
 # What a peer must not see of earlier hops' markers (a proxy keeps X-Lobes-Forwarded-By, so an
 # owner-forwarded request stays marked).
 TO_PROXY_PEER = header_names(prefixes=("x-lobes-proxied",))
@@ -109,19 +104,21 @@ _ALL_TARGETS, _OWN_GEAR, _FALLBACK = slice(None), slice(0, 1), slice(1, None)
 _CHAT_PATH = "/chat/completions"
 
 
-def _kept_lines(block: str, strip: re.Pattern[str] | None) -> str:
-    kept = _NOT_FORWARDED.sub("", block)
-    return kept if strip is None else strip.sub("", kept)
+def _kept_lines(block: str, strip: re.Pattern[str]) -> str:
+    return strip.sub("", block)
 
 
 def forward_headers(req: Request, strip: re.Pattern[str] | None = None) -> str:
-    """The caller's end-to-end header lines, as forwarded to a local backend (its key left out;
-    and what `strip` matches), then the request's id. The lines are filtered once per header
-    block: a block is one per head shape (http.parse_head)."""
-    memo = _END_TO_END.get(strip)
-    if memo is None:
-        memo = _END_TO_END[strip] = ShapeMemo(functools.partial(_kept_lines, strip=strip))
-    kept = memo.parsed(req.header_block)
+    """The caller's end-to-end header lines (http.parse_head wrote them, without its key), as
+    forwarded to a local backend (less what `strip` matches), then the request's id. The lines
+    are filtered once per header block: a block is one per head shape."""
+    if strip is None:
+        kept = req.header_block
+    else:
+        memo = _END_TO_END.get(strip)
+        if memo is None:
+            memo = _END_TO_END[strip] = ShapeMemo(functools.partial(_kept_lines, strip=strip))
+        kept = memo.parsed(req.header_block)
     if req.request_id is None:
         return kept
     return f"{kept}X-Request-Id: {req.request_id}\r\n"

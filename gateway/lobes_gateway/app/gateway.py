@@ -37,6 +37,7 @@ from ..transport.errors import ApiError
 from ..transport.fiber import Fiber
 from ..transport.http import (
     MAX_HEAD_BYTES,
+    MAX_TARGET_BYTES,
     HttpError,
     Request,
     buffered_body,
@@ -95,6 +96,13 @@ def parse_json(body: bytes) -> object:
     if end == len(text):
         return value
     return _JSON_DECODER.decode(text)
+
+
+def _oversized_head(client: Channel) -> ApiError:
+    """A head past MAX_HEAD_BYTES: 414 when its request line alone is that long, else 431."""
+    if b"\r\n" not in client.peek(MAX_TARGET_BYTES + 64):
+        return errors.uri_too_long(MAX_TARGET_BYTES)
+    return errors.head_too_large(MAX_HEAD_BYTES)
 
 
 def _has_body(req: Request) -> bool:
@@ -161,8 +169,7 @@ class Gateway:
                 trace = metrics.begin(client)
                 try:
                     if head is None:
-                        client.write(error_bytes(errors.head_too_large(MAX_HEAD_BYTES),
-                                                 keep_alive=False))
+                        client.write(error_bytes(_oversized_head(client), keep_alive=False))
                         return
                     try:
                         request = parse_head(head)
@@ -189,6 +196,10 @@ class Gateway:
     async def handle(self, req: Request, client: Channel) -> bool:
         """Answer one request; returns whether the connection may serve another."""
         method, path = req.method, req.path
+        if method != "POST" and _has_body(req):
+            # Only a POST's body is read: the connection ends with this answer, so the body
+            # is never read as another request.
+            req.keep_alive = False
         if method == "GET" and path in _KEYLESS:
             return await self._keyless(req, client)
         if method == "GET" and path.startswith(GEAR_METRICS):
@@ -262,6 +273,9 @@ class Gateway:
     async def _realtime(self, req: Request, client: Channel) -> bool:
         if "websocket" not in req.headers.get("upgrade", "").lower():
             return self._refuse(req, client, errors.upgrade_required())
+        if _has_body(req):  # the tunnel's bytes start after the 101, never before it
+            return self._refuse(req, client, errors.bad_request(
+                "a WebSocket handshake carries no body; send GET without one"))
         route = self.router.lane_routes[REALTIME]
         if req.trace is not None:
             req.trace.role = route.role

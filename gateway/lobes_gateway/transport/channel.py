@@ -131,6 +131,10 @@ class Channel(asyncio.Protocol):
             await self._more()
         return self._take(size)
 
+    def peek(self, size: int) -> bytes:
+        """Up to `size` buffered bytes, left in the buffer."""
+        return bytes(self._buffer[:size])
+
     def take(self, size: int) -> bytes | None:
         """`size` bytes if they are here already (no wait), else None."""
         return self._take(size) if len(self._buffer) >= size else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from http import HTTPStatus
 from typing import TYPE_CHECKING, NamedTuple
@@ -69,19 +70,39 @@ class Request:
 
 
 def parse_head(head: bytes) -> Request:
-    """Parse a request line and header block (ending in a blank line). The block a request keeps
-    has neither Content-Length nor X-Request-Id: each hop frames its own body, and the trace
-    adds the id it keeps."""
+    """Parse a request line and header block (ending in a blank line), strictly (RFC 9112): a
+    head that another parser could read otherwise is refused. The block a request keeps has
+    neither Content-Length nor X-Request-Id: each hop frames its own body, and the trace adds
+    the id it keeps."""
     key, lengths, ids = split_head(head)
     shape = _REQUEST_SHAPES.parsed(key)
     headers = dict(shape.headers)  # the request's own: the trace sets its id there
     if lengths:
-        _add_value(headers, "content-length", b", ".join(lengths).decode("latin-1"))
+        headers["content-length"] = _content_length(lengths)
     if ids:
-        _add_value(headers, "x-request-id", b", ".join(ids).decode("latin-1"))
+        headers["x-request-id"] = _request_id(ids)
     if "transfer-encoding" in headers:
         _check_chunked_framing(headers)
     return Request(shape, headers)
+
+
+def _content_length(values: tuple[bytes, ...]) -> str:
+    """The one Content-Length of a request: ASCII digits, bounded, on one line."""
+    if len(values) > 1:
+        raise HttpError(errors.bad_request("Content-Length sent more than once; send it once"))
+    value = values[0]
+    if not _LENGTH.fullmatch(value):
+        raise HttpError(errors.bad_request("invalid Content-Length; send a decimal number of "
+                                           "bytes (at most 18 digits)"))
+    return value.decode("ascii")
+
+
+def _request_id(values: tuple[bytes, ...]) -> str:
+    text = ", ".join(value.decode("latin-1") for value in values)
+    if _BAD_VALUE.search(text):
+        raise HttpError(errors.bad_request("a control byte in X-Request-Id; send printable "
+                                           "characters"))
+    return text
 
 
 def _add_value(headers: dict[str, str], name: str, value: str) -> None:
@@ -89,32 +110,111 @@ def _add_value(headers: dict[str, str], name: str, value: str) -> None:
     headers[name] = f"{headers[name]}, {value}" if name in headers else value
 
 
-def _parse_shape(head: bytes) -> RequestShape:
-    text = head.decode("latin-1")
+# RFC 9110 5.6.2: a token; 5.5: a field value is visible bytes (and obs-text) with SP or HTAB
+# between them; 9112 3.2: a target is visible ASCII. Anything else is refused, never passed on.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_TARGET = re.compile(r"[\x21-\x7e]+")
+_LENGTH = re.compile(rb"[0-9]{1,18}")
+_VERSION = re.compile(r"HTTP/([0-9])\.([0-9])")
+# uri-host [":" port]: a bracketed IP literal or a reg-name / IPv4 address (RFC 3986 3.2.2).
+_HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(?::[0-9]*)?")
+_ABSOLUTE = re.compile(r"https?://[^/?#]*", re.I)
+# Request headers never forwarded upstream as they came: the hop's own, the framing each hop
+# writes itself, and the caller's key.
+_NOT_FORWARDED = frozenset(("connection", "keep-alive", "proxy-connection", "te", "trailer",
+                            "transfer-encoding", "upgrade", "host", "content-length", "expect",
+                            "authorization"))
+# A request target longer than this is a 414 (as nginx's default buffers answer).
+MAX_TARGET_BYTES = 8 * 1024
+
+
+def _parse_shape(head: str | bytes) -> RequestShape:
+    text = head.decode("latin-1") if isinstance(head, bytes) else head
     lines = text.count("\r\n")
     if text.count("\n") != lines or text.count("\r") != lines:
-        # A bare CR or LF would end a line early upstream: the head is forwarded as it came.
+        # A bare CR or LF would end a line early upstream.
         raise HttpError(errors.bad_request("bare CR or LF in the request head; end lines with "
                                            "CRLF"))
     line_end = text.find("\r\n")
-    try:
-        method, target, version = text[:line_end].split(" ", 2)
-    except ValueError:
-        raise HttpError(errors.bad_request("malformed request line")) from None
-    if not version.startswith("HTTP/1.") or not target.startswith("/"):
-        raise HttpError(errors.bad_request("malformed request line; speak HTTP/1.1"))
-    block = text[line_end + 2:-2]
+    method, target, path, version = _request_line(text[:line_end])
     headers: dict[str, str] = {}
-    for line in block.split("\r\n")[:-1]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name[-1] in " \t" or name[0] in " \t":
-            # A leading space is obs-fold (RFC 9112 5.2): a continuation a backend may join.
-            raise HttpError(errors.bad_request(f"malformed header line {line[:40]!r}"))
-        _add_value(headers, name.lower(), value.strip())
-    connection = headers.get("connection", "").lower()
-    keep_alive = connection == "keep-alive" if version == "HTTP/1.0" else connection != "close"
-    return RequestShape(method, target, target.split("?", 1)[0], version, keep_alive, headers,
-                        block)
+    fields: list[tuple[str, str]] = []
+    for line in text[line_end + 2:-4].split("\r\n") if line_end + 2 < len(text) - 4 else ():
+        name, value = _field(line)
+        _add_value(headers, name.lower(), value)
+        fields.append((name, value))
+    hosts = sum(name.lower() == "host" for name, _value in fields)
+    if hosts > 1 or (hosts == 0 and version == "HTTP/1.1"):
+        raise HttpError(errors.bad_request("send exactly one Host header (RFC 9112 3.2)"))
+    if hosts and not _HOST.fullmatch(headers["host"]):
+        raise HttpError(errors.bad_request("invalid Host header; send host[:port]"))
+    return RequestShape(method, target, path, version, _keeps_alive(version, headers), headers,
+                        _end_to_end(fields, headers))
+
+
+def _end_to_end(fields: list[tuple[str, str]], headers: dict[str, str]) -> str:
+    """The header lines a hop upstream is sent, written from the parsed fields: not the ones
+    that describe this hop (RFC 9110 7.6.1, those named in Connection too), nor the caller's
+    key, which opens this gateway only."""
+    skipped = _NOT_FORWARDED.union(_list(headers.get("connection", "")))
+    return "".join(f"{name}: {value}\r\n" for name, value in fields
+                   if name.lower() not in skipped)
+
+
+def _request_line(line: str) -> tuple[str, str, str, str]:
+    """method, origin-form target, path and version of a request line, strictly."""
+    parts = line.split(" ")
+    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]):
+        raise HttpError(errors.bad_request("malformed request line; send METHOD /path HTTP/1.1"))
+    method, target, version = parts
+    if len(target) > MAX_TARGET_BYTES:
+        raise HttpError(errors.uri_too_long(MAX_TARGET_BYTES))
+    version_match = _VERSION.fullmatch(version)
+    if not _TARGET.fullmatch(target) or version_match is None:
+        raise HttpError(errors.bad_request("malformed request line; send METHOD /path HTTP/1.1"))
+    if version_match.group(1) != "1":
+        raise HttpError(errors.version_not_supported(version))
+    if version != "HTTP/1.0":
+        version = "HTTP/1.1"  # a later 1.x minor is answered as 1.1 (RFC 9110 6.2)
+    absolute = _ABSOLUTE.match(target)
+    if absolute is not None:  # absolute-form (RFC 9112 3.2.2): what follows the authority
+        target = target[absolute.end():] or "/"
+    if not target.startswith("/"):
+        raise HttpError(errors.bad_request("the request target must be a path (/...) or an "
+                                           "absolute http URL"))
+    return method, target, target.split("?", 1)[0], version
+
+
+def _field(line: str) -> tuple[str, str]:
+    """A header line's name and value (optional whitespace around it stripped), strictly."""
+    name, sep, value = line.partition(":")
+    if not sep or not _TOKEN.fullmatch(name):
+        # A leading space is obs-fold (RFC 9112 5.2): a continuation a backend may join.
+        raise HttpError(errors.bad_request(f"malformed header line {line[:40]!r}; send "
+                                           "Name: value"))
+    value = value.strip(" \t")
+    if _BAD_VALUE.search(value):
+        raise HttpError(errors.bad_request(f"a control byte in the {name} header; send "
+                                           "printable characters"))
+    return name, value
+
+
+def _keeps_alive(version: str, headers: dict[str, str]) -> bool:
+    """Whether the connection may serve another request (RFC 9112 9.3): `close` anywhere in
+    Connection ends it; HTTP/1.0 keeps it only when asked, and never after a
+    Transfer-Encoding, whose framing it cannot trust (RFC 9112 6.1)."""
+    options = _list(headers.get("connection", ""))
+    if "close" in options:
+        return False
+    if version == "HTTP/1.0":
+        return "keep-alive" in options and "transfer-encoding" not in headers
+    return True
+
+
+def _list(value: str) -> list[str]:
+    """A comma-separated header list, lowered, its empty elements dropped (RFC 9110 5.6.1)."""
+    return [item for item in (part.strip(" \t").lower() for part in value.split(",")) if item]
 
 
 _REQUEST_SHAPES: ShapeMemo[RequestShape] = ShapeMemo(_parse_shape)
@@ -126,8 +226,8 @@ def _check_chunked_framing(headers: dict[str, str]) -> None:
     if "content-length" in headers:
         raise HttpError(errors.bad_request("both Transfer-Encoding and Content-Length frame this "
                                            "request; send one of them"))
-    codings = [c.strip().lower() for c in headers["transfer-encoding"].split(",")]
-    if codings[-1] != "chunked" or codings.count("chunked") != 1:
+    codings = _list(headers["transfer-encoding"])
+    if not codings or codings[-1] != "chunked" or codings.count("chunked") != 1:
         raise HttpError(errors.bad_request("Transfer-Encoding must end in chunked, once; send "
                                            "chunked or Content-Length"))
     if codings != ["chunked"]:
@@ -153,13 +253,9 @@ def is_chunked(headers: dict[str, str]) -> bool:
 
 
 def declared_length(headers: dict[str, str]) -> int:
-    """The Content-Length of a request (0 when absent); a bad value is a 400."""
+    """The Content-Length of a request (0 when absent); parse_head has checked its digits."""
     raw = headers.get("content-length")
-    if raw is None:
-        return 0
-    if not raw.isdigit():
-        raise HttpError(errors.bad_request("invalid Content-Length"))
-    return int(raw)
+    return 0 if raw is None else int(raw)
 
 
 def buffered_body(client: Channel, headers: dict[str, str], limit: int) -> bytes | None:
@@ -182,23 +278,72 @@ async def read_body(client: Channel, headers: dict[str, str], limit: int) -> byt
     return await client.readexactly(length) if length else b""
 
 
+# chunk = chunk-size [ chunk-ext ] CRLF chunk-data CRLF (RFC 9112 7.1), the size 1*HEXDIG.
+_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})((?:[ \t]*;[ \t]*[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+                         rb"(?:[ \t]*=[ \t]*(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+|"
+                         rb'"(?:[^"\\\x00-\x08\x0a-\x1f\x7f]|\\[^\x00-\x08\x0a-\x1f\x7f])*"))?)*)'
+                         rb"\r\n")
+# A chunk-size line (with its extensions) longer than this is refused; so is a trailer section
+# longer than MAX_TRAILER_BYTES.
+MAX_CHUNK_LINE = 4096
+MAX_TRAILER_BYTES = 16 * 1024
+
+
+def chunk_size(line: bytes) -> int:
+    """The size a chunk-size line (ending CRLF) gives; a ValueError when it is not one."""
+    found = _CHUNK_LINE.fullmatch(line)
+    if found is None:
+        raise ValueError(f"malformed chunk-size line {line[:40]!r}")
+    return int(found.group(1), 16)
+
+
 async def _read_chunked(client: Channel, limit: int) -> bytes:
     parts: list[bytes] = []
     total = 0
     while True:
-        line = await client.readuntil(b"\r\n", MAX_HEAD_BYTES)
+        line = await _read_line(client, MAX_CHUNK_LINE, "chunk-size line")
         try:
-            size = int(line.split(b";", 1)[0], 16)
+            size = chunk_size(line)
         except ValueError:
-            raise HttpError(errors.bad_request("malformed chunk size")) from None
+            raise HttpError(errors.bad_request("malformed chunk size; send 1*HEXDIG then CRLF "
+                                               "(RFC 9112 7.1)")) from None
         if size == 0:
-            while await client.readuntil(b"\r\n", MAX_HEAD_BYTES) != b"\r\n":
-                pass  # trailers are dropped
+            await _read_trailers(client)
             return b"".join(parts)
         total += size
         if total > limit:
             raise HttpError(errors.payload_too_large(limit))
-        parts.append((await client.readexactly(size + 2))[:-2])
+        data = await client.readexactly(size + 2)
+        if data[-2:] != b"\r\n":
+            raise HttpError(errors.bad_request("chunk data not followed by CRLF; frame each "
+                                               "chunk as its size says"))
+        parts.append(data[:-2])
+
+
+async def _read_line(client: Channel, limit: int, what: str) -> bytes:
+    try:
+        return await client.readuntil(b"\r\n", limit)
+    except asyncio.LimitOverrunError:
+        raise HttpError(errors.bad_request(f"{what} longer than {limit} bytes")) from None
+
+
+async def _read_trailers(client: Channel) -> None:
+    """Read and drop the trailer section after the last chunk, each line a valid field."""
+    left = MAX_TRAILER_BYTES
+    while (line := await _trailer_line(client, left)) != b"\r\n":
+        left -= len(line)
+        try:
+            _field(line[:-2].decode("latin-1"))
+        except HttpError:
+            raise HttpError(errors.bad_request("malformed trailer field; send Name: value")) \
+                from None
+
+
+async def _trailer_line(client: Channel, left: int) -> bytes:
+    try:
+        return await client.readuntil(b"\r\n", left)
+    except asyncio.LimitOverrunError:
+        raise HttpError(errors.head_too_large(MAX_TRAILER_BYTES, "trailer fields")) from None
 
 
 def status_line(status: int) -> bytes:
