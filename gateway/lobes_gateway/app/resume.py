@@ -45,6 +45,7 @@ from ..mesh.peers import PooledRole
 from ..policy.placement import Placement
 from ..policy.tokens import reported_prompt_tokens
 from ..transport.channel import Channel
+from ..transport.chunked import ChunkDecoder, scan_chunks
 from ..transport.upstream import (
     Connections,
     Origin,
@@ -54,7 +55,7 @@ from ..transport.upstream import (
     finish,
     request_head,
 )
-from .relay import head_bytes, interrupted_event, is_event_stream, scan_chunks
+from .relay import head_bytes, interrupted_event, is_event_stream
 from .stream_pipe import StreamPipe
 
 # How a broken-off stream ended, as lobes_gateway_stream_resumes_total counts it.
@@ -77,6 +78,8 @@ _LAST_USAGE = b',"usage":{'
 _USAGE_OBJECT = re.compile(rb"\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}")
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 _TEXT, _EMPTY_TEXT = b'"content":"', b'"content":""'
+# An SSE event longer than this is a broken stream, not a reason to grow without bound.
+MAX_EVENT_BYTES = 8 * 1024 * 1024
 # The ids a continuation's events take from the first part's, so the client sees one stream.
 _IDS = ("id", "created", "model")
 
@@ -565,53 +568,45 @@ class _EventPipe(StreamPipe):
 class _Events:
     """An upstream body (chunked or close-delimited) cut into SSE events."""
 
-    __slots__ = ("_chunked", "_frames", "_text", "clean", "ended", "seen")
+    __slots__ = ("_decoder", "_text", "seen")
 
     def __init__(self, chunked: bool) -> None:
-        self._chunked = chunked
-        self._frames = b""
+        self._decoder = ChunkDecoder() if chunked else None
         self._text = b""
-        self.ended = False  # the last chunk came
-        self.clean = True  # nothing followed it but its (empty) trailers
         self.seen = False  # an event came
+
+    @property
+    def ended(self) -> bool:
+        """The last chunk came."""
+        return self._decoder is not None and self._decoder.ended
+
+    @property
+    def clean(self) -> bool:
+        """Nothing followed the last chunk but its trailers."""
+        return self._decoder is not None and self._decoder.done and self._decoder.clean
 
     def plain_block(self, data: bytes) -> bytes | None:
         """`data` when it is whole chunks of plain text-token events and nothing is held from
         before (else None: it is cut into events and read one by one)."""
-        if (not self._chunked or self._frames or self._text or not data.endswith(b"\n\n\r\n")
-                or _NOT_PLAIN.search(data) is not None or _DONE in data
-                or data.count(_NOT_FINISHED) != data.count(_FINISH)):
+        if (self._decoder is None or not self._decoder.between_chunks or self._text
+                or not data.endswith(b"\n\n\r\n") or _NOT_PLAIN.search(data) is not None
+                or _DONE in data or data.count(_NOT_FINISHED) != data.count(_FINISH)):
             return None
-        end, last, _missing = scan_chunks(data)
+        end, last = scan_chunks(data)
         if last or end != len(data):
             return None
         self.seen = True
         return data
 
     def feed(self, data: bytes) -> list[bytes]:
-        """The whole events `data` completes, in order."""
-        if self._chunked:
-            data = self._dechunk(data)
+        """The whole events `data` completes, in order; a ValueError on broken chunk framing or
+        an event longer than MAX_EVENT_BYTES."""
+        if self._decoder is not None:
+            data = self._decoder.feed(data)
         self._text += data.replace(b"\r\n", b"\n")
         *events, self._text = self._text.split(b"\n\n")
+        if len(self._text) > MAX_EVENT_BYTES:
+            raise ValueError(f"an event longer than {MAX_EVENT_BYTES} bytes")
         events = [event for event in events if event]
         self.seen = self.seen or bool(events)
         return events
-
-    def _dechunk(self, data: bytes) -> bytes:
-        buffer = self._frames + data
-        payloads = []
-        pos = 0
-        while (eol := buffer.find(b"\r\n", pos)) >= 0:
-            size = int(buffer[pos:eol].split(b";", 1)[0], 16)
-            if size == 0:
-                self.ended = True
-                self.clean = buffer[eol + 2:] == b"\r\n"
-                pos = len(buffer)
-                break
-            if eol + 2 + size + 2 > len(buffer):
-                break
-            payloads.append(buffer[eol + 2:eol + 2 + size])
-            pos = eol + 2 + size + 2
-        self._frames = buffer[pos:]
-        return b"".join(payloads)

@@ -11,6 +11,7 @@ from lobes_contract import DEFAULT_PRIORITY_CLASS
 
 from . import errors
 from .channel import Channel
+from .chunked import MAX_CHUNK_LINE, MAX_TRAILER_BYTES, chunk_size, is_field_line
 from .errors import ApiError
 from .heads import ShapeMemo, split_head
 from .watchdog import Watchdog
@@ -278,25 +279,6 @@ async def read_body(client: Channel, headers: dict[str, str], limit: int) -> byt
     return await client.readexactly(length) if length else b""
 
 
-# chunk = chunk-size [ chunk-ext ] CRLF chunk-data CRLF (RFC 9112 7.1), the size 1*HEXDIG.
-_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})((?:[ \t]*;[ \t]*[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-                         rb"(?:[ \t]*=[ \t]*(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+|"
-                         rb'"(?:[^"\\\x00-\x08\x0a-\x1f\x7f]|\\[^\x00-\x08\x0a-\x1f\x7f])*"))?)*)'
-                         rb"\r\n")
-# A chunk-size line (with its extensions) longer than this is refused; so is a trailer section
-# longer than MAX_TRAILER_BYTES.
-MAX_CHUNK_LINE = 4096
-MAX_TRAILER_BYTES = 16 * 1024
-
-
-def chunk_size(line: bytes) -> int:
-    """The size a chunk-size line (ending CRLF) gives; a ValueError when it is not one."""
-    found = _CHUNK_LINE.fullmatch(line)
-    if found is None:
-        raise ValueError(f"malformed chunk-size line {line[:40]!r}")
-    return int(found.group(1), 16)
-
-
 async def _read_chunked(client: Channel, limit: int) -> bytes:
     parts: list[bytes] = []
     total = 0
@@ -332,11 +314,8 @@ async def _read_trailers(client: Channel) -> None:
     left = MAX_TRAILER_BYTES
     while (line := await _trailer_line(client, left)) != b"\r\n":
         left -= len(line)
-        try:
-            _field(line[:-2].decode("latin-1"))
-        except HttpError:
-            raise HttpError(errors.bad_request("malformed trailer field; send Name: value")) \
-                from None
+        if not is_field_line(line[:-2]):
+            raise HttpError(errors.bad_request("malformed trailer field; send Name: value"))
 
 
 async def _trailer_line(client: Channel, left: int) -> bytes:
