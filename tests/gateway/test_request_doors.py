@@ -170,7 +170,8 @@ def test_a_get_with_a_body_never_lets_its_body_be_read_as_a_request(door, path):
 
 def test_http_1_0_with_transfer_encoding_is_answered_then_closed(door):
     gateway, _gear = door
-    reply, closed = exchange(gateway, post_head(HOST, TE, version=b"HTTP/1.0") + WHOLE + SMUGGLED)
+    head = post_head(HOST, TE, b"Connection: keep-alive", version=b"HTTP/1.0")
+    reply, closed = exchange(gateway, head + WHOLE + SMUGGLED)
     assert status_of(reply) == 200, reply[:200]
     assert reply.count(b"HTTP/1.1 ") == 1
     assert b"Connection: close" in head_of(reply)

@@ -97,6 +97,11 @@ def _traffic(out: Exposition, metrics: Metrics) -> None:
                "Pooled streams that broke off mid-answer, by role and outcome: continued on "
                "another replica, or ended (not resumable, or no replica left).",
                _keyed(metrics.resumes, ("role", "outcome")))
+    out.family("lobes_gateway_streams_cut_total", "counter",
+               "Streams cut off mid-answer and ended with an error event, by role and reason: "
+               "the backend broke the stream (closed it, or broke its framing) or stalled "
+               "(sent nothing for GATEWAY_STREAM_STALL_S).",
+               _keyed(metrics.streams_cut, ("role", "reason")))
     out.family("lobes_gateway_shed_requests_total", "counter",
                "Requests refused to shed load, by reason.",
                _keyed({(reason,): n for reason, n in metrics.shed.items()}, ("reason",)))

@@ -46,7 +46,7 @@ from ..transport.http import (
     read_body,
     response_bytes,
 )
-from ..transport.upstream import Connections
+from ..transport.upstream import BodyTimeouts, Connections
 from ..transport.watchdog import Watchdog
 from .access_log import AccessLog
 from .admission_gate import DEADLINE_HEADER, AdmissionGate, requested_class
@@ -115,7 +115,9 @@ class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.router = Router(config)
-        self.connections = Connections(config.limits.connect_timeout_s)
+        limits = config.limits
+        self.connections = Connections(limits.connect_timeout_s, BodyTimeouts(
+            limits.stream_stall_s, limits.upstream_timeout_s))
         self.gate = Gate(config.api_key, config.fleet_key, config.client_keys)
         self.inflight = InflightLimits(config.limits.max_inflight_per_key)
         self.pressure = PressureMonitor(config.pressure)
@@ -389,6 +391,8 @@ class Gateway:
                            lane in GENERATE_LANES)
         if req.trace is not None:
             req.trace.tokens = outcome.tokens
+            if outcome.cut is not None:
+                self.metrics.streams_cut[req.trace.role, outcome.cut] += 1
         return kept
 
     def _answer(self, req: Request, client: Channel, error: ApiError) -> bool:

@@ -90,6 +90,9 @@ class Metrics:
         self.failovers: defaultdict[tuple[str, str], int] = defaultdict(int)
         # Pooled streams that broke off, by role and how (app/resume.py RESUMED and others).
         self.resumes: defaultdict[tuple[str, str], int] = defaultdict(int)
+        # Streams relayed whole to no end of their own: by role and why (app/relay.py BROKEN,
+        # STALLED).
+        self.streams_cut: defaultdict[tuple[str, str], int] = defaultdict(int)
         # Every reason from zero: an alert on rate() sees the first shed too.
         self.shed: dict[str, int] = dict.fromkeys(SHED_REASONS, 0)
         self.live: set[Trace] = set()

@@ -8,7 +8,7 @@ import re
 
 from ..transport import errors
 from ..transport.channel import Channel
-from ..transport.http import Request, error_bytes, header_block
+from ..transport.http import Request, error_bytes, header_block, status_line
 from ..transport.upstream import (
     Connections,
     Origin,
@@ -31,24 +31,24 @@ async def tunnel(connections: Connections, origin: Origin, req: Request, client:
                             if name not in _SKIP])
     try:
         head = request_head("GET", req.target, origin, headers, None)
-        response = await exchange(connections, origin, head, b"", timeout_s)
+        response = await exchange(connections, origin, head, b"", timeout_s, upgrade=True)
     except UpstreamError:
         error = errors.backend_unavailable("the realtime bridge", 5)
         client.write(error_bytes(error, keep_alive=False))
         return
     conn = response.conn  # the upgraded socket: never back in the pool
-    # Its status line and every header line, upgrade ones included, but its request id.
-    head = _REQUEST_ID_LINE.sub(b"", response.raw[:-2])
     if response.status != 101:
         try:
-            body = await read_body(response)
+            body = await read_body(response, connections.body_timeouts)
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             body = b""
         conn.close()
-        length = b"Content-Length: %d\r\n" % len(body) if response.length is None else b""
-        client.write(head + length + b"Connection: close\r\n\r\n" + body)
+        client.write(status_line(response.status) + response.relayed
+                     + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
         return
-    client.write(head + b"\r\n")
+    # The handshake's status line and every header line (it was read strictly), upgrade ones
+    # included, but its request id: the trace writes the request's own.
+    client.write(_REQUEST_ID_LINE.sub(b"", response.raw))
     pumps = [asyncio.create_task(_pump(client, conn.channel)),
              asyncio.create_task(_pump(conn.channel, client))]
     try:

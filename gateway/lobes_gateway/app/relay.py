@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
@@ -13,8 +14,17 @@ from ..policy.placement import Placement
 from ..policy.tokens import reported_prompt_tokens
 from ..transport import errors
 from ..transport.channel import Channel
+from ..transport.chunked import ChunkDecoder, scan_chunks, unfinished_chunk
 from ..transport.http import error_bytes, status_line
-from ..transport.upstream import Connections, Response, finish, read_body
+from ..transport.upstream import (
+    BodyReader,
+    BodyTimeouts,
+    Connection,
+    Connections,
+    Response,
+    finish,
+    read_body,
+)
 from .meter import CountingWriter, completion_tokens
 from .stream_pipe import HIGH_WATER, StreamPipe
 
@@ -27,17 +37,26 @@ _BODY_IN_ONE_READ = 256 * 1024
 _USAGE_TAIL = 4096
 _BROKEN = (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError)
 _STREAM_END = b"0\r\n\r\n"
+# A chunk up to this size that arrives in pieces is held and passed on whole, as it came; a
+# larger one is passed on as its pieces come, framed anew.
+_HELD_CHUNK = 64 * 1024
 _CLOSE = b"Connection: close"
-# A chunk-size line (with extensions) or a trailer block longer than this is malformed.
-_MAX_FRAMING = 64 * 1024
-_INTERRUPTED = json.dumps({"error": {
-    "type": "upstream_unavailable", "code": "stream_interrupted",
-    "message": "the backend closed the stream mid-response; retry the request"}}).encode()
+# Why a stream ended without its own end (lobes_gateway_streams_cut_total{reason}): its backend
+# broke it off (closed, reset, or broke its framing), or sent nothing for GATEWAY_STREAM_STALL_S.
+BROKEN, STALLED = "broken", "stalled"
+_CUT_MESSAGES = {
+    BROKEN: ("stream_interrupted", "the backend broke the stream off mid-response; retry the "
+                                   "request"),
+    STALLED: ("stream_stalled", "the backend sent nothing for GATEWAY_STREAM_STALL_S seconds "
+                                "mid-response and was cut off; retry the request"),
+}
 
 
-def interrupted_event() -> bytes:
-    """The SSE event that ends a stream its backend broke off."""
-    return b"data: " + _INTERRUPTED + b"\n\n"
+def interrupted_event(reason: str = BROKEN) -> bytes:
+    """The SSE event that ends a stream its backend broke off (or stalled)."""
+    code, message = _CUT_MESSAGES[reason]
+    error = {"message": message, "type": "upstream_unavailable", "param": None, "code": code}
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
 
 
 class Outcome:
@@ -50,7 +69,7 @@ class Outcome:
     A pooled stream with resume on carries its StreamResume (app/resume.py).
     """
 
-    __slots__ = ("body", "counter", "extra", "placement", "response", "resume", "role",
+    __slots__ = ("body", "counter", "cut", "extra", "placement", "response", "resume", "role",
                  "started", "tokens")
 
     def __init__(self, response: Response, extra: list[bytes], placement: Placement | None,
@@ -64,6 +83,8 @@ class Outcome:
         self.role = ""
         self.tokens: int | None = None
         self.resume: StreamResume | None = None
+        # Why the relayed stream ended without its own end (BROKEN, STALLED), if it did.
+        self.cut: str | None = None
 
     def count(self, counter: Counter[str], role: str) -> None:
         """Hold one of `role`'s in-flight count in `counter` until the relay ends."""
@@ -107,8 +128,7 @@ def relay(connections: Connections, outcome: Outcome, client: Channel, keep_aliv
     if outcome.resume is not None and meter is not None and is_event_stream(outcome.response):
         return _relay_resumable(connections, outcome, client, keep_alive)
     if outcome.placement is None and outcome.counter is None and outcome.body is None:
-        return pass_through(connections, outcome.response, client, outcome.extra, keep_alive,
-                            meter)
+        return pass_through(connections, outcome, client, keep_alive, meter)
     return _relay_settling(connections, outcome, client, keep_alive, meter)
 
 
@@ -118,8 +138,7 @@ async def _relay_settling(connections: Connections, outcome: Outcome, client: Ch
         if outcome.body is not None:
             return _write_read(outcome.response, outcome.body, outcome.extra, client,
                                keep_alive)
-        return await pass_through(connections, outcome.response, client, outcome.extra,
-                                  keep_alive, meter)
+        return await pass_through(connections, outcome, client, keep_alive, meter)
     finally:
         outcome.settle()
 
@@ -144,9 +163,10 @@ async def _relay_resumable(connections: Connections, outcome: Outcome, client: C
 
 
 async def read_whole(connections: Connections, response: Response) -> bytes | None:
-    """The whole body, its connection pooled again; None when the upstream broke off (closed)."""
+    """The whole body, its connection pooled again; None when the upstream broke off, stalled
+    or sent a body the gateway does not hold (closed)."""
     try:
-        body = await read_body(response)
+        body = await read_body(response, connections.body_timeouts)
     except _BROKEN:
         response.conn.close()
         return None
@@ -169,12 +189,12 @@ def _write_read(response: Response, body: bytes, extra: list[bytes], client: Cha
     return keep_alive
 
 
-async def _relay_metered_stream(connections: Connections, response: Response, client: Channel,
-                                extra: list[bytes], keep_alive: bool, meter: Outcome) -> bool:
+async def _relay_metered_stream(connections: Connections, outcome: Outcome, client: Channel,
+                                keep_alive: bool, meter: Outcome) -> bool:
     """A stream relayed through a CountingWriter; its tokens count only if it ended whole."""
     counted = CountingWriter(client)
-    kept = await _relay_stream(connections, response, counted,  # type: ignore[arg-type]
-                               extra, keep_alive)
+    kept = await _relay_stream(connections, outcome, counted,  # type: ignore[arg-type]
+                               keep_alive)
     if counted.done or counted.usage_tokens is not None:
         meter.learn(counted.completion_tokens, counted.usage_data,
                     first_event_at=counted.first_event_at)
@@ -187,11 +207,12 @@ def head_bytes(response: Response, extra: list[bytes], framing: bytes, keep_aliv
     return status_line(response.status) + response.relayed + b"\r\n".join(lines)
 
 
-async def pass_through(connections: Connections, response: Response, client: Channel,
-                       extra: list[bytes], keep_alive: bool, meter: Outcome | None = None) -> bool:
-    """Relay `response` to `client` as it comes; returns whether the client connection stays
-    usable. With a `meter`, the answer's completion tokens are counted into it (except a body
-    too large to hold: it is relayed unmetered)."""
+async def pass_through(connections: Connections, outcome: Outcome, client: Channel,
+                       keep_alive: bool, meter: Outcome | None = None) -> bool:
+    """Relay the outcome's response to `client` as it comes; returns whether the client
+    connection stays usable. With a `meter`, the answer's completion tokens are counted into it
+    (except a body too large to hold: it is relayed unmetered)."""
+    response, extra = outcome.response, outcome.extra
     length = response.length
     if length is not None and length <= _BODY_IN_ONE_READ:
         # The usual answer: a small JSON body that came in with its head, relayed at once.
@@ -207,9 +228,8 @@ async def pass_through(connections: Connections, response: Response, client: Cha
         return await _relay_large(connections, response, client, extra, keep_alive, meter)
     elif not response.chunked or is_event_stream(response):
         if meter is not None:
-            return await _relay_metered_stream(connections, response, client, extra, keep_alive,
-                                               meter)
-        return await _relay_stream(connections, response, client, extra, keep_alive)
+            return await _relay_metered_stream(connections, outcome, client, keep_alive, meter)
+        return await _relay_stream(connections, outcome, client, keep_alive)
     # A small body still arriving, or a chunked JSON one: read whole, then relay it sized.
     body = await read_whole(connections, response)
     if body is None:
@@ -231,7 +251,7 @@ async def _relay_large(connections: Connections, response: Response, client: Cha
     completion tokens are counted (and teach a placed replica's rate) once the body is whole.
     """
     length = response.length or 0
-    upstream = response.conn.channel
+    upstream = BodyReader(response.conn, connections.body_timeouts)
     tail = b""
     try:
         client.write(head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive))
@@ -254,25 +274,31 @@ async def _relay_large(connections: Connections, response: Response, client: Cha
     return keep_alive
 
 
-async def _relay_stream(connections: Connections, response: Response, client: Channel,
-                        extra: list[bytes], keep_alive: bool) -> bool:
-    """Pass chunks through as they arrive, one client write per upstream read."""
-    client.write(head_bytes(response, extra, b"Transfer-Encoding: chunked", keep_alive))
-    event_stream, chunked = is_event_stream(response), response.chunked
+async def _relay_stream(connections: Connections, outcome: Outcome, client: Channel,
+                        keep_alive: bool) -> bool:
+    """Pass a stream through as it arrives: chunks as they came where they are whole and plain,
+    otherwise decoded and framed again; a stream its backend breaks off or stalls is ended
+    with an error event (for an event stream) and counted on the outcome as cut."""
+    response = outcome.response
+    client.write(head_bytes(response, outcome.extra, b"Transfer-Encoding: chunked", keep_alive))
+    event_stream, chunked, conn = is_event_stream(response), response.chunked, response.conn
     # Sent: not kept for a held stream.
     response.raw, response.headers, response.relayed = b"", {}, b""
     transport = client.transport
+    timeouts = connections.body_timeouts
     try:
         if chunked:
-            response.keep_alive &= await _pass_chunks(response.conn.channel, client, transport)
+            response.keep_alive &= await _pass_chunks(conn, client, transport, timeouts)
         else:
-            await _frame_until_eof(response.conn.channel, client, transport)
+            reader = BodyReader(conn, BodyTimeouts(timeouts.idle_s, math.inf), timeouts.total_s)
+            await _frame_until_eof(reader, client, transport)
             response.keep_alive = False
     except _BROKEN:
-        response.conn.close()
+        conn.close()
         if not transport.is_closing():
+            outcome.cut = STALLED if conn.timed_out else BROKEN
             if event_stream:
-                event = interrupted_event()
+                event = interrupted_event(outcome.cut)
                 client.write(b"%x\r\n%s\r\n" % (len(event), event) + _STREAM_END)
             transport.close()
         return False
@@ -281,7 +307,7 @@ async def _relay_stream(connections: Connections, response: Response, client: Ch
     return keep_alive
 
 
-async def _frame_until_eof(upstream: Channel, client: Channel,
+async def _frame_until_eof(upstream: BodyReader, client: Channel,
                            transport: asyncio.WriteTransport) -> None:
     while True:
         data = await upstream.read(65536)
@@ -294,110 +320,92 @@ async def _frame_until_eof(upstream: Channel, client: Channel,
             await client.drain()
 
 
-async def _pass_chunks(upstream: Channel, client: Channel,
-                       transport: asyncio.WriteTransport) -> bool:
-    """Relay chunks verbatim, whole chunks only, from the upstream socket's own callback.
+async def _pass_chunks(conn: Connection, client: Channel, transport: asyncio.WriteTransport,
+                       timeouts: BodyTimeouts) -> bool:
+    """Relay a chunked stream from the upstream socket's own callback, so complete chunks reach
+    the client as they are received, with no future, task wake-up or read call per chunk.
 
-    The upstream's chunk framing is the client's too, so complete chunks are written to the
-    client as they are received, with no future, task wake-up or read call per chunk.
+    The upstream's silence is bounded: total_s for its first bytes (a long prompt's prefill),
+    then idle_s between reads; a wait for a slow client is not counted.
     Returns whether the upstream connection ended cleanly (reusable).
     """
-    pipe = _ChunkPipe(client.write, transport, upstream.transport)
+    upstream = conn.channel
+    idle_s, watchdog, abort = timeouts.idle_s, conn.watchdog, conn.abort
+    pipe = _ChunkPipe(client.write, transport, upstream.transport,
+                      lambda: watchdog.arm(idle_s, abort))
+    watchdog.arm(timeouts.total_s, abort)
     held = upstream.divert(pipe)
-    if held:  # bytes that came with the response head go first
-        pipe.data_received(held)
-    if pipe.outcome is None and upstream.at_eof():
-        raise ConnectionResetError("upstream closed mid-stream")
     try:
+        if held:  # bytes that came with the response head go first
+            pipe.data_received(held)
+        if pipe.outcome is None and upstream.at_eof():
+            raise ConnectionResetError("upstream closed mid-stream")
         while True:
             outcome = await pipe.wait()
             if outcome is not None:
                 return outcome
+            watchdog.disarm()  # paused for the client: a slow client is no stalled upstream
             await client.drain()
+            watchdog.arm(idle_s, abort)
             pipe.resume()
     finally:
+        watchdog.disarm()
         upstream.divert(None)
 
 
 class _ChunkPipe(StreamPipe):
-    """The upstream socket's protocol while an event stream passes through it verbatim; its
-    outcome is whether the upstream ended cleanly (reusable)."""
+    """The upstream socket's protocol while a chunked stream passes through it; its outcome is
+    whether the upstream ended cleanly (reusable)."""
 
-    __slots__ = ("_buffer", "_trailers", "_write")
+    __slots__ = ("_arm", "_decoder", "_held", "_write")
 
     def __init__(self, write: Callable[[bytes], None], client: asyncio.WriteTransport,
-                 upstream: asyncio.Transport) -> None:
+                 upstream: asyncio.Transport, arm: Callable[[], None]) -> None:
         super().__init__(client, upstream)
-        self._write = write  # the client's write (traced, metered), whole chunks at a time
-        self._buffer = b""
-        self._trailers: bytes | None = None
+        self._write = write  # the client's write (traced, metered)
+        self._arm = arm  # the upstream's silence is timed again from each read
+        self._decoder = ChunkDecoder()  # a chunk too large to hold, or one to judge
+        self._held = b""  # the start of a small chunk, passed on once it is whole
 
     def data_received(self, data: bytes) -> None:
         if self.outcome is not None or self._error is not None:
             return
+        self._arm()
         try:
-            if self._trailers is not None:
-                self._end_of_trailers(self._trailers + data)
-            else:
-                self._pass(self._buffer + data if self._buffer else data)
+            self._pass(data)
         except (ValueError, ConnectionError) as exc:
             self._fail(exc)
 
-    def _pass(self, buffer: bytes) -> None:
-        end, last, _missing = scan_chunks(buffer)
-        if end:
-            if self._client.is_closing():
-                raise ConnectionResetError("client went away")
-            self._write(buffer if end == len(buffer) else buffer[:end])
-            self._hold_if_full()
-        if last:
-            self._buffer = b""
-            self._end_of_trailers(buffer[end:])
-        else:
-            self._buffer = buffer[end:]
+    def _pass(self, data: bytes) -> None:
+        decoder = self._decoder
+        if decoder.between_chunks:
+            # The usual read: whole chunks with plain size lines, written as they came (a
+            # small one split across reads is held until it is whole).
+            if self._held:
+                data, self._held = self._held + data, b""
+            end, last = scan_chunks(data)
+            if end:
+                self._send(data if end == len(data) else data[:end])
+            if end == len(data):
+                self._hold_if_full()
+                return
+            data = data[end:]
+            if not last and unfinished_chunk(data, _HELD_CHUNK):
+                self._held = data
+                self._hold_if_full()
+                return
+        payload = decoder.feed(data)
+        if payload:  # decoded (a chunk split across reads, or with extensions): framed anew
+            self._send(b"%x\r\n%s\r\n" % (len(payload), payload))
+        self._hold_if_full()
+        if decoder.done:
+            self._end(decoder.clean)
 
-    def _end_of_trailers(self, tail: bytes) -> None:
-        clean = _trailers_end(tail)
-        if clean is None:
-            self._trailers = tail
-            return
-        self._trailers = None
-        self._end(clean)
+    def _send(self, data: bytes) -> None:
+        if self._client.is_closing():
+            raise ConnectionResetError("client went away")
+        self._write(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.outcome is None:
             self._fail(ConnectionResetError("upstream closed mid-stream"))
-
-
-def scan_chunks(buffer: bytes) -> tuple[int, bool, int]:
-    """(end of the complete chunks, whether the last chunk starts there, bytes still missing)."""
-    pos = 0
-    size_of_buffer = len(buffer)
-    while True:
-        eol = buffer.find(b"\r\n", pos)
-        if eol < 0:
-            if size_of_buffer - pos > _MAX_FRAMING:
-                raise ValueError("chunk-size line too long")
-            return pos, False, 0
-        size = int(buffer[pos:eol].split(b";", 1)[0], 16)
-        if size == 0:
-            return pos, True, 0
-        after = eol + 2 + size + 2
-        if after > size_of_buffer:
-            return pos, False, after - size_of_buffer
-        pos = after
-
-
-def _trailers_end(tail: bytes) -> bool | None:
-    """After the last chunk: None until its trailers end, then whether nothing follows them."""
-    line_end = tail.find(b"\r\n")
-    if line_end >= 0:
-        trailers = tail[line_end + 2:]
-        if trailers.startswith(b"\r\n"):
-            return len(trailers) == 2
-        block_end = trailers.find(b"\r\n\r\n")
-        if block_end >= 0:
-            return len(trailers) == block_end + 4
-    if len(tail) > _MAX_FRAMING:
-        raise ValueError("trailer block too long")
-    return None

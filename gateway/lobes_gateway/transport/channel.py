@@ -162,8 +162,9 @@ class Channel(asyncio.Protocol):
         return self._eof and not self._buffer
 
     def reusable(self) -> bool:
-        """Whether another exchange may use this socket: not ended, not closing."""
-        return not (self._eof or self.transport.is_closing())
+        """Whether another exchange may use this socket: not ended, not closing, and holding
+        no bytes (bytes nobody asked for would be read as the next request's answer)."""
+        return not (self._eof or self._buffer or self.transport.is_closing())
 
     def _more(self) -> Awaitable[None]:
         """What to await until more bytes (or the end) arrive; the socket reads meanwhile."""

@@ -3,22 +3,39 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 from collections import defaultdict
 from typing import NamedTuple
 
 from lobes_contract import host_port, http_origin
 
 from .channel import Channel
+from .chunked import ChunkDecoder, is_field_line
 from .heads import ShapeMemo, split_head
 from .http import MAX_HEAD_BYTES, header_block
 from .watchdog import Watchdog
 
 MAX_IDLE_PER_ORIGIN = 512
 MAX_BODY_READ = 256 * 1024
-# Response headers that describe the upstream hop, never relayed as they are (the gateway sets
-# its own X-Request-Id: the id it sent, which a peer gateway echoes).
-_HOP_HEADERS = frozenset((b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
-                          b"proxy-connection", b"te", b"trailer", b"upgrade", b"x-request-id"))
+# A non-streamed answer held whole (a chunked or close-delimited one, a probe's) larger than this
+# is a broken answer, not a reason to grow the gateway without bound.
+MAX_BUFFERED_ANSWER = 64 * 1024 * 1024
+# 1xx heads before the final one: more is a broken answer.
+_MAX_INTERIM = 8
+_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: [\t \x21-\x7e\x80-\xff]*)?")
+_LENGTH = re.compile(rb"[0-9]{1,18}")
+# The response headers a client is relayed, from a gear or a peer (the gateway writes framing,
+# the request id and its own X-Lobes-* itself): each with the values it may carry. Anything else
+# (Set-Cookie, CORS headers, another box's X-Lobes-Served-By, ...) stays on the upstream hop.
+_TIER_VALUE = re.compile(rb"[a-z_]{1,32}")
+_RELAYED: dict[bytes, re.Pattern[bytes] | None] = {
+    b"content-type": None,
+    b"content-encoding": None,
+    b"retry-after": re.compile(rb"[0-9]{1,9}"),
+    b"x-lobes-tier": _TIER_VALUE,
+    b"x-lobes-tier-reason": _TIER_VALUE,
+}
 # The response headers the gateway acts on itself.
 _READ_HEADERS = frozenset((b"connection", b"transfer-encoding", b"content-type"))
 
@@ -44,7 +61,19 @@ class Origin(NamedTuple):
 
 
 class UpstreamError(Exception):
-    """No response head came back: refused, unreachable, reset or timed out."""
+    """No usable response head came back: refused, unreachable, reset, timed out, or a head
+    the gateway does not understand exactly."""
+
+
+class BodyTimeouts(NamedTuple):
+    """How long a read after the head may wait: for any next byte, and for a whole answer."""
+
+    idle_s: float
+    total_s: float
+
+
+# As GatewayConfig's defaults: GATEWAY_STREAM_STALL_S, GATEWAY_UPSTREAM_TIMEOUT_S.
+DEFAULT_BODY_TIMEOUTS = BodyTimeouts(30.0, 600.0)
 
 
 class Connection:
@@ -89,36 +118,82 @@ class Response:
         shape = _RESPONSE_SHAPES.parsed(key)
         self.status, self.headers, self.relayed, self.keep_alive, self.chunked = shape
         self.length = _content_length(lengths) if lengths else None
+        if self.chunked and self.length is not None:
+            raise ValueError("both Transfer-Encoding and Content-Length frame the answer")
+        if self.status in (204, 304):  # never a body (RFC 9110 15.3.5, 15.4.5)
+            self.length, self.chunked = 0, False
 
 
 def _content_length(values: tuple[bytes, ...]) -> int:
     """The length its Content-Length lines agree on; a ValueError when they do not or it is not
     a number (the body's end is then unknown)."""
-    if not values[0].isdigit() or (len(values) > 1 and values.count(values[0]) != len(values)):
-        raise ValueError(f"bad Content-Length {values!r}")
+    if not _LENGTH.fullmatch(values[0]) or values.count(values[0]) != len(values):
+        raise ValueError(f"bad Content-Length {values[:2]!r}")
     return int(values[0])
 
 
 def _parse_shape(raw: bytes) -> _ResponseShape:
-    """One pass over the header lines (a loop of bytes methods costs less here than the two
-    case-insensitive regex scans it replaced): the few headers the gateway reads itself, names
-    and values lowered, and the lines a client may see, hop-by-hop ones dropped."""
+    """A response head's shape, strictly: its status line and each field by the grammar (a bare
+    CR or LF, a control byte, a name that is not a token is a ValueError); the few headers the
+    gateway reads itself, lowered; and the lines a client may see: allow-listed ones only,
+    written from what was parsed."""
+    line_end = raw.find(b"\r\n")
+    status_line = _STATUS_LINE.fullmatch(raw, 0, line_end)
+    if status_line is None:
+        raise ValueError(f"malformed status line {raw[:40]!r}")
     headers: dict[bytes, bytes] = {}
-    relayed: list[bytes] = []
-    block = raw[raw.find(b"\r\n") + 2:-4]
+    fields: list[tuple[bytes, bytes]] = []
+    block = raw[line_end + 2:-4]
     for line in block.split(b"\r\n") if block else ():
-        name = line.partition(b":")[0].rstrip().lower()
+        if not is_field_line(line):
+            raise ValueError(f"malformed header line {line[:40]!r}")
+        name, _colon, value = line.partition(b":")
+        name, value = name.lower(), value.strip(b" \t")
         if name == b"content-length":  # split_head takes every well-formed one
             raise ValueError(f"bad Content-Length line {line[:40]!r}")
         if name in _READ_HEADERS:
-            headers[name] = line[line.find(b":") + 1:].strip().lower()
-        if name not in _HOP_HEADERS:
-            relayed.append(line)
-    if relayed:
-        relayed.append(b"")  # each line ends CRLF
-    keep_alive = headers.get(b"connection") != b"close"
-    chunked = b"chunked" in headers.get(b"transfer-encoding", b"")
-    return _ResponseShape(int(raw[9:12]), headers, b"\r\n".join(relayed), keep_alive, chunked)
+            headers[name] = value.lower() if name not in headers else headers[name] + b"," + \
+                value.lower()
+        fields.append((line.partition(b":")[0], value))
+    http_1_0 = status_line.group(1) == b"0"
+    return _ResponseShape(int(status_line.group(2)), headers, _relayed(fields, headers),
+                          _keeps_alive(headers, http_1_0), _is_chunked(headers, http_1_0))
+
+
+def _relayed(fields: list[tuple[bytes, bytes]], headers: dict[bytes, bytes]) -> bytes:
+    """The lines a client is relayed: allow-listed names with allowed values, none named in
+    Connection, each ending CRLF."""
+    named = set(_tokens(headers.get(b"connection", b"")))
+    lines = []
+    for name, value in fields:
+        lowered = name.lower()
+        if lowered in named or lowered not in _RELAYED:
+            continue
+        allowed = _RELAYED[lowered]
+        if allowed is None or allowed.fullmatch(value):
+            lines.append(name + b": " + value + b"\r\n")
+    return b"".join(lines)
+
+
+def _tokens(value: bytes) -> list[bytes]:
+    """A comma-separated list, its empty elements dropped (values are lowered already)."""
+    return [item for item in (part.strip(b" \t") for part in value.split(b",")) if item]
+
+
+def _keeps_alive(headers: dict[bytes, bytes], http_1_0: bool) -> bool:
+    options = _tokens(headers.get(b"connection", b""))
+    return b"close" not in options and (not http_1_0 or b"keep-alive" in options)
+
+
+def _is_chunked(headers: dict[bytes, bytes], http_1_0: bool) -> bool:
+    """Whether the answer is chunked: Transfer-Encoding may say chunked and nothing else (the
+    gateway decodes no other coding), and never on HTTP/1.0, whose framing it cannot trust."""
+    codings = headers.get(b"transfer-encoding")
+    if codings is None:
+        return False
+    if http_1_0 or _tokens(codings) != [b"chunked"]:
+        raise ValueError(f"unsupported Transfer-Encoding {codings[:40]!r}")
+    return True
 
 
 _RESPONSE_SHAPES: ShapeMemo[_ResponseShape] = ShapeMemo(_parse_shape)
@@ -128,11 +203,13 @@ _HOST_LINES: dict[Origin, str] = {}
 
 class Connections:
     """The upstream connection pool: idle keep-alive connections per origin; connect failures
-    raise UpstreamError."""
+    raise UpstreamError. `body_timeouts` bound every read of an answer after its head."""
 
-    def __init__(self, connect_timeout_s: float) -> None:
+    def __init__(self, connect_timeout_s: float,
+                 body_timeouts: BodyTimeouts = DEFAULT_BODY_TIMEOUTS) -> None:
         self._idle: dict[Origin, list[Connection]] = defaultdict(list)
         self._connect_timeout = connect_timeout_s
+        self.body_timeouts = body_timeouts
 
     async def open(self, origin: Origin) -> Connection:
         loop = asyncio.get_running_loop()
@@ -169,9 +246,11 @@ class Connections:
         return None
 
     def release(self, conn: Connection) -> None:
+        """Pool a connection whose answer ended exactly where its framing said: one with bytes
+        nobody asked for, or closing, is closed (take_idle checks again when it is wanted,
+        for bytes that came while it was idle)."""
         idle = self._idle[conn.origin]
-        # Not checked for life here: take_idle checks each one when it is wanted.
-        if len(idle) < MAX_IDLE_PER_ORIGIN:
+        if len(idle) < MAX_IDLE_PER_ORIGIN and conn.channel.reusable():
             idle.append(conn)
         else:
             conn.close()
@@ -184,66 +263,111 @@ class Connections:
 
 
 async def exchange(connections: Connections, origin: Origin, head: bytes, body: bytes,
-                   timeout_s: float) -> Response:
-    """Send one request; its final response head (1xx other than 101 skipped) within timeout_s.
+                   timeout_s: float, upgrade: bool = False) -> Response:
+    """Send one request; its final response head within timeout_s (1xx heads skipped; a 101 is
+    an answer only when `upgrade` asked for one).
 
-    A stale pooled socket (closed or reset before answering) is retried once on a fresh one.
+    A stale pooled socket (closed or reset before any byte of an answer) is retried once on a
+    fresh one; a head the gateway cannot read is never asked again.
     """
     for _attempt in range(2):
         conn = connections.take_idle(origin)
         reused = conn is not None
         if conn is None:
             conn = await connections.open(origin)
-        channel = conn.channel
         conn.watchdog.arm(timeout_s, conn.abort)
         try:
-            channel.write(head + body if len(body) < 65536 else head)
-            if len(body) >= 65536:
-                channel.write(body)
-                await channel.drain()
-            while True:
-                response = Response(conn, await channel.readuntil(b"\r\n\r\n", MAX_HEAD_BYTES))
-                if response.status >= 200 or response.status == 101:
-                    return response
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError,
-                ValueError) as exc:
+            return await _answer_head(conn, head, body, upgrade)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
             conn.close()
-            if reused and not conn.timed_out:
+            if reused and not conn.timed_out and not getattr(exc, "partial", b""):
                 continue
             what = "timed out" if conn.timed_out else f"failed ({type(exc).__name__})"
             raise UpstreamError(f"{origin.url} {what} before a response") from None
+        except (asyncio.LimitOverrunError, ValueError) as exc:
+            conn.close()
+            raise UpstreamError(f"{origin.url} answered with a broken head: {exc}") from None
         finally:
             conn.watchdog.disarm()
     raise UpstreamError(f"{origin.url} closed the connection twice")
 
 
-async def read_body(response: Response) -> bytes:
-    """Read a whole response body (length, chunked or close-delimited), then pool or close."""
-    channel = response.conn.channel
-    if response.chunked:
-        parts = []
-        while True:
-            line = await channel.readuntil(b"\r\n", MAX_HEAD_BYTES)
-            size = int(line.split(b";", 1)[0], 16)
-            if size == 0:
-                while await channel.readuntil(b"\r\n", MAX_HEAD_BYTES) != b"\r\n":
-                    pass
+async def _answer_head(conn: Connection, head: bytes, body: bytes, upgrade: bool) -> Response:
+    channel = conn.channel
+    channel.write(head + body if len(body) < 65536 else head)
+    if len(body) >= 65536:
+        channel.write(body)
+        await channel.drain()
+    for _interim in range(_MAX_INTERIM):
+        response = Response(conn, await channel.readuntil(b"\r\n\r\n", MAX_HEAD_BYTES))
+        if response.status == 101:
+            if not upgrade:
+                raise ValueError("101 Switching Protocols to a request that asked for none")
+            return response
+        if response.status >= 200:
+            return response
+    raise ValueError(f"more than {_MAX_INTERIM} interim responses")
+
+
+class BodyReader:
+    """The reads of one answer's body after its head, each under the connection's watchdog:
+    the next bytes within idle_s (the first ones within `first_s` when given: a stream's first
+    token waits for its prompt), all of them within total_s of the first read."""
+
+    __slots__ = ("_conn", "_deadline", "_first", "_idle")
+
+    def __init__(self, conn: Connection, timeouts: BodyTimeouts,
+                 first_s: float | None = None) -> None:
+        self._conn = conn
+        self._idle = timeouts.idle_s
+        self._first = first_s
+        self._deadline = time.monotonic() + timeouts.total_s
+
+    async def read(self, most: int) -> bytes:
+        """Up to `most` bytes; b"" at the end of the stream. A wait past either timeout aborts
+        the connection (conn.timed_out), which raises here as a lost connection."""
+        conn = self._conn
+        wait, self._first = self._first or self._idle, None
+        conn.watchdog.arm(min(wait, self._deadline - time.monotonic()), conn.abort)
+        try:
+            data = await conn.channel.read(most)
+        finally:
+            conn.watchdog.disarm()
+        if not data and conn.timed_out:  # the watchdog's abort, not the upstream's own end
+            raise ConnectionResetError("upstream sent nothing in time")
+        return data
+
+
+async def read_body(response: Response, timeouts: BodyTimeouts,
+                    limit: int = MAX_BUFFERED_ANSWER) -> bytes:
+    """Read a whole response body (length, chunked or close-delimited) of at most `limit`
+    bytes, each read bounded by `timeouts`; a body past the limit or broken framing is a
+    ValueError. The connection is then pooled or closed by finish()."""
+    length = response.length
+    if length is not None and length > limit:
+        raise ValueError(f"an answer of {length} bytes (the gateway holds at most {limit})")
+    reader = BodyReader(response.conn, timeouts)
+    decoder = ChunkDecoder() if response.chunked else None
+    parts: list[bytes] = []
+    held = 0
+    while decoder is None or not decoder.done:
+        wanted = MAX_BODY_READ if length is None else min(MAX_BODY_READ, length - held)
+        if length is not None and not wanted:
+            break
+        data = await reader.read(wanted)
+        if not data:
+            if decoder is None and length is None:  # close-delimited: the close ends it
+                response.keep_alive = False
                 break
-            parts.append((await channel.readexactly(size + 2))[:-2])
-        body = b"".join(parts)
-    elif response.length is not None:
-        body = await channel.readexactly(response.length) if response.length else b""
-    else:
-        body = await _read_to_end(channel)
-        response.keep_alive = False
-    return body
-
-
-async def _read_to_end(channel: Channel) -> bytes:
-    """A close-delimited body: everything until the upstream closes."""
-    parts = []
-    while data := await channel.read(MAX_BODY_READ):
+            raise ConnectionResetError("upstream closed mid-answer")
+        if decoder is not None:
+            data = decoder.feed(data)
         parts.append(data)
+        held += len(data)
+        if held > limit:
+            raise ValueError(f"an answer over {limit} bytes (the gateway holds at most that)")
+    if decoder is not None and not decoder.clean:
+        response.keep_alive = False
     return b"".join(parts)
 
 
@@ -269,18 +393,15 @@ def request_head(method: str, target: str, origin: Origin, headers: str,
 
 
 async def fetch(connections: Connections, origin: Origin, path: str, headers: list[tuple[str, str]],
-                timeout_s: float) -> tuple[int, bytes]:
-    """GET `path` from `origin`: (status, body); raises UpstreamError when nothing answers."""
+                timeout_s: float, limit: int = MAX_BUFFERED_ANSWER) -> tuple[int, bytes]:
+    """GET `path` from `origin`: (status, body of at most `limit` bytes), all within timeout_s;
+    raises UpstreamError when nothing (or nothing readable) answers."""
     head = request_head("GET", path, origin, header_block(headers), None)
     response = await exchange(connections, origin, head, b"", timeout_s)
-    response.conn.watchdog.arm(timeout_s, response.conn.abort)
     try:
-        body = await read_body(response)
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError,
-            ValueError) as exc:
+        body = await read_body(response, BodyTimeouts(timeout_s, timeout_s), limit)
+    except (asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
         response.conn.close()
         raise UpstreamError(f"{origin.url}{path}: {type(exc).__name__}") from None
-    finally:
-        response.conn.watchdog.disarm()
     finish(connections, response)
     return response.status, body
