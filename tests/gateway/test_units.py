@@ -1,7 +1,6 @@
 """Pure rooms: pressure sampling and decision, the bearer gate, in-flight limits, strict tools,
 learned estimates."""
 
-import json
 
 import pytest
 from lobes_gateway.app.dispatch import encode_for, inject_strict, is_compile_failure
@@ -17,6 +16,8 @@ from lobes_gateway.policy.auth import (
 from lobes_gateway.policy.config import PressureConfig
 from lobes_gateway.policy.estimate import Estimate
 from lobes_gateway.policy.pressure import PressureMonitor
+from lobes_gateway.transport.http import parse_head
+from lobes_gateway.transport.json_body import parse_body
 
 
 def write_proc(root, swap_total=1000, swap_free=1000, iowait=0, total_other=0):
@@ -137,12 +138,15 @@ def test_inject_strict_respects_the_callers_own_strict():
     assert inject_strict({"tools": []}) is None and inject_strict({}) is None
 
 
-def test_encode_keeps_the_callers_bytes_unless_something_changes():
-    raw = b'{"model": "served", "x": 1}'
-    assert encode_for(raw, json.loads(raw), "served", False) is raw
-    rewritten = json.loads(encode_for(raw, json.loads(raw), "other", False))
-    assert rewritten == {"model": "other", "x": 1}
-    assert encode_for(raw, None, "other", False) is raw
+def test_encode_keeps_the_callers_bytes_and_writes_only_what_changes():
+    raw = b'{"model": "served",  "x": 1.50, "s": "\\ud800"}'
+    req = parse_head(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
+    req.body, req.json = raw, parse_body(raw)
+    payload = req.json.payload
+    assert encode_for(req, payload, "served") is raw
+    # Only the model is written anew: the spacing, 1.50 and the escaped surrogate stay.
+    assert encode_for(req, payload, "other") == b'{"model": "other",  "x": 1.50, "s": "\\ud800"}'
+    assert encode_for(req, None, "other") is raw
 
 
 def test_compile_failure_detection():

@@ -27,7 +27,13 @@ from lobes_contract import GENERATE
 
 from ..mesh.peers import PooledRole
 from ..mesh.pool_queue import PoolQueue
-from ..policy.admission import CLASSES, AdmissionQueue, Ticket, effective_class
+from ..policy.admission import (
+    CLASSES,
+    AdmissionQueue,
+    Ticket,
+    class_of_priority,
+    effective_class,
+)
 from ..policy.auth import Caller
 from ..policy.config import GatewayConfig
 from ..policy.placement import expected_tokens
@@ -188,16 +194,27 @@ def _wake(admitted: list[Ticket], skip: Ticket | None = None) -> None:
             _settle(ticket.waiter, RELEASED)
 
 
-def requested_class(req: Request, caller: Caller) -> str | ApiError:
-    """The class the request runs in: its key's, or a weaker one X-Lobes-Priority asks for."""
+def requested_class(req: Request, caller: Caller, payload: dict | None) -> str | ApiError:
+    """The class the request runs in: its key's, or a weaker one that X-Lobes-Priority (or,
+    without it, the body's vLLM `priority`) asks for; never a stronger one."""
     value = req.headers.get(PRIORITY_HEADER)
     if value is None:
-        return caller.priority
+        return _body_class(caller, payload)
     requested = value.strip().lower()
     if requested not in CLASSES:
         return errors.invalid_admission_header("X-Lobes-Priority", value,
                                                f"send one of {', '.join(CLASSES)}")
     return effective_class(caller.priority, requested)
+
+
+def _body_class(caller: Caller, payload: dict | None) -> str | ApiError:
+    priority = payload.get("priority") if payload else None
+    if priority is None:
+        return caller.priority
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        return errors.bad_request("priority must be an integer (lower runs first), or send "
+                                  "X-Lobes-Priority", "priority")
+    return effective_class(caller.priority, class_of_priority(priority))
 
 
 def _deadline(req: Request) -> float | ApiError | None:

@@ -24,7 +24,6 @@ the same target without the injected strict flag; any other 400 is the answer.
 from __future__ import annotations
 
 import functools
-import json
 import re
 import socket
 import time
@@ -152,24 +151,29 @@ def inject_strict(payload: dict) -> dict | None:
     return {**payload, "tools": new_tools} if changed else None
 
 
-def encode_for(raw: bytes, payload: dict | None, model: str | None, modified: bool) -> bytes:
-    """The body to send: the caller's bytes unless the model or the payload must change."""
-    if payload is None:
-        return raw
-    if model is not None and payload.get("model") != model:
-        payload = {**payload, "model": model}
-        modified = True
-    if not modified:
-        return raw
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+def encode_for(req: Request, sent: dict | None, model: str | None) -> bytes:
+    """The body to send: the caller's bytes, with only the members `sent` changed (and the
+    model, named `model` where it differs) written anew."""
+    body = req.json
+    if body is None or sent is None:
+        return req.body
+    if model is not None and sent.get("model") != model:
+        sent = {**sent, "model": model}
+    return body.encode(sent)
 
 
 def with_priority(payload: dict | None, klass: str, scheduled: bool) -> dict | None:
-    """The payload with the request's class as vLLM's `priority`, for a gear that schedules by
-    priority (standard is vLLM's default, 0, and is not sent); else the payload itself."""
-    if not scheduled or klass == DEFAULT_PRIORITY_CLASS or payload is None:
+    """The payload with the request's class as vLLM's `priority`: wherever the body names a
+    priority (it is clamped to the class its key allows, as X-Lobes-Priority is), and for a
+    gear that schedules by priority when the class is not standard (vLLM's default, 0)."""
+    if payload is None:
         return payload
-    return {**payload, "priority": VLLM_PRIORITY[klass]}
+    wanted = VLLM_PRIORITY[klass]
+    if "priority" in payload:
+        return payload if payload["priority"] == wanted else {**payload, "priority": wanted}
+    if scheduled and klass != DEFAULT_PRIORITY_CLASS:
+        return {**payload, "priority": wanted}
+    return payload
 
 
 def is_compile_failure(status: int, body: bytes) -> bool:
@@ -458,15 +462,15 @@ class Dispatcher:
             if route.strict_lane and sent is not None and (strict := inject_strict(sent)):
                 strict_ranked = with_priority(strict, req.priority, scheduled)
                 failure = yield Attempt(target.origin, target.name, headers,
-                                        encode_for(req.body, strict_ranked, model, True), extra,
+                                        encode_for(req, strict_ranked, model), extra,
                                         rule, placement, strict=True, resume=own)
                 if failure is None:  # ended (end_plan)
                     return None
                 if not failure.compile_failure:
                     continue
             failure = yield Attempt(target.origin, target.name, headers,
-                                    encode_for(req.body, ranked, model, ranked is not payload),
-                                    extra, rule, placement, resume=own)
+                                    encode_for(req, ranked, model), extra, rule, placement,
+                                    resume=own)
             if failure is None:
                 return None
         if targets is not _ALL_TARGETS:
@@ -503,7 +507,7 @@ class Dispatcher:
             return
         headers = peer_headers(req, route.api_key, [("X-Lobes-Proxied", route.role)],
                                TO_PROXY_PEER)
-        body = encode_for(req.body, payload, route.peer_model, False)
+        body = encode_for(req, with_priority(payload, req.priority, False), route.peer_model)
         extra = [b"X-Lobes-Proxied-By: " + route.origin.encode(), *tail]
         failure = yield Attempt(self._peers.origin(route.origin), route.origin, headers, body,
                                 extra, PEER)
@@ -568,8 +572,8 @@ class Dispatcher:
             spec = role.spec(placement.origin)
             headers = peer_headers(req, spec.api_key, [("X-Lobes-Proxied", role.role)])
             if body is None:
-                body = encode_for(req.body, counted,
-                                  role.replicas.served_id if counted else None, resume is not None)
+                body = encode_for(req, with_priority(counted, req.priority, False),
+                                  role.replicas.served_id)
             extra = [b"X-Lobes-Proxied-By: " + spec.origin.encode(), reason]
             failure = yield Attempt(self._peers.origin(spec.origin), spec.origin, headers, body,
                                     extra, REPLICA, placement, resume=resume)
@@ -597,7 +601,8 @@ class Dispatcher:
                 payload: dict | None) -> StreamResume | None:
         """A chat stream of a pool with P_STREAM_RESUME on: how to continue it elsewhere."""
         if not (route.config.stream_resume and req.target.endswith(_CHAT_PATH)
-                and payload is not None and resumable_request(payload)):
+                and payload is not None and req.json is not None
+                and resumable_request(payload)):
             return None
         caller = forward_headers(req, TO_PEER)  # kept: req's own block is dropped
         local = route.config
@@ -611,7 +616,8 @@ class Dispatcher:
             return ContinuationTarget(self._peers.origin(origin), caller + key + marker,
                                       role.replicas.served_id)
 
-        return StreamResume(role, payload, req.target, target, self._timeout, self._stall,
+        return StreamResume(role, req.json, with_priority(payload, req.priority, False),
+                            req.target, target, self._timeout, self._stall,
                             self._metrics.resumes)
 
     def _pooled_arrival(self, req: Request, route: PoolRoute, role: PooledRole, arrived: str,
@@ -634,7 +640,7 @@ class Dispatcher:
         headers = peer_headers(req, self._fleet_key, [(FORWARDED_BY, self._me)])
         # The body names the role this box resolved, so a request without a model is
         # answered for the same role on the owner.
-        body = encode_for(req.body, payload, route.role if payload is not None else None, False)
+        body = encode_for(req, with_priority(payload, req.priority, False), route.role)
         failures: list[Failure] = []
         for owner in distinct_boxes(route.owners):
             extra = [b"X-Lobes-Proxied-By: " + owner.encode()]

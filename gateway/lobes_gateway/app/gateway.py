@@ -9,7 +9,6 @@ way) -> upstream (exchange) -> relay (the Outcome, then settled).
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import traceback
 
@@ -46,6 +45,7 @@ from ..transport.http import (
     read_body,
     response_bytes,
 )
+from ..transport.json_body import BodyError, JsonBody, parse_body
 from ..transport.upstream import BodyTimeouts, Connections
 from ..transport.watchdog import Watchdog
 from .access_log import AccessLog
@@ -76,26 +76,11 @@ _KEYLESS = ("/health", "/status", "/capabilities", "/metrics")
 # Keyless like /metrics: GEAR_METRICS + <role> relays the box's own gear's /metrics (vLLM serves
 # its own keyless too), so a Prometheus elsewhere scrapes gears that listen only inside the box.
 GEAR_METRICS = "/metrics/gears/"
-# Bodies are UTF-8 (RFC 8259); decoding them first spares json.loads its encoding sniffing.
-_JSON_DECODER = json.JSONDecoder()
-_SCAN_JSON = _JSON_DECODER.scan_once
+# A JSON body larger than this is read on a worker thread, so other callers' requests go on.
+_PARSED_ASIDE_BYTES = 1024 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # Loop turns a shutdown allows the connections' fibers to see their sockets closed.
 SHUTDOWN_TURNS = 10
-
-
-def parse_json(body: bytes) -> object:
-    """A JSON body's value. The usual body, a value with nothing around it, is read by the
-    decoder's scanner alone (two Python frames and two regex matches fewer than
-    JSONDecoder.decode); any other text goes through decode, which also words every error."""
-    text = body.decode().removeprefix("\ufeff")
-    try:
-        value, end = _SCAN_JSON(text, 0)
-    except StopIteration:  # no value at the start: leading whitespace, or not JSON at all
-        end = -1
-    if end == len(text):
-        return value
-    return _JSON_DECODER.decode(text)
 
 
 def _oversized_head(client: Channel) -> ApiError:
@@ -332,12 +317,12 @@ class Gateway:
 
     async def _serve(self, req: Request, lane: str, caller: Caller, client: Channel) -> bool:
         """Route a request whose body is read, admit it, run its attempts, relay the outcome."""
-        routed = self._route(req, lane, client)
+        routed = await self._route(req, lane, client)
         if isinstance(routed, bool):
             return routed
         route, requested_tier, payload = routed
         del routed
-        klass = requested_class(req, caller)
+        klass = requested_class(req, caller, payload)
         if isinstance(klass, ApiError):
             return self._answer(req, client, klass)
         req.priority = klass
@@ -365,28 +350,43 @@ class Gateway:
                 tokens = req.trace.tokens if req.trace is not None else None
                 self.admission.leave(route, ticket, tokens or 0)
 
-    def _route(self, req: Request, lane: str,
-               client: Channel) -> bool | tuple[Route, str | None, dict | None]:
-        """Parse a JSON body and route the request: its route, the tier it asked for and its
+    async def _route(self, req: Request, lane: str,
+                     client: Channel) -> bool | tuple[Route, str | None, dict | None]:
+        """Read a JSON body and route the request: its route, the tier it asked for and its
         payload, or whether the connection stays usable after an error answered here."""
         payload = None
         if lane in _JSON_LANES:
-            try:
-                payload = parse_json(req.body)
-            except (ValueError, UnicodeDecodeError) as exc:
-                return self._answer(req, client, errors.invalid_json(str(exc)))
-            if not isinstance(payload, dict):
-                return self._answer(req, client, errors.invalid_json("expected a JSON object"))
+            read = await self._read_json(req)
+            if isinstance(read, ApiError):
+                return self._answer(req, client, read)
+            req.json, payload = read, read.payload
+            model = payload.get("model")
+            if model is not None and not isinstance(model, str):
+                return self._answer(req, client, errors.bad_request(
+                    "model must be a string: a served model's name or an alias", "model"))
         if lane in GENERATE_LANES:
             resolved = self.router.resolve(lane, payload.get("model"))
             return resolved.route, resolved.requested_tier, payload
         return self.router.lane_routes[lane], None, payload
 
+    @staticmethod
+    async def _read_json(req: Request) -> JsonBody | ApiError:
+        """The body as JSON, or the error it gets; a large one is read on a worker thread."""
+        coding = req.headers.get("content-encoding", "identity").strip().lower()
+        if coding != "identity":
+            return errors.unsupported_media_type(coding)
+        try:
+            if len(req.body) <= _PARSED_ASIDE_BYTES:
+                return parse_body(req.body)
+            return await asyncio.get_running_loop().run_in_executor(None, parse_body, req.body)
+        except BodyError as exc:
+            return exc.error
+
     async def _relay(self, req: Request, lane: str, outcome: Outcome, client: Channel) -> bool:
         """Relay the outcome; whether the connection may serve another request."""
         keep_alive = req.keep_alive
         # Only what the relay needs is kept while it runs.
-        req.body, req.headers, req.header_block = b"", {}, ""
+        req.body, req.json, req.headers, req.header_block = b"", None, {}, ""
         kept = await relay(self.connections, outcome, client, keep_alive,
                            lane in GENERATE_LANES)
         if req.trace is not None:

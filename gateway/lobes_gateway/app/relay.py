@@ -378,28 +378,30 @@ class _ChunkPipe(StreamPipe):
 
     def _pass(self, data: bytes) -> None:
         decoder = self._decoder
-        if decoder.between_chunks:
-            # The usual read: whole chunks with plain size lines, written as they came (a
-            # small one split across reads is held until it is whole).
-            if self._held:
-                data, self._held = self._held + data, b""
-            end, last = scan_chunks(data)
-            if end:
-                self._send(data if end == len(data) else data[:end])
-            if end == len(data):
-                self._hold_if_full()
-                return
-            data = data[end:]
-            if not last and unfinished_chunk(data, _HELD_CHUNK):
-                self._held = data
-                self._hold_if_full()
-                return
-        payload = decoder.feed(data)
-        if payload:  # decoded (a chunk split across reads, or with extensions): framed anew
-            self._send(b"%x\r\n%s\r\n" % (len(payload), payload))
+        while data:
+            if decoder.between_chunks:
+                # The usual read: whole chunks with plain size lines, written as they came (a
+                # small one split across reads is held until it is whole).
+                if self._held:
+                    data, self._held = self._held + data, b""
+                end, last = scan_chunks(data)
+                if end:
+                    self._send(data if end == len(data) else data[:end])
+                    data = data[end:]
+                if data and not last and unfinished_chunk(data, _HELD_CHUNK):
+                    self._held, data = data, b""
+                    break
+            if data:
+                # Any other chunk (too large to hold, with extensions, the last one, or one to
+                # judge): decoded, its data framed anew as it comes, until it ends.
+                payload, used = decoder.take(data)
+                if payload:
+                    self._send(b"%x\r\n%s\r\n" % (len(payload), payload))
+                data = data[used:]
+                if decoder.done:
+                    self._end(decoder.clean)
+                    return
         self._hold_if_full()
-        if decoder.done:
-            self._end(decoder.clean)
 
     def _send(self, data: bytes) -> None:
         if self._client.is_closing():

@@ -46,6 +46,7 @@ from ..policy.placement import Placement
 from ..policy.tokens import reported_prompt_tokens
 from ..transport.channel import Channel
 from ..transport.chunked import ChunkDecoder, scan_chunks
+from ..transport.json_body import JsonBody
 from ..transport.upstream import (
     Connections,
     Origin,
@@ -173,13 +174,16 @@ class StreamResume:
     """The relay of one resumable pooled stream, and the continuations it may need; each
     break is counted in `outcomes` by (role, RESUMED | NOT_RESUMABLE | NO_REPLICA)."""
 
-    def __init__(self, role: PooledRole, payload: dict, path: str,
+    def __init__(self, role: PooledRole, body: JsonBody, payload: dict, path: str,
                  target_of: Callable[[str], ContinuationTarget], timeout_s: float,
                  stall_s: float, outcomes: defaultdict[tuple[str, str], int]) -> None:
         self._role = role
         self._outcomes = outcomes
         self._asked = UsageAsked.of(payload)
-        self.payload = counting_payload(payload)  # what every part's replica is sent
+        # What every part's replica is sent: `payload` (made from the caller's `body`, whose
+        # bytes every part is written from) asking for usage.
+        self._body = body
+        self.payload = counting_payload(payload)
         self._path = path  # the request target: /v1/chat/completions
         self._target_of = target_of  # a replica's origin -> where and how to send it
         self._timeout = timeout_s
@@ -415,7 +419,8 @@ class StreamResume:
             tried.add(placement.origin)
             held.append(placement)
             target = self._target_of(placement.origin)
-            encoded = _encoded({**body, "model": target.model} if target.model else body)
+            encoded = self._body.encode({**body, "model": target.model} if target.model
+                                        else body)
             head = request_head("POST", self._path, target.origin, target.headers,
                                 len(encoded))
             self._part_started = time.monotonic()
@@ -462,10 +467,6 @@ def continuation_body(payload: dict, text: str, produced: int) -> dict | None:
         messages.append({"role": "assistant", "content": text})
     body["messages"] = messages
     return body
-
-
-def _encoded(payload: dict) -> bytes:
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _is_text(data: bytes) -> bool:

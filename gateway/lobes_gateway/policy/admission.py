@@ -31,6 +31,11 @@ INTERACTIVE, STANDARD, BATCH = CLASSES
 _RANK = {name: rank for rank, name in enumerate(CLASSES)}
 
 
+def class_of_priority(priority: int) -> str:
+    """The class a vLLM `priority` in a request body asks for (lower runs first)."""
+    return INTERACTIVE if priority < 0 else STANDARD if priority == 0 else BATCH
+
+
 def effective_class(key_class: str, requested: str | None) -> str:
     """The class a request runs in: its key's, or a weaker one it asked for; never stronger."""
     if requested is None or _RANK[requested] < _RANK[key_class]:

@@ -17,6 +17,7 @@ import re
 
 # chunk-size = 1*HEXDIG, bounded here; then CRLF (a plain line) or chunk extensions.
 _PLAIN_LINE = re.compile(rb"[0-9A-Fa-f]{1,16}\r\n")
+_UNFINISHED_LINE = re.compile(rb"[0-9A-Fa-f]{1,16}\r?")
 _TCHAR = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]"
 _QUOTED = rb'"(?:[^"\\\x00-\x08\x0a-\x1f\x7f]|\\[^\x00-\x08\x0a-\x1f\x7f])*"'
 _SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})((?:[ \t]*;[ \t]*" + _TCHAR + rb"+(?:[ \t]*=[ \t]*(?:"
@@ -66,7 +67,7 @@ def unfinished_chunk(buffer: bytes, limit: int) -> bool:
     whole yet (worth holding until it is, to pass it on as it came)."""
     line = _PLAIN_LINE.match(buffer)
     if line is None:  # a size line still coming, or one the decoder must judge
-        return len(buffer) < 18 and _CRLF not in buffer and buffer.isalnum()
+        return _UNFINISHED_LINE.fullmatch(buffer) is not None
     whole = line.end() + int(buffer[:line.end() - 2], 16) + 2
     return len(buffer) < whole <= limit
 
@@ -97,11 +98,20 @@ class ChunkDecoder:
     def feed(self, data: bytes) -> bytes:
         """The chunk data that `data` carries (b"" for none); raises ValueError on bad framing
         or on bytes after the end."""
+        return self._run(data, False)[0]
+
+    def take(self, data: bytes) -> tuple[bytes, int]:
+        """As feed, but stopping where the current chunk ends: (its data, how many bytes of
+        `data` were read), the rest left to the caller."""
+        return self._run(data, True)
+
+    def _run(self, data: bytes, one_chunk: bool) -> tuple[bytes, int]:
         if self.done:
             if data:
                 self.clean = False
-            return b""
-        if self._held:
+            return b"", len(data)
+        held = len(self._held)
+        if held:
             data, self._held = self._held + data, b""
         pieces: list[bytes] = []
         pos, size_of_data = 0, len(data)
@@ -115,13 +125,16 @@ class ChunkDecoder:
                     self._crlf = 2
             elif self._crlf:
                 pos = self._expect_crlf(data, pos)
+                if one_chunk and not self._crlf:
+                    break
             elif self.ended:
                 pos = self._trailer_line(data, pos)
             else:
                 pos = self._size_line(data, pos)
         if self.done:
             self.clean = pos == size_of_data
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        payload = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return payload, pos - held
 
     def _expect_crlf(self, data: bytes, pos: int) -> int:
         wanted = _CRLF[2 - self._crlf:]

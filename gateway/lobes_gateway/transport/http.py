@@ -14,6 +14,7 @@ from .channel import Channel
 from .chunked import MAX_CHUNK_LINE, MAX_TRAILER_BYTES, chunk_size, is_field_line
 from .errors import ApiError
 from .heads import ShapeMemo, split_head
+from .json_body import JsonBody
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -50,8 +51,8 @@ class RequestShape(NamedTuple):
 class Request:
     """A parsed request head; the body is read separately, after the auth gate."""
 
-    __slots__ = ("body", "header_block", "headers", "keep_alive", "method", "path", "priority",
-                 "request_id", "target", "trace", "version", "watchdog")
+    __slots__ = ("body", "header_block", "headers", "json", "keep_alive", "method", "path",
+                 "priority", "request_id", "target", "trace", "version", "watchdog")
 
     def __init__(self, shape: RequestShape, headers: dict[str, str]) -> None:
         # The header block: the lines as they came (each ending CRLF), less Content-Length and
@@ -62,6 +63,8 @@ class Request:
         # The id every upstream hop is sent (the trace's choice), None until it is named.
         self.request_id: str | None = None
         self.body = b""
+        # The body read as JSON (a JSON lane's), which dispatch changes member by member.
+        self.json: JsonBody | None = None
         # The connection's deadline keeper, armed again for the body wait.
         self.watchdog: Watchdog | None = None
         # What metrics and the access log learn of it (set by the gateway once it is named).

@@ -1,0 +1,142 @@
+"""A request's JSON body (transport/json_body.py), in process: read once and strictly, and
+changed member by member, the caller's bytes kept everywhere else. Generated bodies
+(hypothesis) hold the rules over shapes nobody wrote down."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lobes_gateway.transport.json_body import MAX_ELEMENTS, BodyError, parse_body
+
+
+def refused(raw: bytes) -> BodyError:
+    with pytest.raises(BodyError) as caught:
+        parse_body(raw)
+    return caught.value
+
+
+@pytest.mark.parametrize(("raw", "says"), [
+    (b'{"model": NaN}', "NaN"),
+    (b'{"x": Infinity}', "Infinity"),
+    (b'{"x": -Infinity}', "Infinity"),
+    (b'{"x": 1e400}', "out of range"),
+    (b'{"x": -1e400}', "out of range"),
+    (b'{"model": "a", "model": "b"}', "more than once"),
+    (b'{"mo\\u0064el": "a", "model": "b"}', "more than once"),
+    (b'[{"model": "a"}]', "expected a JSON object"),
+    (b'"model"', "expected a JSON object"),
+    (b'{"model": "a"} {"model": "b"}', "extra data"),
+    (b'{"model": "a",}', "member name"),
+    (b'{"model" "a"}', "':'"),
+    (b'\xff{"model": "a"}', "not UTF-8"),
+    (b"[" * 5000 + b"]" * 5000, "JSON object"),
+    (b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested too deeply"),
+    (b'{"x": ' + b'{"y": ' * 5000 + b"1" + b"}" * 5001, "nested too deeply"),
+    (b'{"x": ' + b"9" * 5000 + b"}", "JSON"),  # past Python's digit limit for int()
+])
+def test_what_is_not_one_json_object_of_unique_keys_and_finite_numbers_is_refused(raw, says):
+    error = refused(raw).error
+    assert error.status == 400 and error.code == "invalid_json"
+    assert says in error.message
+
+
+def test_a_duplicate_names_its_member_as_the_param():
+    assert refused(b'{"stream": true, "model": "x", "stream": false}').error.param == "stream"
+
+
+def test_a_large_body_of_too_many_values_is_a_413_before_it_is_parsed():
+    raw = b'{"input": [' + b"{}," * (MAX_ELEMENTS + 10) + b"{}]}"
+    error = refused(raw).error
+    assert error.status == 413 and error.code == "too_many_elements"
+
+
+def test_commas_inside_strings_do_not_count_as_values():
+    text = "a," * (MAX_ELEMENTS + 10)
+    assert parse_body(json.dumps({"prompt": text}).encode()).payload["prompt"] == text
+
+
+def test_a_byte_order_mark_is_read_past_and_never_passed_on():
+    body = parse_body(b'\xef\xbb\xbf{"model": "a"}')
+    assert body.payload == {"model": "a"}
+    assert body.encode(body.payload) == b'{"model": "a"}'
+    assert body.encode({**body.payload, "model": "b"}) == b'{"model": "b"}'
+
+
+def test_a_lone_surrogate_is_carried_as_its_escape_when_its_member_changes_or_not():
+    raw = b'{"model": "alias", "messages": [{"role": "user", "content": "\\ud800"}]}'
+    body = parse_body(raw)
+    assert body.payload["messages"][0]["content"] == "\ud800"
+    changed = body.encode({**body.payload, "model": "served"})
+    assert changed == raw.replace(b'"alias"', b'"served"')
+    messages = [*body.payload["messages"], {"role": "assistant", "content": "x"}]
+    rewritten = body.encode({**body.payload, "messages": messages})
+    assert b'"\\ud800"' in rewritten  # re-written as ASCII: the escape, never a raw surrogate
+    assert rewritten.decode() and json.loads(rewritten)["messages"] == messages
+
+
+def test_members_are_replaced_where_they_stand_and_added_at_the_end():
+    raw = b' { "model" : "a" ,\n "temperature": 0.70, "x": {"y": [1, 2.50]} }\n'
+    body = parse_body(raw)
+    assert body.encode({**body.payload, "model": "b"}) == raw.replace(b'"a"', b'"b"')
+    added = body.encode({**body.payload, "priority": -1})
+    assert added == (b' { "model" : "a" ,\n "temperature": 0.70, "x": {"y": [1, 2.50]} '
+                     b',"priority":-1}\n')
+    assert json.loads(added) == {**body.payload, "priority": -1}
+    empty = parse_body(b"{}")
+    assert empty.encode({"model": "m"}) == b'{"model":"m"}'
+
+
+_KEYS = st.text(max_size=8)
+_SCALARS = (st.none() | st.booleans() | st.integers(-10**30, 10**30)
+            | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=4)
+                       | st.dictionaries(_KEYS, inner, max_size=4), max_leaves=20)
+_OBJECTS = st.dictionaries(_KEYS, _VALUES, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(obj=_OBJECTS, indent=st.sampled_from([None, 1, "\t"]), ascii_only=st.booleans(),
+       new_model=st.text(max_size=10))
+def test_any_object_reads_back_as_itself_and_a_changed_model_changes_nothing_else(
+        obj, indent, ascii_only, new_model):
+    if "model" in obj:  # first: its value is then the text's first "model" member
+        obj = {"model": obj["model"], **obj}
+    raw = json.dumps(obj, indent=indent, ensure_ascii=ascii_only).encode()
+    body = parse_body(raw)
+    assert body.payload == obj
+    assert body.encode(body.payload) is body.raw
+    encoded = body.encode({**body.payload, "model": new_model})
+    assert json.loads(encoded) == {**obj, "model": new_model}
+    # Every other byte is the caller's: the new value stands where the old one stood, or is
+    # added before the closing brace.
+    new = json.dumps(new_model).encode()
+    if "model" in obj:
+        start = raw.index(b'"model": ') + len(b'"model": ')
+        old = json.dumps(obj["model"], indent=indent, ensure_ascii=ascii_only).encode()
+        assert encoded == raw[:start] + new + raw[start + len(old):]
+    else:
+        close = raw.rindex(b"}")
+        separator = b"," if obj else b""
+        assert encoded == raw[:close] + separator + b'"model":' + new + raw[close:]
+
+
+@settings(max_examples=300, deadline=None)
+@given(first=_VALUES, second=_VALUES, key=_KEYS)
+def test_any_object_with_a_repeated_key_is_refused(first, second, key):
+    raw = b"{%s: %s, %s: %s}" % (json.dumps(key).encode(), json.dumps(first).encode(),
+                                json.dumps(key).encode(), json.dumps(second).encode())
+    assert refused(raw).error.param == key
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=64))
+def test_any_bytes_are_read_or_refused_with_a_400_never_raised_otherwise(data):
+    try:
+        body = parse_body(data)
+    except BodyError as exc:
+        assert exc.error.status == 400
+    else:
+        assert isinstance(body.payload, dict)
