@@ -146,7 +146,11 @@ def _parse_shape(head: str | bytes) -> RequestShape:
     fields: list[tuple[str, str]] = []
     for line in text[line_end + 2:-4].split("\r\n") if line_end + 2 < len(text) - 4 else ():
         name, value = _field(line)
-        _add_value(headers, name.lower(), value)
+        lowered = name.lower()
+        if lowered == "content-length":  # a well-formed one is split off with the head's shape
+            raise HttpError(errors.bad_request("invalid Content-Length; send a decimal number "
+                                               "of bytes"))
+        _add_value(headers, lowered, value)
         fields.append((name, value))
     hosts = sum(name.lower() == "host" for name, _value in fields)
     if hosts > 1 or (hosts == 0 and version == "HTTP/1.1"):
