@@ -108,6 +108,40 @@ def test_the_gateways_own_probe_is_not_desynced_either(box):
     assert_each_caller_gets_its_own_answer(gateway, 3)
 
 
+def test_a_gear_that_sent_stray_bytes_gets_a_connection_per_request_for_a_while(box):
+    gateway, gear = box
+    gear.script = once(lambda r: [json_answer(chat_answer(r.json()["messages"][-1]["content"]))
+                                  + EVIL])
+    ask(gateway, "first")
+    assert_each_caller_gets_its_own_answer(gateway, 3)
+    connections = [r.connection for r in gear.posts()[1:]]
+    assert len(set(connections)) == len(connections) == 3  # none reused
+    assert Scrape.of(gateway.url).value("lobes_gateway_upstream_unpooled_total",
+                                        origin=gear.url) >= 1
+
+
+def test_an_answer_that_names_another_request_is_never_relayed():
+    """A gear (echoing request ids, as a peer gateway does) whose stray answer to one request
+    arrives just as the next request takes the connection: the stray names the earlier
+    request, so it is refused rather than handed to the later caller."""
+    stray: list[bytes] = []
+
+    def script(request: Received):
+        said = request.json()["messages"][-1]["content"]
+        answer = json_answer(chat_answer(said), extra=b"X-Request-Id: %s\r\n"
+                             % request.header("x-request-id").encode())
+        if said == "first":
+            stray.append(answer)
+            return [answer]
+        return [*(stray.pop() for _ in range(len(stray))), json_answer(chat_answer(said))]
+
+    with FakeGear(script) as gear, start_gateway({**wired_to(gear), **TIMEOUTS}) as gateway:
+        assert content_of(ask(gateway, "first")) == "first"
+        second = ask(gateway, "second")
+        assert second.status == 503  # refused, never "first"'s answer
+        assert_each_caller_gets_its_own_answer(gateway, 3)
+
+
 def test_a_negative_chunk_size_ends_that_stream_and_freezes_nothing(box):
     """-6 after "-6\r\n" points the scan back at its own start: the old scan looped there
     forever, at 100% CPU, and every caller of the gateway waited."""

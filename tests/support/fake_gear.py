@@ -100,10 +100,13 @@ class FakeGear:
     """A raw HTTP/1.1 server on 127.0.0.1 answering POSTs by `script`; a context manager."""
 
     def __init__(self, script: Script = echo_script, served: str = SERVED,
-                 max_model_len: int = 4096) -> None:
+                 max_model_len: int = 4096, echo_id: bool = False) -> None:
         self.script = script
         self.served = served
         self.max_model_len = max_model_len
+        # Every answer head a script sends echoes the X-Request-Id of the request it answers,
+        # as a peer gateway does (and vLLM with --enable-request-id-headers).
+        self.echo_id = echo_id
         self.received: list[Received] = []
         self._lock = threading.Lock()
         self._connections: list[socket.socket] = []
@@ -156,15 +159,17 @@ class FakeGear:
                     self.received.append(request)
                 steps = (self.script(request) if request.method == "POST"
                          else [self._probe_answer(request)])
-                if not self._play(conn, steps):
+                echoed = request.header("x-request-id") if self.echo_id else None
+                if not self._play(conn, steps, echoed):
                     return
         except OSError:
             return
         finally:
             conn.close()
 
-    def _play(self, conn: socket.socket, steps: Iterable[Step]) -> bool:
-        """Send a script's steps; False when the connection is done."""
+    def _play(self, conn: socket.socket, steps: Iterable[Step], echoed: str | None) -> bool:
+        """Send a script's steps (each answer head naming `echoed`, if given); False when the
+        connection is done."""
         for step in steps:
             if step is HANG:
                 self._closed.wait()
@@ -175,6 +180,10 @@ class FakeGear:
                 time.sleep(step)
             else:
                 assert isinstance(step, bytes)
+                if echoed is not None and step.startswith(b"HTTP/1.1 "):
+                    line_end = step.index(b"\r\n") + 2
+                    step = (step[:line_end] + b"X-Request-Id: " + echoed.encode("latin-1")
+                            + b"\r\n" + step[line_end:])
                 conn.sendall(step)
         return True
 

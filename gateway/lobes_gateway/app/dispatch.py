@@ -343,7 +343,7 @@ class Dispatcher:
                                     len(step.body))
                 try:
                     response = await exchange(self._connections, step.origin, head, step.body,
-                                              self._timeout)
+                                              self._timeout, request_id=req.request_id)
                 except UpstreamError:
                     step = self._moved_on(plan, Failure(step.name, None))
                     continue

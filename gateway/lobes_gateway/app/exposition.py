@@ -102,6 +102,11 @@ def _traffic(out: Exposition, metrics: Metrics) -> None:
                "the backend broke the stream (closed it, or broke its framing) or stalled "
                "(sent nothing for GATEWAY_STREAM_STALL_S).",
                _keyed(metrics.streams_cut, ("role", "reason")))
+    out.family("lobes_gateway_upstream_unpooled_total", "counter",
+               "Times an upstream sent bytes nobody asked for (an answer longer than its "
+               "framing, a response on an idle connection, an answer naming another request) "
+               "and its connections stopped being pooled for a while, by origin.",
+               [((("origin", origin),), count) for origin, count in metrics.unpooled.items()])
     out.family("lobes_gateway_shed_requests_total", "counter",
                "Requests refused to shed load, by reason.",
                _keyed({(reason,): n for reason, n in metrics.shed.items()}, ("reason",)))

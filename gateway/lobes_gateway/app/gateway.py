@@ -110,6 +110,7 @@ class Gateway:
         self.admission = AdmissionGate(config, self.pressure, self.peers.pooled)
         self.access_log = AccessLog(config.access_log) if config.access_log else None
         self.metrics = Metrics(self.access_log)
+        self.metrics.unpooled = self.connections.distrusted
         self.started_at = process_start_time()
         self.dispatcher = Dispatcher(config, self.connections, self.peers, self.pressure,
                                      self.metrics)

@@ -15,7 +15,7 @@ import os
 import time
 from bisect import bisect_left
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from ..transport.channel import Channel
 from ..transport.trace import CLIENT_CLOSED, Trace
@@ -93,6 +93,9 @@ class Metrics:
         # Streams relayed whole to no end of their own: by role and why (app/relay.py BROKEN,
         # STALLED).
         self.streams_cut: defaultdict[tuple[str, str], int] = defaultdict(int)
+        # Origins whose connections stopped being pooled (bytes nobody asked for), by origin:
+        # the connection pool's own count, shown here.
+        self.unpooled: Mapping[str, int] = {}
         # Every reason from zero: an alert on rate() sees the first shed too.
         self.shed: dict[str, int] = dict.fromkeys(SHED_REASONS, 0)
         self.live: set[Trace] = set()

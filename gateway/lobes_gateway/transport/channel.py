@@ -131,6 +131,10 @@ class Channel(asyncio.Protocol):
             await self._more()
         return self._take(size)
 
+    def pending(self) -> int:
+        """How many received bytes nobody has read yet."""
+        return len(self._buffer)
+
     def peek(self, size: int) -> bytes:
         """Up to `size` buffered bytes, left in the buffer."""
         return bytes(self._buffer[:size])

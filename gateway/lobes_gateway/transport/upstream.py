@@ -21,6 +21,8 @@ MAX_BODY_READ = 256 * 1024
 # A non-streamed answer held whole (a chunked or close-delimited one, a probe's) larger than this
 # is a broken answer, not a reason to grow the gateway without bound.
 MAX_BUFFERED_ANSWER = 64 * 1024 * 1024
+# How long an origin that sent bytes nobody asked for gets no pooled connection.
+UNPOOLED_S = 60.0
 # 1xx heads before the final one: more is a broken answer.
 _MAX_INTERIM = 8
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: [\t \x21-\x7e\x80-\xff]*)?")
@@ -109,12 +111,15 @@ class _ResponseShape(NamedTuple):
 class Response:
     """A response head read from upstream; the body is still on `conn`."""
 
-    __slots__ = ("chunked", "conn", "headers", "keep_alive", "length", "raw", "relayed", "status")
+    __slots__ = ("chunked", "conn", "headers", "ids", "keep_alive", "length", "raw", "relayed",
+                 "status")
 
     def __init__(self, conn: Connection, raw: bytes) -> None:
         self.conn = conn
         self.raw = raw
-        key, lengths, _ids = split_head(raw)  # the id is the gateway's own, set per hop
+        # The X-Request-Id the answer echoes, if any: never relayed (the gateway writes the
+        # request's own), but an answer that names another request is not this one's.
+        key, lengths, self.ids = split_head(raw)
         shape = _RESPONSE_SHAPES.parsed(key)
         self.status, self.headers, self.relayed, self.keep_alive, self.chunked = shape
         self.length = _content_length(lengths) if lengths else None
@@ -203,13 +208,21 @@ _HOST_LINES: dict[Origin, str] = {}
 
 class Connections:
     """The upstream connection pool: idle keep-alive connections per origin; connect failures
-    raise UpstreamError. `body_timeouts` bound every read of an answer after its head."""
+    raise UpstreamError. `body_timeouts` bound every read of an answer after its head.
+
+    An origin that sends bytes nobody asked for (an answer longer than its framing, a response
+    on an idle connection, an answer that names another request) gets no pooled connection for
+    UNPOOLED_S: each request then has a connection of its own, so a stray answer written later
+    meets a closed socket instead of the next request.
+    """
 
     def __init__(self, connect_timeout_s: float,
                  body_timeouts: BodyTimeouts = DEFAULT_BODY_TIMEOUTS) -> None:
         self._idle: dict[Origin, list[Connection]] = defaultdict(list)
         self._connect_timeout = connect_timeout_s
         self.body_timeouts = body_timeouts
+        self._unpooled: dict[Origin, float] = {}  # until when (monotonic)
+        self.distrusted: defaultdict[str, int] = defaultdict(int)  # by origin URL
 
     async def open(self, origin: Origin) -> Connection:
         loop = asyncio.get_running_loop()
@@ -242,18 +255,41 @@ class Connections:
             conn = idle.pop()
             if conn.channel.reusable():
                 return conn
-            conn.close()
+            self._discard(conn)
         return None
 
     def release(self, conn: Connection) -> None:
         """Pool a connection whose answer ended exactly where its framing said: one with bytes
         nobody asked for, or closing, is closed (take_idle checks again when it is wanted,
         for bytes that came while it was idle)."""
-        idle = self._idle[conn.origin]
-        if len(idle) < MAX_IDLE_PER_ORIGIN and conn.channel.reusable():
+        origin = conn.origin
+        idle = self._idle[origin]
+        if (len(idle) < MAX_IDLE_PER_ORIGIN and conn.channel.reusable()
+                and not (self._unpooled and self._is_unpooled(origin))):
             idle.append(conn)
         else:
+            self._discard(conn)
+
+    def distrust(self, origin: Origin) -> None:
+        """`origin` sent bytes nobody asked for: pool none of its connections for UNPOOLED_S."""
+        self._unpooled[origin] = time.monotonic() + UNPOOLED_S
+        self.distrusted[origin.url] += 1
+        for conn in self._idle.pop(origin, ()):
             conn.close()
+
+    def _discard(self, conn: Connection) -> None:
+        if conn.channel.pending():
+            self.distrust(conn.origin)
+        conn.close()
+
+    def _is_unpooled(self, origin: Origin) -> bool:
+        until = self._unpooled.get(origin)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self._unpooled[origin]
+        return False
 
     def close_all(self) -> None:
         for idle in self._idle.values():
@@ -263,9 +299,12 @@ class Connections:
 
 
 async def exchange(connections: Connections, origin: Origin, head: bytes, body: bytes,
-                   timeout_s: float, upgrade: bool = False) -> Response:
+                   timeout_s: float, upgrade: bool = False,
+                   request_id: str | None = None) -> Response:
     """Send one request; its final response head within timeout_s (1xx heads skipped; a 101 is
-    an answer only when `upgrade` asked for one).
+    an answer only when `upgrade` asked for one). An answer that echoes an X-Request-Id other
+    than `request_id` (the one sent) answers another request: it is refused, and its origin
+    distrusted.
 
     A stale pooled socket (closed or reset before any byte of an answer) is retried once on a
     fresh one; a head the gateway cannot read is never asked again.
@@ -277,7 +316,12 @@ async def exchange(connections: Connections, origin: Origin, head: bytes, body: 
             conn = await connections.open(origin)
         conn.watchdog.arm(timeout_s, conn.abort)
         try:
-            return await _answer_head(conn, head, body, upgrade)
+            response = await _answer_head(conn, head, body, upgrade)
+            if request_id is not None and response.ids and \
+                    response.ids[-1] != request_id.encode("latin-1"):
+                connections.distrust(origin)
+                raise ValueError("an answer that names another request's X-Request-Id")
+            return response
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             conn.close()
             if reused and not conn.timed_out and not getattr(exc, "partial", b""):
