@@ -379,7 +379,8 @@ class Gateway:
         try:
             if len(req.body) <= _PARSED_ASIDE_BYTES:
                 return parse_body(req.body)
-            return await asyncio.get_running_loop().run_in_executor(None, parse_body, req.body)
+            return await asyncio.get_running_loop().run_in_executor(None, parse_body, req.body,
+                                                                    True)
         except BodyError as exc:
             return exc.error
 

@@ -149,7 +149,9 @@ class Channel(asyncio.Protocol):
             data = bytes(buffer)
             buffer.clear()
         else:
-            data = bytes(buffer[:size])
+            # A slice of a bytearray is a copy of its own: a large one is copied once, through
+            # a view.
+            data = bytes(buffer[:size]) if size < 65536 else bytes(memoryview(buffer)[:size])
             del buffer[:size]
         return data
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from json.decoder import scanstring
+from typing import AnyStr
 
 from .errors import ApiError
 
@@ -30,6 +32,7 @@ _NEXT = re.compile(_WS + r'(?:,' + _WS + r'"([^"\\]*)"' + _WS + ":" + _WS + r"|\
 # Strings, taken out before the structure of a large body is counted.
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _BOM = b"\xef\xbb\xbf"
+_WHITESPACE = re.compile(_WS).match
 
 
 class BodyError(Exception):
@@ -81,20 +84,29 @@ class JsonBody:
         original = self.payload
         if sent is original:
             return self.raw
-        text, pieces, at = self._text, [], 0
-        for key, start, end in self._spans:
-            value = sent[key]
-            if value is not original[key]:
-                pieces += [text[at:start], _dumps(value)]
-                at = end
+        edits = [(start, end, _dumps(sent[key])) for key, start, end in self._spans
+                 if sent[key] is not original[key]]
         added = [f"{_dumps(key)}:{_dumps(value)}" for key, value in sent.items()
                  if key not in original]
         if added:
-            close = text.rindex("}")
-            pieces += [text[at:close], "," if self._spans else "", ",".join(added)]
-            at = close
-        pieces.append(text[at:])
-        return "".join(pieces).encode()
+            close = self._text.rindex("}")
+            edits.append((close, close, ("," if self._spans else "") + ",".join(added)))
+        if len(self.raw) == len(self._text):
+            # ASCII text (the usual body): its offsets are the bytes' own, so the bytes are cut
+            # and joined once, never decoded or encoded again.
+            return _spliced(self.raw, [(start, end, new.encode()) for start, end, new in edits])
+        return _spliced(self._text, edits).encode()
+
+
+def _spliced(whole: AnyStr, edits: list[tuple[int, int, AnyStr]]) -> AnyStr:
+    """`whole` with each (start, end) span, in order, replaced by its new text."""
+    pieces = []
+    at = 0
+    for start, end, new in edits:
+        pieces += [whole[at:start], new]
+        at = end
+    pieces.append(whole[at:])
+    return whole[:0].join(pieces)
 
 
 def _dumps(value: object) -> str:
@@ -102,9 +114,10 @@ def _dumps(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
-def parse_body(raw: bytes) -> JsonBody:
+def parse_body(raw: bytes, sliced: bool = False) -> JsonBody:
     """Read a request body as a JSON object, within bounds; raises BodyError (a 400 or 413
-    that names what is wrong)."""
+    that names what is wrong). `sliced`: each top-level array is read value by value, so a
+    thread reading a large body lets others run between its values."""
     if raw.startswith(_BOM):  # allowed, never passed on (RFC 8259 8.1)
         raw = raw[3:]
     try:
@@ -114,7 +127,7 @@ def parse_body(raw: bytes) -> JsonBody:
     if len(raw) > COUNTED_BODY_BYTES:
         _check_elements(raw)
     try:
-        payload, spans = _walk(text)
+        payload, spans = _walk(text, _scan_sliced if sliced else _scan)
     except RecursionError:
         raise _invalid("nested too deeply; flatten the request") from None
     except ValueError as exc:
@@ -135,22 +148,25 @@ def _check_elements(raw: bytes) -> None:
                                  "send fewer (split the batch)"))
 
 
-def _walk(text: str) -> tuple[dict, list[tuple[str, int, int]]]:
-    """The top-level object, member by member (each value parsed by the C scanner): the
-    payload and its members' spans; a ValueError for anything but one object of unique keys."""
+Scan = Callable[[str, int], tuple[object, int]]
+
+
+def _walk(text: str, scan: Scan) -> tuple[dict, list[tuple[str, int, int]]]:
+    """The top-level object, member by member (each value parsed by `scan`): the payload and
+    its members' spans; a ValueError for anything but one object of unique keys."""
     found = _FIRST.match(text)
     if found is None:
-        return _walk_escaped(text)
+        return _walk_escaped(text, scan)
     payload: dict = {}
     spans: list[tuple[str, int, int]] = []
     while (key := found.group(1)) is not None:
         start = found.end()
-        value, end = _scan(text, start)
+        value, end = scan(text, start)
         payload[key] = value
         spans.append((key, start, end))
         found = _NEXT.match(text, end)
         if found is None:
-            return _walk_escaped(text)
+            return _walk_escaped(text, scan)
     if len(payload) != len(spans):
         raise _duplicate(spans)
     if found.end() != len(text):
@@ -158,7 +174,7 @@ def _walk(text: str) -> tuple[dict, list[tuple[str, int, int]]]:
     return payload, spans
 
 
-def _walk_escaped(text: str) -> tuple[dict, list[tuple[str, int, int]]]:
+def _walk_escaped(text: str, scan: Scan) -> tuple[dict, list[tuple[str, int, int]]]:
     """The walk for any other spelling (escaped keys, malformed text): slower, and it words the
     error exactly."""
     index = _skip(text, 0)
@@ -179,7 +195,7 @@ def _walk_escaped(text: str) -> tuple[dict, list[tuple[str, int, int]]]:
         if text[index:index + 1] != ":":
             raise ValueError(f"expected ':' at char {index}")
         start = _skip(text, index + 1)
-        value, end = _scan(text, start)
+        value, end = scan(text, start)
         payload[key] = value
         spans.append((key, start, end))
         index = _skip(text, end)
@@ -202,10 +218,28 @@ def _scan(text: str, start: int) -> tuple[object, int]:
         raise ValueError(f"expected a value at char {start}") from None
 
 
+def _scan_sliced(text: str, start: int) -> tuple[object, int]:
+    """A value as _scan reads it, an array one value at a time."""
+    if not text.startswith("[", start):
+        return _scan(text, start)
+    items: list[object] = []
+    index = _skip(text, start + 1)
+    if text.startswith("]", index):
+        return items, index + 1
+    while True:
+        value, index = _scan(text, index)
+        items.append(value)
+        index = _skip(text, index)
+        if text.startswith("]", index):
+            return items, index + 1
+        if not text.startswith(",", index):
+            raise ValueError(f"expected ',' or ']' at char {index}")
+        index = _skip(text, index + 1)
+
+
 def _skip(text: str, index: int) -> int:
-    while index < len(text) and text[index] in " \t\n\r":
-        index += 1
-    return index
+    """Where the whitespace at `index` ends."""
+    return _WHITESPACE(text, index).end()
 
 
 def _duplicate(spans: list[tuple[str, int, int]]) -> BodyError:
