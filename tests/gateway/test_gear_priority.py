@@ -60,11 +60,12 @@ def test_a_peer_is_told_the_class_the_request_runs_in():
     """Proxied (the same holds for pool replicas and owners), the request carries its class
     here as X-Lobes-Priority, replacing what the caller sent: a batch key asking for
     interactive is still batch at the peer; standard sends nothing."""
-    # A proxied request names the role, which a peer gateway resolves: the stand-in serves it.
+    # A proxied request names the role, which a peer gateway resolves: the stand-in serves it
+    # (and answers for it: no served name is declared here for its answers to be held to).
     with start_sim("instant", served_name="cortex") as peer:
         env = {"GATEWAY_API_KEY": BOX_KEY, "GATEWAY_CLIENT_KEYS": CLIENT_KEYS,
                "PRIMARY_ROUTE": "proxy", "PRIMARY_FEASIBLE": "false",
-               "PRIMARY_PEER_ORIGIN": peer.url, "PRIMARY_SERVED_NAME": SERVED}
+               "PRIMARY_PEER_ORIGIN": peer.url}
         with start_gateway(env) as gateway:
             for marker, key, headers in (("batch", "agents", {}),
                                          ("raised", "agents", {"X-Lobes-Priority": "interactive"}),

@@ -83,22 +83,20 @@ def test_extra_bytes_after_a_gears_answers_never_reach_another_caller_through_th
 
 def test_a_stream_that_would_freeze_its_gateway_ends_and_the_pool_goes_on(chain):
     front, gears = chain
-    bad, good = gears
 
     def freezing(_request: Received):
         return [STREAM_HEAD + chunk(sse_event("a", SERVED)) + b"-6\r\n" + b"data: {}\n\n" * 4,
                 HANG]
 
-    bad.script = freezing
-    good.script = echo_script
+    for gear in gears:
+        gear.script = freezing
     streams = [stream_chat(front.url, {"model": "cortex", "max_tokens": 4, "messages": [
         {"role": "user", "content": f"stream-{index}"}]}, timeout=20) for index in range(4)]
-    broken = [s for s in streams if s.errors]
-    assert broken, "no stream was placed on the bad replica"
-    assert all(s.errors[-1]["code"] == "stream_interrupted" for s in broken)
-    assert all(s.text == f"stream-{i}" for i, s in enumerate(streams) if not s.errors)
+    assert [s.errors[-1]["code"] if s.errors else None for s in streams] == [
+        "stream_interrupted"] * 4
     for back in front.env["PRIMARY_PEER_ORIGINS"].split(","):
         assert call(back, "GET", "/health", timeout=5).status == 200  # not frozen
-    bad.script = echo_script
+    for gear in gears:
+        gear.script = echo_script
     assert [_ask(front, f"after-{i}").json()["choices"][0]["message"]["content"]
             for i in range(4)] == [f"after-{i}" for i in range(4)]

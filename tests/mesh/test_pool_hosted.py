@@ -78,7 +78,7 @@ def test_the_local_backend_is_a_replica_and_the_role_stays_hosted(thor_sim, spar
     assert (cortex["feasible"], cortex["ready"], cortex["proxied"]) == (True, True, False)
     assert cortex["context"] == 262144
     assert [(r["origin"], r["reason"]) for r in cortex["replicas"]] == [
-        (me, "fingerprint reference"), (spark.url, "")]
+        (me, ""), (spark.url, "")]  # both serve the plan's model: the plan is the reference
 
 
 def test_a_burst_goes_to_the_faster_peer_and_equal_rates_share_it_with_the_local(

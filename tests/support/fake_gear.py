@@ -100,8 +100,11 @@ class FakeGear:
     """A raw HTTP/1.1 server on 127.0.0.1 answering POSTs by `script`; a context manager."""
 
     def __init__(self, script: Script = echo_script, served: str = SERVED,
-                 max_model_len: int = 4096, echo_id: bool = False) -> None:
+                 max_model_len: int = 4096, echo_id: bool = False,
+                 probes: Script | None = None) -> None:
         self.script = script
+        # GETs' answers when set (a fake peer gateway's /capabilities, /v1/models, /status).
+        self.probes = probes
         self.served = served
         self.max_model_len = max_model_len
         # Every answer head a script sends echoes the X-Request-Id of the request it answers,
@@ -157,8 +160,10 @@ class FakeGear:
                     return
                 with self._lock:
                     self.received.append(request)
-                steps = (self.script(request) if request.method == "POST"
-                         else [self._probe_answer(request)])
+                if request.method == "POST":
+                    steps = self.script(request)
+                else:
+                    steps = self.probes(request) if self.probes else [self._probe_answer(request)]
                 echoed = request.header("x-request-id") if self.echo_id else None
                 if not self._play(conn, steps, echoed):
                     return

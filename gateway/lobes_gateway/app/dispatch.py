@@ -17,6 +17,8 @@ Rules for moving on to the next attempt:
            the owner's own answer
   REPLICA  pool replicas: as OWNER, and a 429 (the replica's box sheds the tier, or the key is
            at its limit there): the request never started, another replica may take it
+A peer's 200 (PEER, OWNER, REPLICA) that names another model than the role's is a failure
+too, read before any byte is relayed (app/claims.py).
 A strict-lane attempt whose 400 says the tool schema could not be compiled is retried once on
 the same target without the injected strict flag; any other 400 is the answer.
 """
@@ -61,6 +63,7 @@ from ..transport.upstream import (
     exchange,
     request_head,
 )
+from .claims import NOT_CHECKED, claimed_model
 from .metrics import (
     ANSWERED,
     BUSY,
@@ -70,6 +73,7 @@ from .metrics import (
     SHED_MEMORY,
     SHED_PRESSURE,
     UNREACHABLE,
+    WRONG_MODEL,
     Metrics,
 )
 from .relay import Outcome, read_whole
@@ -194,12 +198,12 @@ def this_box(config: GatewayConfig) -> str:
 class Attempt:
     """One upstream try: where, what to send, the headers its answer carries, when to move on."""
 
-    __slots__ = ("body", "extra", "headers", "name", "origin", "placement", "resume", "rule",
-                 "strict")
+    __slots__ = ("body", "extra", "headers", "model", "name", "origin", "placement", "resume",
+                 "rule", "strict")
 
     def __init__(self, origin: Origin, name: str, headers: str, body: bytes, extra: list[bytes],
                  rule: int, placement: Placement | None = None, strict: bool = False,
-                 resume: StreamResume | None = None) -> None:
+                 resume: StreamResume | None = None, model: str | None = None) -> None:
         self.origin = origin
         self.name = name
         self.headers = headers
@@ -209,6 +213,7 @@ class Attempt:
         self.placement = placement
         self.strict = strict
         self.resume = resume  # a pooled stream that may go on on another replica
+        self.model = model  # the model a peer's answer must name (app/claims.py)
 
 
 @dataclass(frozen=True)
@@ -227,8 +232,11 @@ class Failure:
     status: int | None
     declined: bool = False  # a proxied peer's 404 role_infeasible
     compile_failure: bool = False  # a strict-lane 400: retry without strict
+    wrong_model: bool = False  # a peer's 200 naming another model than the role's
 
     def describe(self) -> str:
+        if self.wrong_model:
+            return f"{self.name} (answered for another model)"
         return f"{self.name} ({'unreachable' if self.status is None else self.status})"
 
     @property
@@ -236,6 +244,8 @@ class Failure:
         """The attempt's outcome as /metrics counts it."""
         if self.status is None:
             return UNREACHABLE
+        if self.wrong_model:
+            return WRONG_MODEL
         if self.compile_failure:
             return SCHEMA_REJECTED
         if self.status == 429:
@@ -347,7 +357,7 @@ class Dispatcher:
                 except UpstreamError:
                     step = self._moved_on(plan, Failure(step.name, None))
                     continue
-                judged = (Outcome(response, step.extra, placement, started)
+                judged = (await self._accept(step, response, started)
                           if response.status < 400
                           else await self._judge(step, response, started))
                 if isinstance(judged, Failure):
@@ -383,6 +393,17 @@ class Dispatcher:
         if isinstance(step, Attempt):
             self._metrics.failovers[key] += 1
         return step
+
+    async def _accept(self, attempt: Attempt, response: Response,
+                      started: float) -> Outcome | Failure:
+        """A success status: relayed, but a peer's 200 that names another model than the
+        role's (or none) is a failure, before the caller has a byte of it."""
+        if attempt.model is not None and response.status == 200:
+            claimed = await claimed_model(response, self._connections.body_timeouts)
+            if claimed is not NOT_CHECKED and claimed != attempt.model:
+                response.conn.close()
+                return Failure(attempt.name, 200, wrong_model=True)
+        return Outcome(response, attempt.extra, attempt.placement, started)
 
     async def _judge(self, attempt: Attempt, response: Response,
                      started: float) -> Outcome | Failure:
@@ -510,7 +531,7 @@ class Dispatcher:
         body = encode_for(req, with_priority(payload, req.priority, False), route.peer_model)
         extra = [b"X-Lobes-Proxied-By: " + route.origin.encode(), *tail]
         failure = yield Attempt(self._peers.origin(route.origin), route.origin, headers, body,
-                                extra, PEER)
+                                extra, PEER, model=self._peers.served_id(route.role))
         if failure is None:
             return
         if failure.declined:
@@ -576,7 +597,8 @@ class Dispatcher:
                                   role.replicas.served_id)
             extra = [b"X-Lobes-Proxied-By: " + spec.origin.encode(), reason]
             failure = yield Attempt(self._peers.origin(spec.origin), spec.origin, headers, body,
-                                    extra, REPLICA, placement, resume=resume)
+                                    extra, REPLICA, placement, resume=resume,
+                                    model=role.replicas.served_id)
             if failure is None:
                 return
             failures.append(failure)
@@ -642,10 +664,10 @@ class Dispatcher:
         # answered for the same role on the owner.
         body = encode_for(req, with_priority(payload, req.priority, False), route.role)
         failures: list[Failure] = []
-        for owner in distinct_boxes(route.owners):
+        for owner in self._peers.owners_in_order(route.role, distinct_boxes(route.owners)):
             extra = [b"X-Lobes-Proxied-By: " + owner.encode()]
             failure = yield Attempt(self._peers.origin(owner), owner, headers, body, extra,
-                                    OWNER)
+                                    OWNER, model=self._peers.served_id(route.role))
             if failure is None:
                 return
             failures.append(failure)

@@ -31,6 +31,7 @@ SERVER_ERROR = "server_error"  # a 5xx that moved the request on
 DECLINED = "declined"  # a 401/403/404 (a peer's role_infeasible) that moved it on
 BUSY = "busy"  # a pool replica's 429 (its box sheds the tier, or its key is at its limit)
 SCHEMA_REJECTED = "schema_rejected"  # a strict-lane 400: retried without strict
+WRONG_MODEL = "wrong_model"  # a peer's 200 that names a model other than the role's
 # Why a request was shed (lobes_gateway_shed_requests_total{reason}).
 SHED_PRESSURE = "pressure"  # swap or iowait
 SHED_MEMORY = "memory"  # MemAvailable or PSI memory

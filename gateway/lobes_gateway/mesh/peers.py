@@ -21,7 +21,16 @@ from ..policy.routing import OwnerRoute, PoolRoute, ProxyRoute, Route, Router
 from ..transport import errors
 from ..transport.errors import ApiError
 from ..transport.upstream import Connections, Origin, UpstreamError, fetch
-from .replicas import Prober, ProbeTarget, ReplicaSet, ReplicaSpec, ReplicaState, with_local_replica
+from .replicas import (
+    MAX_PROBE_BYTES,
+    Fingerprint,
+    Prober,
+    ProbeTarget,
+    ReplicaSet,
+    ReplicaSpec,
+    ReplicaState,
+    with_local_replica,
+)
 
 # The loop's timers may fire up to its clock resolution early: the wake waits this much past
 # the forecast end so the forecast has freed the slot when the queue looks.
@@ -161,6 +170,15 @@ def replica_specs(rc: RoleConfig) -> tuple[ReplicaSpec, ...]:
                  for p in rc.peers)
 
 
+def planned_fingerprint(rc: RoleConfig) -> Fingerprint | None:
+    """What the plan says every peer of the role serves (its served name and runtime), the
+    reference they are judged by; None when this box's .env declares no served name (the
+    first ready peer is then the reference), and for the audio lanes, which list no model."""
+    if not rc.served_name_declared or rc.role.task in AUDIO_TASKS:
+        return None
+    return Fingerprint(rc.served_name, None, rc.quantization)
+
+
 def _pooled_role(route: PoolRoute, policy: Policy, self_origin: str | None) -> PooledRole:
     rc = route.config
     specs = replica_specs(rc)
@@ -168,8 +186,8 @@ def _pooled_role(route: PoolRoute, policy: Policy, self_origin: str | None) -> P
         specs = with_local_replica(specs, local_url=rc.base_url.url, self_origin=self_origin)
     placer = Placer(policy, {s.origin: s.prior_rate for s in specs})
     singular = route.fall_through.origin if isinstance(route.fall_through, ProxyRoute) else None
-    return PooledRole(route.role, ReplicaSet(route.role, specs), placer, rc.max_active or 1,
-                      singular)
+    replicas = ReplicaSet(route.role, specs, planned_fingerprint(rc))
+    return PooledRole(route.role, replicas, placer, rc.max_active or 1, singular)
 
 
 def _probe_target(config: GatewayConfig, role: str) -> ProbeTarget:
@@ -202,6 +220,8 @@ class PeerWatch:
         self._proxied: dict[str, ReplicaSet] = {}
         self._owned: dict[str, ReplicaSet] = {}
         self._targets: list[tuple[ReplicaSet, ProbeTarget]] = []
+        self._audio = frozenset(name for name, rc in config.roles.items()
+                                if rc.role.task in AUDIO_TASKS)
         policy = policy_named(config.pool_policy)
         for route in router.routes():
             self._watch(route, config, policy)
@@ -215,7 +235,8 @@ class PeerWatch:
             pooled = self.pooled[route.role] = _pooled_role(route, policy, config.self_origin)
             self._targets.append((pooled.replicas, _probe_target(config, route.role)))
         elif isinstance(route, ProxyRoute) and route.role not in self._proxied:
-            peer = ReplicaSet(route.role, (ReplicaSpec(route.origin, route.api_key),))
+            peer = ReplicaSet(route.role, (ReplicaSpec(route.origin, route.api_key),),
+                              planned_fingerprint(config.roles[route.role]))
             self._proxied[route.role] = peer
             # This box expects no served id of its own for a proxied role: the role alone.
             audio = config.roles[route.role].role.task in AUDIO_TASKS
@@ -223,7 +244,8 @@ class PeerWatch:
         elif isinstance(route, OwnerRoute) and route.role not in self._owned:
             specs = tuple(ReplicaSpec(origin=o, api_key=config.fleet_key)
                           for o in dict.fromkeys(route.owners))
-            owners = self._owned[route.role] = ReplicaSet(route.role, specs)
+            owners = self._owned[route.role] = ReplicaSet(
+                route.role, specs, planned_fingerprint(config.roles[route.role]))
             self._targets.append((owners, _probe_target(config, route.role)))
 
     def origin(self, url: str) -> Origin:
@@ -237,9 +259,29 @@ class PeerWatch:
         headers = [("Authorization", f"Bearer {api_key}")] if api_key else []
         try:
             return await fetch(self._connections, self.origin(url), path, headers,
-                               self._timeout)
+                               self._timeout, MAX_PROBE_BYTES)
         except UpstreamError as exc:
             raise ConnectionError(str(exc)) from None
+
+    def owners_in_order(self, role: str, owners: list[str]) -> list[str]:
+        """The owners to try, in routing order: those the prober judged selectable first, the
+        others after them (a probe may be stale; a peer judged bad is asked last, never
+        first)."""
+        judged = self._owned.get(role)
+        if judged is None:
+            return owners
+        good = {state.origin for state in judged.selectable()}
+        return [o for o in owners if o in good] + [o for o in owners if o not in good]
+
+    def served_id(self, role: str) -> str | None:
+        """The model a peer's answer for `role` must name: the plan's, else what the peers
+        advertise (None while nothing is known, and for an audio lane, whose answers name no
+        model: the answer is then not checked)."""
+        if role in self._audio:
+            return None
+        replicas = (self._proxied.get(role) or self._owned.get(role)
+                    or (self.pooled[role].replicas if role in self.pooled else None))
+        return replicas.served_id if replicas is not None else None
 
     def view(self, role: str) -> PeerView | None:
         """A peer route's view: a pool's is built now, so the rates it shows are the ones

@@ -1,19 +1,30 @@
 """Replica sets: the peers of a pool, a proxy or owner forwarding, and what each last probe saw.
 
-A replica set is judged one whole probe pass at a time. The fingerprint reference is the first
-replica that is READY in this pass, in declaration order; every other ready replica is
-compatible only if its fingerprint agrees with the reference. A replica whose probe failed
-in this pass is neither ready nor compatible: it is never judged on a fingerprint it
-published before it went dark (seed 000, defect 2).
+A replica set is judged one whole probe pass at a time. The fingerprint reference is what this
+box's own plan says the role serves (P_SERVED_NAME, P_QUANTIZATION): every ready replica is
+compatible only if its fingerprint agrees with it, so a peer declared first cannot make the
+honest ones look wrong. Without a declared served name (an .env written by hand) the reference
+is the first replica READY in this pass, in declaration order. A replica whose probe failed in
+this pass is neither ready nor compatible: it is never judged on a fingerprint it published
+before it went dark.
+
+What a peer advertises is held to the bounds the plan holds this box's own gears to
+(lobes_contract): a window, slot count, load or name outside them makes the peer incompatible,
+with the reason, and never reaches placement or this box's own adverts. A probe that cannot be
+read at all (nested past the parser, a number past any float) fails that peer alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+
+from lobes_contract import CONTEXT_TOKENS, MAX_ACTIVE_SLOTS, SERVED_NAME
 
 # fetch(origin, path, api_key) -> (status, body). Raises OSError or TimeoutError when the
 # peer cannot be reached; the gateway wires its upstream client here, tests a dict.
@@ -22,6 +33,10 @@ Fetch = Callable[[str, str, "str | None"], Awaitable[tuple[int, bytes]]]
 LOCAL_ORIGIN = "local"
 REFERENCE_REASON = "fingerprint reference"
 NOT_PROBED_REASON = "not probed yet"
+# A peer's running + waiting requests beyond this is no load a box can have.
+MAX_LOAD = 1_000_000
+# A probe's answer larger than this is not read (a /capabilities or /status is a few KiB).
+MAX_PROBE_BYTES = 4 * 1024 * 1024
 
 
 def normalize_origin(origin: str) -> str:
@@ -78,12 +93,13 @@ class Fingerprint:
     context: int | None
     runtime: str | None = None
 
-    def difference(self, reference: Fingerprint) -> str:
-        """Why this fingerprint disagrees with the reference; empty when it agrees."""
+    def difference(self, reference: Fingerprint, by: str = "reference") -> str:
+        """Why this fingerprint disagrees with the reference (named `by`, the first ready
+        replica or the plan); empty when it agrees."""
         if self.served_id != reference.served_id:
-            return f"serves {self.served_id}, reference serves {reference.served_id}"
+            return f"serves {self.served_id}, {by} serves {reference.served_id}"
         if self.runtime and reference.runtime and self.runtime != reference.runtime:
-            return f"runtime {self.runtime}, reference runtime {reference.runtime}"
+            return f"runtime {self.runtime}, {by} runtime {reference.runtime}"
         return ""
 
 
@@ -101,6 +117,11 @@ class ProbeResult:
     @classmethod
     def failed(cls, reason: str, listed_ids: frozenset[str] = frozenset()) -> ProbeResult:
         return cls(ready=False, reason=reason, listed_ids=listed_ids)
+
+    @classmethod
+    def refused(cls, reason: str) -> ProbeResult:
+        """The peer answered, but what it advertised is out of bounds: ready, incompatible."""
+        return cls(ready=True, reason=reason)
 
 
 @dataclass(frozen=True)
@@ -148,6 +169,7 @@ def _judge(
     reference: Fingerprint | None,
     is_reference: bool,
     now: float,
+    by: str = "reference",
 ) -> ReplicaState:
     base = ReplicaState(
         spec=spec,
@@ -162,16 +184,18 @@ def _judge(
         return replace(base, compatible=False, reason=result.reason or "not ready")
     if is_reference:
         return replace(base, compatible=True, reason=REFERENCE_REASON)
-    difference = result.fingerprint.difference(reference)
+    difference = result.fingerprint.difference(reference, by)
     return replace(base, compatible=difference == "", reason=difference)
 
 
 @dataclass
 class ReplicaSet:
-    """The replicas of one role and their state after the latest probe pass."""
+    """The replicas of one role and their state after the latest probe pass; `expected`, the
+    plan's fingerprint for the role, is the reference when it is known."""
 
     role: str
     specs: tuple[ReplicaSpec, ...]
+    expected: Fingerprint | None = None
     states: tuple[ReplicaState, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -186,6 +210,11 @@ class ReplicaSet:
             results.get(spec.origin) or ProbeResult.failed("no probe answer in this pass")
             for spec in self.specs
         ]
+        if self.expected is not None:
+            self.states = tuple(
+                _judge(spec, result, self.expected, False, now, "the plan")
+                for spec, result in zip(self.specs, judged, strict=True))
+            return
         index = next(
             (i for i, r in enumerate(judged) if r.ready and r.fingerprint is not None), None
         )
@@ -216,6 +245,9 @@ class ReplicaSet:
 
     @property
     def served_id(self) -> str | None:
+        """The model the role's replicas serve: the plan's, else the first ready one's."""
+        if self.expected is not None:
+            return self.expected.served_id
         reference = self.reference
         return reference.fingerprint.served_id if reference and reference.fingerprint else None
 
@@ -246,11 +278,24 @@ class ProbeTarget:
     audio: bool = False
 
 
+def _refuse_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+_STRICT = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
+class _Unreadable(Exception):
+    """A probe answer that is not JSON the gateway reads: NaN, nesting past the parser."""
+
+
 def _json(body: bytes) -> object:
     try:
-        return json.loads(body)
+        return _STRICT.decode(body.decode())
     except (ValueError, UnicodeDecodeError):
         return None
+    except RecursionError:
+        raise _Unreadable("nested deeper than the gateway reads") from None
 
 
 def _role_entry(capabilities: object, role: str) -> dict | None:
@@ -272,18 +317,50 @@ def _int_or_none(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _advert_problem(entry: dict) -> str | None:
+    """Why a peer's /capabilities entry for a role is refused (a window, slot count or served
+    name outside what the plan allows a gear), or None."""
+    for field_name, bound in (("context", CONTEXT_TOKENS), ("max_active", MAX_ACTIVE_SLOTS),
+                              ("served_name", SERVED_NAME)):
+        value = entry.get(field_name)
+        if value is None:
+            continue
+        refusal = bound.refusal(value)
+        if refusal is not None:
+            return f"peer advertises {field_name} that {refusal.removeprefix('is ')}"
+    return None
+
+
+class _Refused(Exception):
+    """A peer's answer that is readable, but advertises what no box can have."""
+
+
 def _backend_load(status: object, served_id: str) -> int | None:
-    """running + waiting of the peer's backend serving served_id, from its GET /status."""
-    backends = status.get("backends") if isinstance(status, dict) else None
+    """running + waiting of the peer's backend serving served_id, from its GET /status (None
+    when it publishes none); counts no box can have are refused."""
+    if not isinstance(status, dict):
+        raise _Refused("peer /status is not a JSON object the gateway reads")
+    backends = status.get("backends")
     for backend in backends if isinstance(backends, list) else []:
         if not isinstance(backend, dict) or backend.get("served_name") != served_id:
             continue
         metrics = backend.get("metrics")
         if not isinstance(metrics, dict):
             return None
-        counts = [metrics.get("running"), metrics.get("waiting")]
-        return int(sum(c for c in counts if isinstance(c, (int, float))))
+        counts = [c for c in (metrics.get("running"), metrics.get("waiting"))
+                  if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        if not all(_finite_count(c) for c in counts):
+            raise _Refused(f"peer advertises a load no box can have (at most {MAX_LOAD} "
+                           "requests running and waiting)")
+        return int(sum(counts))
     return None
+
+
+def _finite_count(value: float) -> bool:
+    try:
+        return math.isfinite(value) and 0 <= value <= MAX_LOAD
+    except OverflowError:  # an integer past any float
+        return False
 
 
 class _Unreachable(Exception):
@@ -326,6 +403,18 @@ async def _probe_peer(fetch: Fetch, spec: ReplicaSpec, target: ProbeTarget) -> P
         return ProbeResult.failed(f"peer does not host {target.role} (feasible=false)")
     if entry.get("ready") is not True:
         return ProbeResult.failed(f"peer reports {target.role} not ready")
+    refused = _advert_problem(entry)
+    if refused is not None:
+        return ProbeResult.refused(refused)
+    try:
+        return await _peer_fingerprint(fetch, spec, target, entry)
+    except _Refused as exc:
+        return ProbeResult.refused(str(exc))
+
+
+async def _peer_fingerprint(fetch: Fetch, spec: ReplicaSpec, target: ProbeTarget,
+                            entry: dict) -> ProbeResult:
+    """A peer that declares the role ready: its fingerprint, listing and load."""
     context = _int_or_none(entry.get("context"))
     runtime = entry.get("quantization") or entry.get("runtime")
     runtime = runtime if isinstance(runtime, str) else None
@@ -341,7 +430,12 @@ async def _probe_peer(fetch: Fetch, spec: ReplicaSpec, target: ProbeTarget) -> P
     models = _models(body)
     if served not in models:
         return ProbeResult.failed(f"peer does not list {served}", frozenset(models))
-    context = context or _int_or_none(models[served].get("max_model_len"))
+    if context is None:
+        listed_window = models[served].get("max_model_len")
+        if listed_window is not None and CONTEXT_TOKENS.refusal(listed_window) is not None:
+            raise _Refused(f"peer lists max_model_len that "
+                           f"{CONTEXT_TOKENS.refusal(listed_window)}")
+        context = _int_or_none(listed_window)
     return ProbeResult(
         ready=True,
         listed_ids=frozenset(models),
@@ -363,13 +457,19 @@ async def _peer_load(fetch: Fetch, spec: ReplicaSpec, served_id: str) -> int | N
 async def probe_replica(
     fetch: Fetch, spec: ReplicaSpec, target: ProbeTarget, timeout_s: float
 ) -> ProbeResult:
-    """Probe one replica; any transport failure or timeout makes it not ready."""
+    """Probe one replica; any transport failure or timeout makes it not ready, and so does an
+    answer that cannot be read, whatever it raises: one peer's answer fails that peer alone."""
     probe = _probe_local if spec.is_local else _probe_peer
+    where = "local backend" if spec.is_local else "peer gateway"
     try:
         return await asyncio.wait_for(probe(fetch, spec, target), timeout_s)
     except (_Unreachable, TimeoutError, asyncio.TimeoutError):
-        where = "local backend" if spec.is_local else "peer gateway"
         return ProbeResult.failed(f"{where} unreachable")
+    except _Unreadable as exc:
+        return ProbeResult.failed(f"{where} answered what the gateway does not read: {exc}")
+    except Exception as exc:  # any answer, any failure: this peer's alone
+        return ProbeResult.failed(f"{where} answered what the gateway does not read "
+                                  f"({type(exc).__name__})")
 
 
 @dataclass
@@ -395,12 +495,24 @@ class Prober:
         results = await asyncio.gather(
             *(probe_replica(self.fetch, spec, target, self.timeout_s) for spec in replicas.specs)
         )
+        before = {state.origin: state.reason for state in replicas.states}
         replicas.apply_pass(
             {spec.origin: r for spec, r in zip(replicas.specs, results, strict=True)}, started
         )
+        for state in replicas.states:
+            if state.reason != before.get(state.origin) and not state.selectable:
+                log(f"{replicas.role} replica {state.origin} is not selectable: {state.reason}")
 
     async def run(self) -> None:
-        """Probe forever; cancel the task to stop."""
+        """Probe forever; cancel the task to stop. A pass that fails anyway is logged and the
+        loop goes on: no answer stops the probing of every peer."""
         while True:
-            await self.probe_once()
+            try:
+                await self.probe_once()
+            except Exception as exc:  # logged; the next pass starts afresh
+                log(f"a probe pass failed ({type(exc).__name__}: {exc}); probing goes on")
             await asyncio.sleep(self.interval_s)
+
+
+def log(line: str) -> None:
+    print(f"lobes_gateway: {line}", file=sys.stderr, flush=True)

@@ -90,6 +90,9 @@ class RoleConfig:
     # P_RATE: the local gear's declared single-stream tok/s, the admission queue's prior
     # until a request has finished (so a deadline is judged on the first request too).
     rate: float | None = None
+    # P_SERVED_NAME was set (the plan always renders it): the model every peer of the role
+    # must serve. Unset (an .env written by hand), peers are held to the first ready one.
+    served_name_declared: bool = False
 
     @property
     def name(self) -> str:
@@ -311,6 +314,7 @@ def _role(env: _Env, role: RoleSpec, fleet_key: str | None) -> RoleConfig:
         stream_resume=stream_resume,
         priority_scheduling=bool(env.bool(f"{p}_PRIORITY_SCHEDULING", False)),
         rate=_rate(f"{p}_RATE", env.str(f"{p}_RATE") or ""),
+        served_name_declared=env.str(f"{p}_SERVED_NAME") is not None,
     )
 
 

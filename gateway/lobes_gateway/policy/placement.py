@@ -166,7 +166,9 @@ class ReplicaView:
         engine = sum(stalls[:running])
         free_at = [engine + work - stall
                    for work, stall in zip(self.work_s[:running], stalls[:running], strict=True)]
-        free_at += [0.0] * (self.slots - running)
+        # Free slots past the waiting work and the request's own choices are never reached:
+        # the cost follows the work in flight, not the slots a replica advertises.
+        free_at += [0.0] * (min(self.slots, len(self.work_s) + choices) - running)
         heapq.heapify(free_at)
         for work, stall in zip(self.work_s[running:], stalls[running:], strict=True):
             start = max(heapq.heappop(free_at), engine)

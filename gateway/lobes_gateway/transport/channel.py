@@ -139,6 +139,15 @@ class Channel(asyncio.Protocol):
         """Up to `size` buffered bytes, left in the buffer."""
         return bytes(self._buffer[:size])
 
+    async def peek_until(self, marker: bytes, at_least: int, limit: int) -> bytes:
+        """The buffered bytes, left unread, once they hold `at_least` bytes and then `marker`
+        after the first `at_least` (or `limit` bytes, or the end of the stream came first)."""
+        buffer = self._buffer
+        while (len(buffer) < at_least or buffer.find(marker, at_least) < 0) \
+                and len(buffer) < limit and not self._eof:
+            await self._more()
+        return bytes(buffer[:limit])
+
     def take(self, size: int) -> bytes | None:
         """`size` bytes if they are here already (no wait), else None."""
         return self._take(size) if len(self._buffer) >= size else None
