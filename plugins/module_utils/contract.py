@@ -9,7 +9,9 @@ only: it runs on a box that has no Ansible.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -247,26 +249,63 @@ class OriginError(ValueError):
         self.fix = fix
 
 
+# A host name of an origin: DNS labels (letters, digits, '-', '_' as some tailnets write them).
+_LABEL = r"[A-Za-z0-9_][A-Za-z0-9_-]{0,62}"
+_HOST_NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*\.?")
+MASK = "********"
+
+
+def _shown(value: str, parts) -> str:
+    """The origin as an error may quote it: a user or password in it masked."""
+    if "@" not in parts.netloc:
+        return repr(value)
+    return repr(value.replace(parts.netloc.rpartition("@")[0], MASK, 1))
+
+
+def valid_host(host: str) -> bool:
+    """Whether `host` is a host name or an IP address (IPv6 without brackets)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return len(host) <= 253 and _HOST_NAME.fullmatch(host) is not None
+    return True
+
+
 def parse_http_origin(value: str) -> tuple[str, int]:
     """The host and port of http://host[:port] (80 when absent; an IPv6 address in brackets,
-    returned without them), the form every origin of the mesh takes, or OriginError."""
+    returned without them), the form every origin of the mesh takes, or OriginError. A user
+    or password in it is refused (and masked in the error): keys travel in headers only."""
     parts = urlsplit(value.rstrip("/"))
+    shown = _shown(value, parts)
     if parts.scheme != "http" or not parts.hostname:
-        raise OriginError(f"{value!r} is not an http://host:port origin",
+        raise OriginError(f"{shown} is not an http://host:port origin",
                           "write it as http://host:port (plain HTTP over the private network; "
                           "an IPv6 address in brackets)")
-    if parts.path or parts.query:
-        raise OriginError(f"{value!r} carries a path",
-                          "give the origin only, without /v1 or any path")
+    if "@" in parts.netloc:
+        raise OriginError(f"{shown} carries a user or password",
+                          "give the origin only: keys belong in fleet_gateway_api_key (vault), "
+                          "never in a URL")
+    if parts.path or parts.query or parts.fragment or "#" in value or "?" in value:
+        raise OriginError(f"{shown} carries a path",
+                          "give the origin only, without /v1 or any path, query or fragment")
     try:
         port = 80 if parts.port is None else parts.port
     except ValueError:  # not a number, past 65535, or an IPv6 address without its brackets
         port = -1
     if port not in TCP_PORTS:
-        raise OriginError(f"{value!r} has an invalid port",
+        raise OriginError(f"{shown} has an invalid port",
                           f"use a port {TCP_PORTS[0]}-{TCP_PORTS[-1]} (and an IPv6 address "
                           "in brackets)")
+    if not valid_host(parts.hostname):
+        raise OriginError(f"{shown} has an invalid host",
+                          "use a host name (letters, digits, '-', '.') or an IP address")
     return parts.hostname, port
+
+
+def canonical_origin(value: str) -> str:
+    """The one spelling of an origin: lower-case host, explicit port (OriginError when it is
+    not one): two spellings of one box compare equal."""
+    return http_origin(*parse_http_origin(value))
 
 
 def host_port(host: str, port: int) -> str:
@@ -290,40 +329,74 @@ def finite_float(value: int | float) -> float | None:
 
 
 @dataclass(frozen=True)
-class Tunable:
-    """A gateway setting an inventory may override (fleet_gateway_tuning): the values the
-    gateway accepts, so the inventory refuses the rest before anything is deployed."""
+class Bound:
+    """The numbers a setting takes: the inventory refuses the rest before anything is deployed,
+    and the gateway refuses them at start and in what its peers advertise."""
 
     minimum: float
     maximum: float | None = None
     integer: bool = False
+    # The minimum itself is refused: a rate or a time scale must be above 0, not 0.
+    above_minimum: bool = False
 
-    def refusal(self, value: object) -> str | None:
-        """Why the gateway would refuse `value`, or None when it takes it."""
+    def _range(self) -> str:
+        """The range in words: "between 1 and 65535", "0.01 or more", "above 0"."""
+        low = f"above {_figure(self.minimum)}" if self.above_minimum else _figure(self.minimum)
+        if self.maximum is None:
+            return low if self.above_minimum else f"{low} or more"
+        if self.above_minimum:
+            return f"{low} and at most {_figure(self.maximum)}"
+        return f"between {_figure(self.minimum)} and {_figure(self.maximum)}"
+
+    def describe(self) -> str:
+        """What the bound allows, in words: "a whole number between 1 and 65535"."""
+        return f"{'a whole number' if self.integer else 'a number'} {self._range()}"
+
+    def problem(self, value: object) -> str | None:
+        """What is wrong with `value` in a few words, or None when it is taken."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"must be a number, got {value!r}"
+            return "not a number"
         if finite_float(value) is None:
-            return f"must be a finite number, got {value!r}"
+            return "not a finite number"
         if self.integer and not float(value).is_integer():
-            return f"must be a whole number, got {value!r}"
-        if value < self.minimum or (self.maximum is not None and value > self.maximum):
-            upper = f" and {self.maximum:g}" if self.maximum is not None else " or more"
-            between = "between " if self.maximum is not None else ""
-            return f"must be {between}{self.minimum:g}{upper}, got {value!r}"
+            return "not a whole number"
+        too_low = value <= self.minimum if self.above_minimum else value < self.minimum
+        if too_low or (self.maximum is not None and value > self.maximum):
+            return "out of range"
         return None
 
+    def refusal(self, value: object) -> str | None:
+        """Why `value` is refused, as the gateway says it, or None when it is taken."""
+        problem = self.problem(value)
+        if problem is None:
+            return None
+        if problem == "out of range":
+            return f"must be {self._range()}, got {value!r}"
+        return f"must be {problem.removeprefix('not ')}, got {_short(value)}"
 
-_PERCENT = Tunable(0, 100)
-_SECONDS = Tunable(0.01)
+
+def _figure(number: float) -> str:
+    """A bound as people write it: 16777216, 0.01, never 1.67772e+07."""
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
+
+
+def _short(value: object) -> str:
+    """A value for an error message, cut where it is long (a number of 400 digits)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:20] + "..."
+
+
+_PERCENT = Bound(0, 100)
+_SECONDS = Bound(0.01)
 # What an inventory may tune through fleet_gateway_tuning, and what the gateway accepts of each.
-TUNABLES: dict[str, Tunable] = {
+TUNABLES: dict[str, Bound] = {
     "LOBES_SWAP_NO_HARD_THRESHOLD": _PERCENT, "LOBES_SWAP_PREFER_CHEAP_THRESHOLD": _PERCENT,
     "LOBES_SWAP_DEGRADED_THRESHOLD": _PERCENT, "LOBES_IOWAIT_NO_HARD_THRESHOLD": _PERCENT,
     "LOBES_IOWAIT_DEGRADED_THRESHOLD": _PERCENT, "LOBES_MEMAVAILABLE_DEGRADED_THRESHOLD": _PERCENT,
     "LOBES_PSI_MEMORY_FULL_THRESHOLD": _PERCENT, "LOBES_PRESSURE_SAMPLE_S": _SECONDS,
-    "GATEWAY_MAX_BODY_BYTES": Tunable(1, integer=True),
-    "GATEWAY_MAX_INFLIGHT_PER_KEY": Tunable(0, integer=True),
-    "GATEWAY_RETRY_AFTER_S": Tunable(1, integer=True),
+    "GATEWAY_MAX_BODY_BYTES": Bound(1, integer=True),
+    "GATEWAY_MAX_INFLIGHT_PER_KEY": Bound(0, integer=True),
+    "GATEWAY_RETRY_AFTER_S": Bound(1, integer=True),
     # A long generation needs a longer upstream timeout; a slow box, a longer stream stall
     # before its stream is continued elsewhere or ended.
     "GATEWAY_HEADER_TIMEOUT_S": _SECONDS, "GATEWAY_BODY_TIMEOUT_S": _SECONDS,
@@ -332,6 +405,65 @@ TUNABLES: dict[str, Tunable] = {
     "GATEWAY_PROBE_TIMEOUT_S": _SECONDS,
 }
 TUNABLE_ENV: tuple[str, ...] = tuple(TUNABLES)
+
+
+# ---------------------------------------------------------------- what a gear serves with
+
+
+@dataclass(frozen=True)
+class NamePattern:
+    """The text a setting takes: its characters and length, chosen so the value is safe in
+    every file and list it is written to (.env lists, compose.yaml, a command line)."""
+
+    pattern: str  # the whole value must match
+    maximum_length: int
+    allowed: str  # the characters, in words
+
+    def describe(self) -> str:
+        return f"{self.allowed}, at most {self.maximum_length} characters"
+
+    def refusal(self, value: object) -> str | None:
+        """Why `value` is refused, or None when it is taken; never quotes the value."""
+        if not isinstance(value, str):
+            return f"must be text, not {type(value).__name__}"
+        if not value:
+            return "must not be empty"
+        if len(value) > self.maximum_length:
+            return f"is {len(value)} characters long; at most {self.maximum_length}"
+        if re.fullmatch(self.pattern, value) is None:
+            return f"holds a character it may not: {self.allowed}"
+        return None
+
+
+# The numbers and names a gear is served with. The plan checks a box's own against them, and a
+# gateway checks what its peers advertise against the same ones: a value no box could be
+# planned with is never taken from a peer either.
+CONTEXT_TOKENS = Bound(1, 16_777_216, integer=True)  # a window, in tokens
+MAX_ACTIVE_SLOTS = Bound(1, 1024, integer=True)  # requests a gear runs at once (--max-num-seqs)
+TOKEN_RATE = Bound(0, 100_000, above_minimum=True)  # single-stream tokens per second
+SERVED_NAME = NamePattern(r"[A-Za-z0-9][A-Za-z0-9._:/+-]*", 256,
+                          "letters, digits and . _ : / + - (a letter or digit first)")
+# What a box advertises of each role, field by field (origins: parse_http_origin).
+ADVERTISED_BOUNDS: dict[str, Bound | NamePattern] = {
+    "context": CONTEXT_TOKENS, "max_active": MAX_ACTIVE_SLOTS, "rate": TOKEN_RATE,
+    "served_name": SERVED_NAME,
+}
+
+# A key (a box's, the fleet's, a client's): the characters every list that carries it can hold
+# (P_PEER_API_KEYS' commas, GATEWAY_CLIENT_KEYS' name=key:class) and a .env writes unquoted.
+KEY_TEXT = NamePattern(r"[A-Za-z0-9._~+/=-]+", 4096, "letters, digits and . _ ~ + / = -")
+# A named client key's name (GATEWAY_CLIENT_KEYS); the gateway's own callers keep theirs.
+CLIENT_NAME = NamePattern(r"[A-Za-z0-9][A-Za-z0-9_.-]*", 64,
+                          "letters, digits and . _ - (a letter or digit first)")
+RESERVED_CLIENT_NAMES: tuple[str, ...] = ("anonymous", "client", "fleet")
+
+# lobes_sim's profiles and the task each serves: a simulated gear takes a profile of its
+# role's task (stt and tts share the audio bridge).
+SIM_PROFILES: dict[str, str] = {
+    "spark-cortex": GENERATE, "thor-cortex": GENERATE, "spark-senses": GENERATE,
+    "minor": GENERATE, "instant": GENERATE, "embedder": EMBED, "reranker": RERANK,
+    "audio": STT,
+}
 
 # Environment values that are secrets: masked in diffs, never logged.
 SECRET_ENV = ("GATEWAY_API_KEY", "GATEWAY_FLEET_KEY", "CULTURE_VLLM_API_KEY",
