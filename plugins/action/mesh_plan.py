@@ -36,6 +36,12 @@ def plain(value):
         return [plain(item) for item in value]
     if isinstance(value, str):
         return str(value)
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
     return value
 
 
