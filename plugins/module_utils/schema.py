@@ -451,7 +451,8 @@ BOX_SECTIONS: tuple = (
         Field("fleet_gateway_pool_policy", POOL_POLICY, "unset (`prefix`)",
               "`GATEWAY_POOL_POLICY`: how this box's pools place a request on their replicas"),
         Field("fleet_gateway_tuning", Table("gateway variable -> number (below)"), "`{}`",
-              "overrides of the gateway's thresholds, limits and timeouts"),
+              "overrides of the gateway's pressure thresholds, limits and timeouts "
+              "(docs/gateway.md); a value the gateway would refuse is refused"),
         Field("fleet_verify_url", Origin(), "`http://127.0.0.1:<fleet_gateway_port>`",
               "where the box reaches its own gateway for verify"),
     )),
@@ -536,11 +537,14 @@ ROLE_FIELDS: dict[str, Field] = {field.name: field for field in (
     Field("pool", HostNames(), "unset",
           "replicas; with `feasible: false` a peer-only pool, else this box's gear and these"),
     Field("owners", HostNames(), "unset",
-          "the boxes that own the role, asked in order under the fleet key"),
+          "the boxes that own the role, asked in order under the fleet key; needs "
+          "`fleet_mesh_key` on this box and on every owner"),
     Field("rates", Table("pool member -> tok/s, " + TOKEN_RATE.describe()), "unset",
-          "prior single-stream rates of every pool member (all or none)"),
+          "prior single-stream rates of every pool member (all or none); each member's own "
+          "gateway gets its rate as the gear's `P_RATE` (the lowest when several pools rate it)"),
     Field("stream_resume", Boolean(), "`true` for a pool",
-          "a pool's stream goes on on another replica when its own dies"),
+          "a pool only: a stream whose replica dies or stalls goes on on another replica "
+          "(`P_STREAM_RESUME`); `false` ends it with a `stream_interrupted` event"),
 )}
 
 CLIENT_KEY_FIELDS: dict[str, Field] = {field.name: field for field in (
