@@ -33,10 +33,9 @@ from ansible_collections.lobes.fleet.plugins.module_utils.schema import (
     BOX_FIELDS,
     CLIENT_KEY_FIELDS,
     DEFAULT_GEAR_PORT_BASE,
+    POOL_RATE,
     ROLE_FIELDS,
-    TOKEN_RATE,
     Field,
-    Number,
     Refused,
     closest,
     shown,
@@ -45,7 +44,6 @@ from ansible_collections.lobes.fleet.plugins.module_utils.schema import (
 # The inventory field that names a role's peers -> the route mode it declares.
 _PEER_MODES = {"referral": REFER, "proxy": PROXY, "pool": POOL, "owners": OWNERS}
 PEER_FIELDS = tuple(_PEER_MODES)
-_RATE = Field("rates", Number(TOKEN_RATE), "", "")
 
 
 class Unreadable:
@@ -177,11 +175,6 @@ class _Reading:
                       value=refused.shown_as or shown(value, spec.secret),
                       allowed=spec.kind.describe(), suggestion=refused.suggestion)
             return None
-
-
-def parse_box(host: str, hostvars: dict) -> BoxDecl:
-    """Read one host's variables into a BoxDecl; its refusals are in read_box's list."""
-    return read_box(host, hostvars)[0]
 
 
 def read_box(host: str, hostvars: dict) -> tuple:
@@ -320,7 +313,7 @@ def _read_role(reading: _Reading, role: str, values: object) -> RoleDecl | None:
 def _read_rates(reading: _Reading, role: str, rates: dict) -> tuple:
     parsed = []
     for peer, rate in rates.items():
-        number = reading.value(_RATE, rate, role, f"rates.{peer}")
+        number = reading.value(POOL_RATE, rate, role, f"rates.{peer}")
         if number is not None:
             parsed.append((str(peer), number))
     return tuple(parsed)

@@ -40,8 +40,8 @@ DEFAULT_GEAR_PORT_BASE = 18100
 # A path written into compose.yaml's volumes, services.json and systemd units: no ':' (the
 # volume syntax's separator), no ',', '$', quotes or newlines.
 PATH_TEXT = NamePattern(r"[A-Za-z0-9 ._/+@~-]*", 1024, "letters, digits, spaces and . _ / + @ ~ -")
-COMMAND = NamePattern(r"[A-Za-z0-9._/+-]+", 1024, "a command name or path: letters, digits and "
-                      ". _ / + -")
+COMMAND = NamePattern(r"[A-Za-z0-9._/+@~-][A-Za-z0-9 ._/+@~-]*", 1024,
+                      "a command name or path: letters, digits, spaces and . _ / + @ ~ -")
 IMAGE = NamePattern(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", 512,
                     "an image reference: letters, digits and . _ / : @ -")
 CHECKPOINT = NamePattern(r"[A-Za-z0-9/][A-Za-z0-9._/+-]*", 512,
@@ -547,6 +547,9 @@ ROLE_FIELDS: dict[str, Field] = {field.name: field for field in (
           "(`P_STREAM_RESUME`); `false` ends it with a `stream_interrupted` event"),
 )}
 
+# The value of each entry of a role's `rates` (pool member -> tok/s).
+POOL_RATE = Field("rate", Number(TOKEN_RATE), "", "a pool member's prior single-stream tok/s")
+
 CLIENT_KEY_FIELDS: dict[str, Field] = {field.name: field for field in (
     Field("key", Secret(), "required", "the client's key, from vault", required=True),
     Field("class", CLASSES, "`standard`", "the key's priority class"),
@@ -559,13 +562,6 @@ CLIENT_KEY_FIELDS: dict[str, Field] = {field.name: field for field in (
 ANSIBLE_VARS = ("ansible_host", "group_names")
 
 
-def unknown_variable(name: str) -> str | None:
-    """Why a variable read from a host is not the schema's, or None when it is."""
-    if name in BOX_FIELDS or name in ANSIBLE_VARS:
-        return None
-    return "is not a fleet variable"
-
-
 def suspect_names(names) -> list:
     """Names of a host's variables that look like misspelt fleet variables: fleet_* ones the
     schema does not know and others close to a fleet variable's name."""
@@ -574,7 +570,7 @@ def suspect_names(names) -> list:
     for name in names:
         if name in BOX_FIELDS or name in ANSIBLE_VARS:
             continue
-        if name.startswith("fleet_") or difflib.get_close_matches(name, known, n=1,
-                                                                     cutoff=0.85):
+        near = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+        if name.startswith("fleet_") or near:
             suspects.append(name)
     return suspects

@@ -233,6 +233,18 @@ def test_a_peers_served_name_the_gateway_would_not_know_becomes_the_role_name():
     Router(load_config(env))
 
 
+def test_a_box_is_held_to_the_bounds_a_gateway_holds_its_peers_adverts_to():
+    from ansible_collections.lobes.fleet.plugins.module_utils.contract import ADVERTISED_BOUNDS
+
+    fields = schema.ROLE_FIELDS
+    held = {"context": fields["context"].kind.bound,
+            "max_active": fields["max_active"].kind.bound,
+            "rate": schema.POOL_RATE.kind.bound,
+            "served_name": fields["served_name"].kind.pattern}
+    assert held == ADVERTISED_BOUNDS
+    assert all(held[name] is bound for name, bound in ADVERTISED_BOUNDS.items())
+
+
 def test_the_schema_knows_every_variable_the_roles_and_playbooks_read():
     import re
     from pathlib import Path
