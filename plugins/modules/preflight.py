@@ -20,7 +20,8 @@ description:
   - Every port of O(ports) must be free or held by this deployment (a process started from
     one of O(deploy_dirs), or, under compose, a container of a project there); a port held by
     another program fails the check, naming the port, the service that needs it and the holder
-    where the box can see it.
+    where the box can see it. On a C(process) box, an address to bind that the box does not
+    have fails the check too.
 author:
   - lobes.fleet maintainers (@lobes-fleet)
 extends_documentation_fragment:
@@ -111,7 +112,8 @@ ansible_facts:
         python_version: "3.12.3"
 """
 
-import os  # noqa: E402 - modules keep imports below their documentation
+import errno  # noqa: E402 - modules keep imports below their documentation
+import os  # noqa: E402
 import re  # noqa: E402
 import socket  # noqa: E402
 
@@ -281,12 +283,29 @@ def _holder(module, entry, deploy_dirs, runtime):
     return f"a program outside this box's view (something answers on {address}:{port})"
 
 
+def _address_here(address):
+    """Whether a socket can bind `address` on this box (a wildcard always can)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))
+        except OSError as error:
+            return error.errno != errno.EADDRNOTAVAIL
+    return True
+
+
 def _port_problems(module, facts):
-    """A problem per port of the plan that another program holds."""
+    """A problem per port of the plan that another program holds, or whose address the box
+    does not have (under compose the published address is the engine's: not checked)."""
     params = module.params
     deploy_dirs = [os.path.realpath(path) for path in params["deploy_dirs"]]
     problems, holders = [], {}
     for entry in params["ports"]:
+        if params["runtime"] == "process" and not _address_here(entry["address"]):
+            field = "fleet_gateway_host" if entry["service"] == "gateway" else entry["field"]
+            problems.append(f"{entry['service']} binds {entry['address']} ({field}), which is "
+                            "not an address of this box")
+            continue
         holder = _holder(module, entry, deploy_dirs, params["runtime"])
         if holder is None:
             continue
