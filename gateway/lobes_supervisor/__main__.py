@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lobes_service_files import Service, ServicesError, load_services
 
-from . import control, monitor
+from . import control, lock, monitor
 from .layout import Layout
 
 
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 watch=watch,
                 dry_run=args.dry_run,
             )
-    except (ServicesError, control.SupervisorError) as exc:
+    except (ServicesError, control.SupervisorError, lock.LockTimeout) as exc:
         print(json.dumps({"failed": True, "msg": str(exc)}))
         return 2
     print(json.dumps({"failed": False, args.command: [asdict(r) for r in result]}))

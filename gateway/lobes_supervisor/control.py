@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import lobes_processes
 from lobes_contract import is_secret_env
 from lobes_service_files import (
     EnvFileError,
@@ -24,10 +25,9 @@ from lobes_service_files import (
     service_secrets,
 )
 
-from . import pidfile
+from . import census, lock, pidfile
 from .health import wait_until_healthy
 from .layout import Layout
-from .monitor import STOP_GRACE_S, terminate_group
 
 START_TIMEOUT_S = 15.0
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
@@ -77,7 +77,7 @@ def status(layout: Layout, specs: Iterable[Service] = ()) -> list[ServiceStatus]
     monitors = _monitors(layout)
     by_name = {s.name: s for s in specs}
     rows = []
-    for name in sorted(set(by_name) | set(monitors)):
+    for name in sorted(set(by_name) | set(monitors) | census.take(layout, monitors).names()):
         _path, record = monitors.get(name, (None, None))
         child = pidfile.read(layout.run_dir / f"{name}.child.pid")
         state = layout.read_state(name)
@@ -147,8 +147,9 @@ def _start(spec: Service, layout: Layout, services_file: Path, watch: tuple[str,
 
 
 def wait_healthy(spec: Service, layout: Layout, later: list[str]) -> None:
-    """Block until spec's health URL answers 200 (its start-up peak is over); the services
-    listed after it are not started when it does not within its timeout, or exits first."""
+    """Block until spec's health URL answers 200 from the process started (its start-up peak is
+    over); the services listed after it are not started when it does not within its timeout,
+    or exits first (a port another program holds, say: its log says so at once)."""
     after = (f"the services already up keep running, those after it were not started "
              f"({', '.join(later) or 'none'})")
 
@@ -160,10 +161,42 @@ def wait_healthy(spec: Service, layout: Layout, later: list[str]) -> None:
                 f"healthy ({spec.health}); its monitor restarts it; {after}; "
                 f"{_log_quoted(spec, layout)}")
 
-    if not wait_until_healthy(spec.health, spec.health_timeout_s, exited):
+    if not wait_until_healthy(spec.health, spec.health_timeout_s, exited,
+                              lambda: _answered_by_service(spec, layout)):
+        stranger = _stranger(spec, layout)
         raise SupervisorError(
             f"service {spec.name!r} did not become healthy ({spec.health}) within "
-            f"{spec.health_timeout_s:g} s; {after}; {_log_quoted(spec, layout)}")
+            f"{spec.health_timeout_s:g} s{stranger}; {after}; {_log_quoted(spec, layout)}")
+
+
+def _health_port(spec: Service) -> tuple[str, int | None]:
+    parts = urlsplit(spec.health)
+    return parts.hostname or "127.0.0.1", parts.port
+
+
+def _answered_by_service(spec: Service, layout: Layout) -> bool:
+    """Whether the socket behind the health URL belongs to the service's own process tree
+    (its child leads a session of its own); True where this box cannot tell (no listener in
+    this network namespace)."""
+    host, port = _health_port(spec)
+    if port is None:
+        return True
+    listeners, holders = lobes_processes.port_holders(port, host)
+    if not listeners:
+        return True
+    child = pidfile.read(layout.child_pidfile(spec))
+    return pidfile.alive(child) and any(
+        lobes_processes.session(pid) == child.pid for pid in holders)
+
+
+def _stranger(spec: Service, layout: Layout) -> str:
+    """", and what holds its port instead", when another program answers for the service."""
+    host, port = _health_port(spec)
+    if port is None or _answered_by_service(spec, layout):
+        return ""
+    _listeners, holders = lobes_processes.port_holders(port, host)
+    named = ", ".join(lobes_processes.describe(pid) for pid in sorted(holders))
+    return f"; port {port} is held by another program: {named or 'a process of another user'}"
 
 
 def _log_quoted(spec: Service, layout: Layout) -> str:
@@ -173,21 +206,17 @@ def _log_quoted(spec: Service, layout: Layout) -> str:
     return log_quote(str(path), tail)
 
 
-def _stop(layout: Layout, path: Path, record: pidfile.PidRecord) -> None:
-    child_path = layout.run_dir / f"{record.name}.child.pid"
-    if pidfile.alive(record):
-        os.kill(record.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S + 5
-        while pidfile.alive(record) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if pidfile.alive(record):
-            os.kill(record.pid, signal.SIGKILL)
-    child = pidfile.read(child_path)
-    if pidfile.alive(child):
-        # The monitor was killed before it could stop its child: stop the child's group here.
-        terminate_group(child.pid)
-    pidfile.remove(child_path)
-    pidfile.remove(path)
+def _stop(layout: Layout, name: str, found: census.Census, path: Path | None) -> bool:
+    """Stop every process of a service; whether anything of it was running."""
+    was_running = census.stop(layout, name, found)
+    if path is not None:
+        pidfile.remove(path)
+    return was_running
+
+
+def _one_monitor(found: census.Census, name: str, record: pidfile.PidRecord | None) -> bool:
+    """Whether the service runs as it should: exactly the one monitor its pidfile names."""
+    return pidfile.alive(record) and [r.pid for r in found.monitors.get(name, [])] == [record.pid]
 
 
 def up(
@@ -201,29 +230,38 @@ def up(
     dry_run: bool = False,
 ) -> list[Action]:
     """Make the selected specs run (start missing, restart changed) and stop services that
-    the services file no longer lists; watch paths are part of every fingerprint."""
+    the services file no longer lists; watch paths are part of every fingerprint. A service
+    whose processes are not exactly one monitor its pidfile names (a lost or emptied pidfile,
+    runs that overlapped) is stopped whole and started once. Holds the state directory's lock.
+    """
     selected = select(specs, names, exclude)
     for spec in selected:
         _check_env_file(spec)
+    with lock.held(layout):
+        return _up(layout, specs, selected, services_file, watch, dry_run)
+
+
+def _up(layout: Layout, specs: list[Service], selected: list[Service], services_file: Path,
+        watch: tuple[str, ...], dry_run: bool) -> list[Action]:
     monitors = _monitors(layout)
+    found = census.take(layout, monitors)
     listed = {s.name for s in specs}
     actions = []
-    for name, (path, record) in monitors.items():
-        if name not in listed and pidfile.alive(record):
-            if not dry_run:
-                _stop(layout, path, record)
-            actions.append(Action(name, "stopped"))
+    for name in sorted(found.names() - listed):
+        if not dry_run:
+            _stop(layout, name, found, monitors.get(name, (None, None))[0])
+        actions.append(Action(name, "stopped"))
     # In the file's order, one at a time: a service with a health URL is healthy before the
     # next starts, so the start-up peaks of gears sharing one memory never overlap.
     for position, spec in enumerate(selected):
         path, record = monitors.get(spec.name, (layout.monitor_pidfile(spec), None))
-        if pidfile.alive(record) and record.fingerprint == fingerprint(spec, watch):
+        if _one_monitor(found, spec.name, record) and (
+                record.fingerprint == fingerprint(spec, watch)):
             actions.append(Action(spec.name, "unchanged"))
             continue
-        verb = "restarted" if pidfile.alive(record) else "started"
+        verb = "restarted" if found.running(spec.name) else "started"
         if not dry_run:
-            if record is not None:
-                _stop(layout, path, record)
+            _stop(layout, spec.name, found, path)
             _start(spec, layout, services_file, watch)
             if spec.health:
                 wait_healthy(spec, layout, [later.name for later in selected[position + 1:]])
@@ -234,21 +272,20 @@ def up(
 def down(
     layout: Layout, names: Iterable[str] = (), exclude: Iterable[str] = (), *, dry_run: bool = False
 ) -> list[Action]:
-    """Stop the named services (all found in the state directory when names is empty)."""
-    monitors = _monitors(layout)
-    selected = [n for n in (list(names) or sorted(monitors)) if n not in set(exclude)]
-    actions = []
-    for name in selected:
-        path, record = monitors.get(name, (None, None))
-        if record is None or not pidfile.alive(record):
-            if record is not None and not dry_run:
-                _stop(layout, path, record)
-            actions.append(Action(name, "absent"))
-            continue
-        if not dry_run:
-            _stop(layout, path, record)
-        actions.append(Action(name, "stopped"))
-    return actions
+    """Stop the named services (all found in the state directory when names is empty), every
+    process of each, whether a pidfile names it or not. Holds the state directory's lock."""
+    with lock.held(layout):
+        monitors = _monitors(layout)
+        found = census.take(layout, monitors)
+        every = sorted(set(monitors) | found.names())
+        selected = [n for n in (list(names) or every) if n not in set(exclude)]
+        actions = []
+        for name in selected:
+            running = found.running(name)
+            if not dry_run:
+                _stop(layout, name, found, monitors.get(name, (None, None))[0])
+            actions.append(Action(name, "stopped" if running else "absent"))
+        return actions
 
 
 def restart(
@@ -262,14 +299,14 @@ def restart(
     dry_run: bool = False,
 ) -> list[Action]:
     """Stop and start the selected services, whatever their fingerprint."""
-    monitors = _monitors(layout)
     selected = select(specs, names, exclude)
     for spec in selected:
         _check_env_file(spec)
-    for spec in selected:
-        path, record = monitors.get(spec.name, (None, None))
-        if record is not None and not dry_run:
-            _stop(layout, path, record)
-    done = up(layout, specs, services_file, [s.name for s in selected], watch=watch,
-              dry_run=dry_run)
+    with lock.held(layout):
+        monitors = _monitors(layout)
+        found = census.take(layout, monitors)
+        for spec in selected:
+            if not dry_run:
+                _stop(layout, spec.name, found, monitors.get(spec.name, (None, None))[0])
+        done = _up(layout, specs, selected, services_file, watch, dry_run)
     return [Action(a.name, "restarted") for a in done if a.action != "stopped"]

@@ -25,11 +25,13 @@ def answers(url: str) -> bool:
 
 
 def wait_until_healthy(url: str, timeout_s: float,
-                       check: Callable[[], None] | None = None) -> bool:
-    """Whether URL answered 200 within `timeout_s`; `check`, called between polls, raises to
-    stop waiting sooner (the supervisor's: the service exited)."""
+                       check: Callable[[], None] | None = None,
+                       confirm: Callable[[], bool] | None = None) -> bool:
+    """Whether URL answered 200 within `timeout_s`, and `confirm` (when given) says that what
+    answered is the service started (not another program on its port); `check`, called
+    between polls, raises to stop waiting sooner (the supervisor's: the service exited)."""
     deadline = time.monotonic() + timeout_s
-    while not answers(url):
+    while not (answers(url) and (confirm is None or confirm())):
         if check is not None:
             check()
         if time.monotonic() >= deadline:

@@ -23,6 +23,11 @@ class Layout:
     def log_dir(self) -> Path:
         return self.state_dir / "log"
 
+    @property
+    def lock_file(self) -> Path:
+        """Held by the run that starts or stops services (lock.py)."""
+        return self.state_dir / "deploy.lock"
+
     def ensure(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)

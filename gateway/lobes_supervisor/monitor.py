@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TextIO
 
+from lobes_processes import SERVICE_MARK, STATE_DIR_MARK
 from lobes_service_files import EnvFileError, Service, fingerprint, read_env_file
 
 from . import pidfile
@@ -42,23 +43,27 @@ def rotate_log(path: Path) -> None:
         path.replace(path.with_name(path.name + ".1"))
 
 
-def child_environment(spec: Service, inherited: Mapping[str, str]) -> dict[str, str]:
-    """The child's environment: a few inherited basics, then env_file, then the spec's env."""
+def child_environment(spec: Service, inherited: Mapping[str, str],
+                      layout: Layout | None = None) -> dict[str, str]:
+    """The child's environment: a few inherited basics, then env_file, then the spec's env,
+    then the marks that tie it to its state directory and service (lobes_processes)."""
     env = {k: v for k, v in inherited.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TZ")}
     env.setdefault("PATH", os.defpath)
     env["PYTHONUNBUFFERED"] = "1"
     if spec.env_path is not None:
         env.update(read_env_file(spec.env_path))
     env.update(spec.env)
+    if layout is not None:
+        env.update({STATE_DIR_MARK: str(layout.state_dir), SERVICE_MARK: spec.name})
     return env
 
 
-def _spawn(spec: Service, log: TextIO) -> subprocess.Popen:
+def _spawn(spec: Service, layout: Layout, log: TextIO) -> subprocess.Popen:
     # Its own session, so stopping signals the whole process group the child may grow.
     return subprocess.Popen(
         list(spec.argv),
         cwd=spec.workdir,
-        env=child_environment(spec, os.environ),
+        env=child_environment(spec, os.environ, layout),
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -128,7 +133,7 @@ def run(spec: Service, layout: Layout, extra_watch: Iterable[str] = ()) -> int:
             _supervise(spec, layout, log, stop)
         finally:
             pidfile.remove(layout.child_pidfile(spec))
-            pidfile.remove(layout.monitor_pidfile(spec))
+            pidfile.remove_own(layout.monitor_pidfile(spec), os.getpid())
             _note(log, f"{spec.name}: monitor stopped")
     return 0
 
@@ -142,7 +147,7 @@ def _supervise(spec: Service, layout: Layout, log: TextIO, stop: _Stop) -> None:
     while not stop.requested:
         started = time.monotonic()
         try:
-            child = _spawn(spec, log)
+            child = _spawn(spec, layout, log)
         except (OSError, EnvFileError) as exc:
             _note(log, f"{spec.name}: cannot start {spec.argv[0]!r}: {exc}")
             exit_code: int | None = 127

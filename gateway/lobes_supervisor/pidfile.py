@@ -61,3 +61,11 @@ def record_for(pid: int, name: str, kind: str, fingerprint: str = "") -> PidReco
 
 def remove(path: Path) -> None:
     path.unlink(missing_ok=True)
+
+
+def remove_own(path: Path, pid: int) -> None:
+    """Remove the pidfile only while it names `pid`: a second monitor of the same service
+    (an overlapping run) must not take the first one's pidfile with it when it stops."""
+    record = read(path)
+    if record is not None and record.pid == pid:
+        remove(path)

@@ -1,48 +1,96 @@
 """Controller side of lobes.fleet.mesh_plan: read every fleet host's variables, plan the mesh.
 
-An action rather than a module so the hosts' vault keys never travel as module arguments:
-the plan only records whether a host has a key, never its value.
+An action rather than a module so the hosts' vault keys never travel as module arguments: the
+plan checks a key's shape through a masked wrapper and records only whether it is set. Each
+variable is read (templated, decrypted) on its own, so a template that does not resolve or a
+vault value without its password is reported against its host and variable, like any other
+refused value, and never as a raw templating error.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetErrors
+from ansible_collections.lobes.fleet.plugins.module_utils.inventory import Unreadable
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
+from ansible_collections.lobes.fleet.plugins.module_utils.schema import (
+    ANSIBLE_VARS,
+    BOX_FIELDS,
+    SecretValue,
+    suspect_names,
+)
 
-SECRET_VARS = ("fleet_gateway_api_key", "fleet_mesh_key")
 # Variables holding secrets inside: fleet_client_keys' entries carry a `key` each.
 CLIENT_KEYS_VAR = "fleet_client_keys"
-READ_VARS = ("ansible_host",)
 
 
-def _without_keys(client_keys):
-    """fleet_client_keys with each entry's key reduced to whether it is set."""
+def plain(value):
+    """A templated value as plain Python data, read through once here, inside the caller's
+    error handling (not later, wherever the value happens to be read)."""
+    if isinstance(value, Mapping):
+        return {plain(key): plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    return value
+
+
+def _secret(value):
+    return SecretValue(value) if isinstance(value, str) else value
+
+
+def _masked_client_keys(client_keys):
+    """fleet_client_keys with each entry's key wrapped, so it is checked and never shown."""
     if not isinstance(client_keys, dict):
         return client_keys
-    return {name: ({**entry, "key": bool(entry.get("key"))} if isinstance(entry, dict) else entry)
+    return {name: ({**entry, "key": _secret(entry.get("key"))} if isinstance(entry, dict)
+                   else entry)
             for name, entry in client_keys.items()}
 
 
+def _reason(error: AnsibleError) -> str:
+    """The first line of an Ansible error's message: what went wrong, without the task and
+    file excerpts it comes wrapped in."""
+    message = getattr(error, "message", None) or str(error)
+    return str(message).strip().splitlines()[0] if str(message).strip() else type(error).__name__
+
+
+def read_variable(hostvars, name: str):
+    """One variable of a host, templated and decrypted, or Unreadable saying why not."""
+    try:
+        value = plain(hostvars[name])
+    except AnsibleError as error:
+        return Unreadable(_reason(error))
+    if BOX_FIELDS.get(name) is not None and BOX_FIELDS[name].secret:
+        return _secret(value)
+    if name == CLIENT_KEYS_VAR:
+        return _masked_client_keys(value)
+    return value
+
+
 def fleet_vars(hostvars) -> dict:
-    """The variables the fleet model reads from one host, secrets reduced to their presence."""
-    picked = {}
-    for name in hostvars:
-        if name in SECRET_VARS:
-            picked[name] = bool(hostvars[name])
-        elif name == CLIENT_KEYS_VAR:
-            picked[name] = _without_keys(hostvars[name])
-        elif name.startswith("fleet_") or name in READ_VARS:
-            picked[name] = hostvars[name]
-    return picked
+    """The variables the fleet model reads from one host: its fleet_* variables, the Ansible
+    ones the plan reads, and those that look like misspelt fleet variables."""
+    names = list(hostvars)
+    wanted = [name for name in names if name.startswith("fleet_") or name in ANSIBLE_VARS]
+    wanted += [name for name in suspect_names(names) if name not in wanted]
+    return {name: read_variable(hostvars, name) for name in wanted}
 
 
 def fleet_hosts(task_vars: dict) -> list:
-    """Every inventory host that declares fleet_hardware, whatever --limit or serial say:
-    a box's peers belong to the mesh even when this run does not touch them."""
-    hostvars = task_vars["hostvars"]
-    return [host for host in task_vars["groups"]["all"]
-            if "fleet_hardware" in hostvars[host]]
+    """Every host of the inventory, whatever --limit or serial say: a box's peers belong to the
+    mesh even when this run does not touch them, and the playbooks run on every host."""
+    return list(task_vars["groups"]["all"])
 
 
 class ActionModule(ActionBase):

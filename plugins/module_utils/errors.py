@@ -4,15 +4,29 @@ from __future__ import annotations
 
 
 class FleetError(ValueError):
-    """An inventory that cannot work, with where it goes wrong."""
+    """An inventory that cannot work, with where it goes wrong: host, role and field, and for a
+    refused value the value as it may be shown (masked when secret), what is allowed and the
+    closest valid name."""
 
-    def __init__(self, host: str, role: str | None, field: str, message: str) -> None:
+    def __init__(self, host: str, role: str | None, field: str, message: str, *,
+                 value: str | None = None, allowed: str | None = None,
+                 suggestion: str | None = None) -> None:
         self.host = host
         self.role = role
         self.field = field
         self.reason = message
+        self.value = value
+        self.allowed = allowed
+        self.suggestion = suggestion
         where = f"host {host}" + (f", role {role}" if role else "") + f", field {field}"
-        super().__init__(f"{where}: {message}")
+        text = f"{where}: {message}"
+        if value is not None:
+            text += f": {value}"
+        if allowed:
+            text += f" (allowed: {allowed})"
+        if suggestion:
+            text += f"; did you mean {suggestion!r}?"
+        super().__init__(text)
 
 
 class FleetErrors(ValueError):

@@ -1,75 +1,60 @@
-"""Inventory variables (fleet_*) of each host -> typed, frozen declarations.
+"""Inventory variables (fleet_*) of each host -> typed, frozen declarations, through the schema.
 
-Only syntax and types are checked here; whether the mesh can work is plan.py's question.
+Every value is read by its field's kind (schema.py) and every refusal is collected: a host's
+declaration comes back with all of them, never only the first. Whether the mesh can work is
+plan.py's question; a declaration marked damaged is left out of it, so one mistake is reported
+once and not again as the errors it would cause further on.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+import ipaddress
+from dataclasses import dataclass, field
 
 from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
+    AUDIO_TASKS,
+    CLIENT_NAME,
     DEFAULT_GATEWAY_PORT,
     OWNERS,
     POOL,
-    POOL_POLICIES,
-    PRIORITY_CLASSES,
     PROXY,
     REFER,
-    ROLES_BY_NAME,
-    TCP_PORTS,
-    TUNABLE_ENV,
+    RESERVED_CLIENT_NAMES,
+    ROLE_NAMES,
+    SERVED_NAME,
     TUNABLES,
-    OriginError,
-    finite_float,
     http_origin,
-    parse_http_origin,
     role_index,
+    role_spec,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.lobes.fleet.plugins.module_utils.hardware import PROFILES
-
-RUNTIMES = ("compose", "process")
-# What runs a gear: the real vLLM image, or lobes_sim standing in for it (no GPU, tests).
-ENGINES = ("vllm", "sim")
-DEFAULT_GEAR_PORT_BASE = 18100
-
-ROLE_FIELDS = (
-    "feasible", "checkpoint", "served_name", "context", "native_context", "yarn_factor",
-    "gpu_memory_utilization", "max_active", "mtp", "num_speculative_tokens", "tool_parser",
-    "quantization", "sim_profile", "engine", "referral", "proxy", "pool", "owners", "rates",
-    "stream_resume",
+from ansible_collections.lobes.fleet.plugins.module_utils.schema import (
+    BOX_FIELDS,
+    CLIENT_KEY_FIELDS,
+    DEFAULT_GEAR_PORT_BASE,
+    POOL_RATE,
+    ROLE_FIELDS,
+    Field,
+    Refused,
+    closest,
+    shown,
 )
-
-
-CLIENT_KEY_FIELDS = ("key", "class", "inflight_limit")
-# The gateway's own callers: a named client key may not take their names.
-RESERVED_CLIENT_NAMES = ("anonymous", "client", "fleet")
-_CLIENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-_BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
-
-
-def _number_text(text: str):
-    """A number written as text, or the text unchanged when it is not one."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
-def _finite_number(value: object) -> float | None:
-    """An inventory value (YAML, or text from --extra-vars) as a finite float; None when it is
-    not one: a bool, not a number, nan or an infinity."""
-    if isinstance(value, str):
-        value = _number_text(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return finite_float(value)
-
 
 # The inventory field that names a role's peers -> the route mode it declares.
 _PEER_MODES = {"referral": REFER, "proxy": PROXY, "pool": POOL, "owners": OWNERS}
+PEER_FIELDS = tuple(_PEER_MODES)
+
+
+class Unreadable:
+    """A variable whose value could not be read on the controller (a template that does not
+    resolve, a vault value without its password): why, without the raw error's noise."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return "<unreadable>"
 
 
 @dataclass(frozen=True)
@@ -102,9 +87,7 @@ class RoleDecl:
     @property
     def peer_field(self) -> str | None:
         """The field that names this role's peers: referral, proxy, pool, owners, or None."""
-        declared = (("referral", self.referral), ("proxy", self.proxy), ("pool", self.pool),
-                    ("owners", self.owners))
-        return next((field for field, value in declared if value), None)
+        return next((name for name in PEER_FIELDS if getattr(self, name)), None)
 
     @property
     def peer_mode(self) -> str | None:
@@ -127,11 +110,11 @@ class BoxDecl:
 
     host: str
     hardware: str
-    runtime: str
-    gateway_port: int
-    gateway_host: str
-    origin: str
-    has_api_key: bool
+    runtime: str = "compose"
+    gateway_port: int = DEFAULT_GATEWAY_PORT
+    gateway_host: str = "0.0.0.0"
+    origin: str = ""
+    has_api_key: bool = False
     has_mesh_key: bool = False
     roles: tuple = ()  # RoleDecl, in catalog order
     aliases: tuple = ()  # ((alias, target), ...)
@@ -151,6 +134,12 @@ class BoxDecl:
     proc_root: str | None = None  # a fake /proc (tests): sim gears hold their shares in it
     client_keys: tuple = ()  # ClientKeyDecl, by name
     pool_policy: str | None = None  # GATEWAY_POOL_POLICY; None: the gateway's default
+    monitoring_host: str | None = None
+    monitoring_listen: str | None = None
+    # A box-level variable was refused: the box is left out of the mesh checks.
+    damaged: bool = False
+    # Roles with a refused field or declaration: left out of the checks of the mesh.
+    damaged_roles: frozenset = field(default_factory=frozenset)
 
     def role(self, name: str) -> RoleDecl | None:
         for decl in self.roles:
@@ -159,245 +148,288 @@ class BoxDecl:
         return None
 
 
-class _Reader:
-    """Reads typed values from one mapping, raising FleetError that names where."""
+class _Reading:
+    """The refusals found while reading one host, and the reads that note them."""
 
-    def __init__(self, host: str, role: str | None, values: dict, prefix: str = "") -> None:
+    def __init__(self, host: str) -> None:
         self.host = host
-        self.role = role
-        self.values = values
-        self.prefix = prefix
+        self.errors: list = []
 
-    def fail(self, key: str, message: str) -> FleetError:
-        return FleetError(self.host, self.role, self.prefix + key, message)
+    def fail(self, role: str | None, name: str, message: str, **details) -> None:
+        self.errors.append(FleetError(self.host, role, name, message, **details))
 
-    def get(self, key: str, kind: type, default=None, *, required: bool = False):
-        value = self.values.get(key)
+    def value(self, spec: Field, value: object, role: str | None = None, name: str = ""):
+        """`value` read by its field's kind; None when unset or refused (the refusal noted)."""
+        name = name or spec.name
         if value is None:
-            if required:
-                raise self.fail(key, "is required")
-            return default
-        return self._coerce(key, value, kind)
-
-    def _coerce(self, key: str, value, kind: type):
-        # Extra vars (-e key=value) arrive as strings: numbers and booleans written as text
-        # are read as such, anything else is an error naming the field.
-        if kind is bool:
-            if isinstance(value, str) and value.lower() in _BOOL_WORDS:
-                return _BOOL_WORDS[value.lower()]
-            if isinstance(value, bool):
-                return value
-            raise self.fail(key, f"must be true or false, got {value!r}")
-        if kind is int:
-            if isinstance(value, str) and value.strip().isdigit():
-                return int(value)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise self.fail(key, f"must be an integer, got {value!r}")
-            return value
-        if kind is float:
-            number = _finite_number(value)
-            if number is None:
-                raise self.fail(key, f"must be a finite number, got {value!r}")
-            return number
-        if kind is str:
-            if not isinstance(value, str) or not value:
-                raise self.fail(key, f"must be a non-empty string, got {value!r}")
-            return value
-        if not isinstance(value, kind):
-            raise self.fail(key, f"must be a {kind.__name__}, got {value!r}")
-        return value
+            if spec.required:
+                self.fail(role, name, "is required", allowed=spec.kind.describe())
+            return None
+        if isinstance(value, Unreadable):
+            self.fail(role, name, f"cannot be read: {value.reason}")
+            return None
+        try:
+            return spec.kind.read(value)
+        except Refused as refused:
+            self.fail(role, name, refused.reason,
+                      value=refused.shown_as or shown(value, spec.secret),
+                      allowed=spec.kind.describe(), suggestion=refused.suggestion)
+            return None
 
 
-def parse_box(host: str, hostvars: dict) -> BoxDecl:
-    """Read one host's fleet_* variables into a BoxDecl."""
-    read = _Reader(host, None, hostvars)
-    hardware = read.get("fleet_hardware", str, required=True)
-    if hardware not in PROFILES:
-        raise read.fail("fleet_hardware", f"unknown hardware {hardware!r}; one of "
-                        + ", ".join(sorted(PROFILES)))
-    runtime = read.get("fleet_runtime", str, "compose")
-    if runtime not in RUNTIMES:
-        raise read.fail("fleet_runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
-    port = read.get("fleet_gateway_port", int, DEFAULT_GATEWAY_PORT)
-    if port not in TCP_PORTS:
-        raise read.fail("fleet_gateway_port",
-                        f"must be a TCP port ({TCP_PORTS[0]}-{TCP_PORTS[-1]}), got {port}")
-    address = read.get("ansible_host", str, host)
-    origin = read.get("fleet_origin", str, http_origin(address, port))
-    try:
-        parse_http_origin(origin)
-    except OriginError as exc:  # the gateway would refuse it at start: say so in the plan
-        raise read.fail("fleet_origin", str(exc)) from None
-    if origin.endswith("/"):  # the origin names the box in peers' lists: one spelling
-        raise read.fail("fleet_origin", f"{origin!r} ends in '/'; write it as http://host:port")
+def read_box(host: str, hostvars: dict) -> tuple:
+    """(BoxDecl, [FleetError]): one host's variables read, every refusal collected."""
+    reading = _Reading(host)
+    values = {}
+    for name, value in hostvars.items():
+        if name == "group_names":
+            continue
+        spec = BOX_FIELDS.get(name)
+        if spec is None:
+            reading.fail(None, name, "is not a fleet variable",
+                         suggestion=closest(name, BOX_FIELDS))
+            continue
+        values[name] = reading.value(spec, value)
+    _check_hardware_groups(reading, values.get("fleet_hardware"), hostvars)
+    roles, damaged_roles = _read_roles(reading, values.get("fleet_roles") or {})
+    client_keys = _read_client_keys(reading, values)
+    aliases = _read_aliases(reading, values.get("fleet_gateway_aliases") or {})
+    tuning = _read_tuning(reading, values.get("fleet_gateway_tuning") or {})
+    _check_gate(reading, values, hostvars)
+    # Any refusal outside a role leaves the box out of the mesh checks: its peers would
+    # otherwise be told of errors that are only this one's consequences.
+    damaged = any(error.role is None for error in reading.errors)
+    return _box(host, values, roles, client_keys, aliases, tuning, damaged,
+                damaged_roles), reading.errors
+
+
+def _box(host, values, roles, client_keys, aliases, tuning, damaged, damaged_roles) -> BoxDecl:
+    def get(name, default=None):
+        value = values.get(name)
+        return default if value is None else value
+
+    port = get("fleet_gateway_port", DEFAULT_GATEWAY_PORT)
     return BoxDecl(
         host=host,
-        hardware=hardware,
-        runtime=runtime,
+        hardware=get("fleet_hardware", ""),
+        runtime=get("fleet_runtime", "compose"),
         gateway_port=port,
-        gateway_host=read.get("fleet_gateway_host", str, "0.0.0.0"),
-        origin=origin,
-        has_api_key=bool(hostvars.get("fleet_gateway_api_key")),
-        has_mesh_key=bool(hostvars.get("fleet_mesh_key")),
-        roles=_parse_roles(host, read.get("fleet_roles", dict, {})),
-        aliases=_parse_aliases(read),
-        force_strict_tools=read.get("fleet_gateway_force_strict_tools", bool, False),
-        tuning=_parse_tuning(read),
-        default_model=read.get("fleet_default_model", str),
-        headroom_gib=read.get("fleet_memory_headroom_gib", float),
-        gear_image=read.get("fleet_gear_image", str),
-        gear_port_base=read.get("fleet_gear_port_base", int, DEFAULT_GEAR_PORT_BASE),
-        sim_time_scale=read.get("fleet_sim_time_scale", float, 1.0),
-        python=read.get("fleet_python", str, "python3"),
-        hf_cache=read.get("fleet_hf_cache", str, "/var/lib/lobes/hf-cache"),
-        audio_image=read.get("fleet_audio_image", str),
-        gateway_image=read.get("fleet_gateway_image", str, "python:3.12-slim"),
-        gear_engine=_engine(read, "fleet_gear_engine"),
-        sim_image=read.get("fleet_sim_image", str),
-        proc_root=_proc_root(read),
-        client_keys=_parse_client_keys(read, bool(hostvars.get("fleet_gateway_api_key"))),
-        pool_policy=_pool_policy(read),
+        gateway_host=get("fleet_gateway_host", "0.0.0.0"),
+        origin=get("fleet_origin") or http_origin(get("ansible_host", host), port),
+        has_api_key=bool(values.get("fleet_gateway_api_key")),
+        has_mesh_key=bool(values.get("fleet_mesh_key")),
+        roles=roles,
+        aliases=aliases,
+        force_strict_tools=get("fleet_gateway_force_strict_tools", False),
+        tuning=tuning,
+        default_model=get("fleet_default_model"),
+        headroom_gib=get("fleet_memory_headroom_gib"),
+        gear_image=get("fleet_gear_image"),
+        gear_port_base=get("fleet_gear_port_base", DEFAULT_GEAR_PORT_BASE),
+        sim_time_scale=get("fleet_sim_time_scale", 1.0),
+        python=get("fleet_python", "python3"),
+        hf_cache=get("fleet_hf_cache", "/var/lib/lobes/hf-cache"),
+        audio_image=get("fleet_audio_image"),
+        gateway_image=get("fleet_gateway_image", "python:3.12-slim"),
+        gear_engine=get("fleet_gear_engine"),
+        sim_image=get("fleet_sim_image"),
+        proc_root=get("fleet_proc_root"),
+        client_keys=client_keys,
+        pool_policy=get("fleet_gateway_pool_policy"),
+        monitoring_host=get("fleet_monitoring_host"),
+        monitoring_listen=get("fleet_monitoring_listen_address"),
+        damaged=damaged,
+        damaged_roles=frozenset(damaged_roles),
     )
 
 
-def _pool_policy(read: _Reader) -> str | None:
-    policy = read.get("fleet_gateway_pool_policy", str)
-    if policy is not None and policy not in POOL_POLICIES:
-        raise read.fail("fleet_gateway_pool_policy", f"must be one of {', '.join(POOL_POLICIES)} "
-                        f"({POOL_POLICIES[0]} when unset), got {policy!r}")
-    return policy
+def _check_hardware_groups(reading: _Reading, hardware: str | None, hostvars: dict) -> None:
+    """One hardware group per host, and the profile it names is the host's fleet_hardware."""
+    groups = hostvars.get("group_names") or []
+    hardware_groups = sorted(set(groups) & set(PROFILES))
+    if len(hardware_groups) > 1:
+        reading.fail(None, "fleet_hardware", "the host is in more than one hardware group, "
+                     f"{' and '.join(hardware_groups)}; put it in one")
+    elif hardware_groups and hardware and hardware_groups[0] != hardware:
+        reading.fail(None, "fleet_hardware", f"is {hardware!r} but the host is in the hardware "
+                     f"group {hardware_groups[0]}; move the host, or fix the group's vars")
+    elif hostvars.get("fleet_hardware") is None:
+        near = [name for name in (closest(group, PROFILES) for group in groups) if name]
+        where = f" (its groups: {', '.join(groups)})" if groups else ""
+        in_group = (f"the host is in the group {hardware_groups[0]}, whose vars must set it"
+                    if hardware_groups else f"the host is in no hardware group{where}")
+        reading.fail(None, "fleet_hardware", f"is not set: {in_group}",
+                     allowed=BOX_FIELDS["fleet_hardware"].kind.describe(),
+                     suggestion=near[0] if near and not hardware_groups else None)
 
 
-def _proc_root(read: _Reader) -> str | None:
-    root = read.get("fleet_proc_root", str)
-    if root is not None and not root.startswith("/"):
-        raise read.fail("fleet_proc_root", f"must be an absolute path, got {root!r}")
-    return root
-
-
-def _engine(read: _Reader, field: str) -> str | None:
-    engine = read.get(field, str)
-    if engine is not None and engine not in ENGINES:
-        raise read.fail(field, f"must be one of {', '.join(ENGINES)}, got {engine!r}")
-    return engine
-
-
-def _parse_aliases(read: _Reader) -> tuple:
-    aliases = read.get("fleet_gateway_aliases", dict, {})
-    for alias, target in aliases.items():
-        if not isinstance(target, str) or not target or "," in str(alias) or "=" in str(alias):
-            raise read.fail("fleet_gateway_aliases",
-                            f"alias {alias!r} must map a plain name to a model name")
-    return tuple(sorted((str(alias), target) for alias, target in aliases.items()))
-
-
-def _parse_client_keys(read: _Reader, has_api_key: bool) -> tuple:
-    """fleet_client_keys: name -> {key (vault), class, inflight_limit}; the key is only checked
-    for presence (the plan action hands it over reduced to that)."""
-    field = "fleet_client_keys"
-    entries = read.get(field, dict, {})
-    if entries and not has_api_key:
-        raise read.fail(field, "named client keys need the box's own key: set "
-                        "fleet_gateway_api_key too")
-    decls = []
-    for name, values in sorted(entries.items()):
-        where = f"{field}.{name}"
-        if not isinstance(name, str) or not _CLIENT_NAME.match(name):
-            raise read.fail(field, f"{name!r} is not a key name (letters, digits, . _ -)")
-        if name in RESERVED_CLIENT_NAMES:
-            raise read.fail(where, "is a name of the gateway's own callers; rename it")
-        entry = _Reader(read.host, None, values if isinstance(values, dict) else {}, where + ".")
-        unknown = sorted(set(entry.values) - set(CLIENT_KEY_FIELDS))
-        if not isinstance(values, dict) or unknown:
-            raise read.fail(where, "must be a mapping of " + ", ".join(CLIENT_KEY_FIELDS))
-        if not values.get("key"):
-            raise read.fail(where + ".key", "is required (the client's key, from vault)")
-        priority = entry.get("class", str, "standard")
-        if priority not in PRIORITY_CLASSES:
-            raise entry.fail("class", "must be one of " + ", ".join(PRIORITY_CLASSES))
-        limit = entry.get("inflight_limit", int)
-        if limit is not None and limit < 1:
-            raise entry.fail("inflight_limit", "must be at least 1 (leave it out for the "
-                             "gateway's GATEWAY_MAX_INFLIGHT_PER_KEY)")
-        decls.append(ClientKeyDecl(name, priority, limit))
-    return tuple(decls)
-
-
-def _parse_tuning(read: _Reader) -> tuple:
-    tuning = read.get("fleet_gateway_tuning", dict, {})
-    for name, value in tuning.items():
-        if name not in TUNABLE_ENV:
-            raise read.fail("fleet_gateway_tuning", f"{name!r} is not a tunable gateway "
-                            "variable; one of " + ", ".join(TUNABLE_ENV))
-        refusal = TUNABLES[name].refusal(value)
-        if refusal is not None:
-            raise read.fail("fleet_gateway_tuning", f"{name} {refusal}")
-    return tuple(sorted(tuning.items()))
-
-
-def _parse_roles(host: str, roles: dict) -> tuple:
-    decls = []
+def _read_roles(reading: _Reading, roles: dict) -> tuple:
+    """(RoleDecls in catalog order, names of the roles with a refusal)."""
+    decls, damaged = [], set()
     for name, values in roles.items():
-        if name not in ROLES_BY_NAME:
-            raise FleetError(host, name, "fleet_roles", "is not a catalog role")
-        decls.append(parse_role(host, name, values or {}))
-    return tuple(sorted(decls, key=lambda decl: role_index(decl.role)))
+        before = len(reading.errors)
+        if name not in ROLE_NAMES:
+            reading.fail(str(name), "fleet_roles", "is not a catalog role",
+                         allowed=", ".join(ROLE_NAMES), suggestion=closest(name, ROLE_NAMES))
+            continue
+        decl = _read_role(reading, name, values)
+        if len(reading.errors) > before or decl is None:
+            damaged.add(name)
+        if decl is not None:
+            decls.append(decl)
+    return tuple(sorted(decls, key=lambda decl: role_index(decl.role))), damaged
 
 
-def parse_role(host: str, role: str, values: dict) -> RoleDecl:
-    """Read one fleet_roles entry into a RoleDecl."""
-    read = _Reader(host, role, values)
+def _read_role(reading: _Reading, role: str, values: object) -> RoleDecl | None:
+    if values is None:
+        values = {}
     if not isinstance(values, dict):
-        raise FleetError(host, role, "fleet_roles", "must be a mapping of role fields")
-    unknown = sorted(set(values) - set(ROLE_FIELDS))
-    if unknown:
-        raise read.fail(unknown[0], "is not a role field; one of " + ", ".join(ROLE_FIELDS))
-    referral = read.get("referral", str)
-    proxy = read.get("proxy", str)
-    pool = _parse_hosts(read, "pool")
-    owners = _parse_hosts(read, "owners")
-    feasible = read.get("feasible", bool, not (referral or proxy or pool or owners))
-    return RoleDecl(
-        role=role,
-        feasible=feasible,
-        checkpoint=read.get("checkpoint", str),
-        served_name=read.get("served_name", str),
-        context=read.get("context", int),
-        native_context=read.get("native_context", int),
-        yarn_factor=read.get("yarn_factor", float),
-        gpu_memory_utilization=read.get("gpu_memory_utilization", float),
-        max_active=read.get("max_active", int),
-        mtp=read.get("mtp", bool),
-        num_speculative_tokens=read.get("num_speculative_tokens", int),
-        tool_parser=read.get("tool_parser", str),
-        quantization=read.get("quantization", str),
-        sim_profile=read.get("sim_profile", str),
-        engine=_engine(read, "engine"),
-        referral=referral,
-        proxy=proxy,
-        pool=pool,
-        owners=owners,
-        rates=_parse_rates(read),
-        stream_resume=read.get("stream_resume", bool),
-    )
+        reading.fail(role, "fleet_roles", "must be a mapping of role fields (`{}` for the "
+                     "catalog's defaults)", value=shown(values))
+        return None
+    typed = {}
+    for name, value in values.items():
+        spec = ROLE_FIELDS.get(name)
+        if spec is None:
+            reading.fail(role, str(name), "is not a role field",
+                         allowed=", ".join(ROLE_FIELDS), suggestion=closest(name, ROLE_FIELDS))
+            continue
+        typed[name] = reading.value(spec, value, role)
+    rates = _read_rates(reading, role, typed.pop("rates", None) or {})
+    declared = [name for name in PEER_FIELDS if typed.get(name)]
+    if len(declared) > 1:
+        reading.fail(role, declared[1], "declare one of referral, proxy, pool or owners, not "
+                     + " and ".join(declared))
+    if typed.get("pool") and role_spec(role).task in AUDIO_TASKS:
+        reading.fail(role, "pool", "audio lanes are served here or proxied to one peer, never "
+                     "pooled")
+    feasible = typed.pop("feasible", None)
+    if feasible is None:
+        feasible = not declared
+    fields = {name: value for name, value in typed.items() if value is not None}
+    return RoleDecl(role=role, feasible=feasible, rates=rates, **fields)
 
 
-def _parse_hosts(read: _Reader, field: str) -> tuple:
-    hosts = read.get(field, list, [])
-    if not all(isinstance(member, str) and member for member in hosts):
-        raise read.fail(field, f"must be a list of inventory hostnames, got {hosts!r}")
-    if len(set(hosts)) != len(hosts):
-        raise read.fail(field, f"names a peer twice: {hosts!r}")
-    return tuple(hosts)
-
-
-def _parse_rates(read: _Reader) -> tuple:
-    rates = read.get("rates", dict, {})
+def _read_rates(reading: _Reading, role: str, rates: dict) -> tuple:
     parsed = []
     for peer, rate in rates.items():
-        number = _finite_number(rate)
-        if number is None or number <= 0:
-            raise read.fail("rates", f"rate of {peer} must be a positive, finite tok/s, "
-                            f"got {rate!r}")
-        parsed.append((str(peer), number))
+        number = reading.value(POOL_RATE, rate, role, f"rates.{peer}")
+        if number is not None:
+            parsed.append((str(peer), number))
     return tuple(parsed)
+
+
+def _read_client_keys(reading: _Reading, values: dict) -> tuple:
+    """fleet_client_keys: name -> {key (vault), class, inflight_limit}."""
+    entries = values.get("fleet_client_keys") or {}
+    if entries and not values.get("fleet_gateway_api_key"):
+        reading.fail(None, "fleet_client_keys", "named client keys need the box's own key: set "
+                     "fleet_gateway_api_key too")
+    taken = [key for key in (values.get("fleet_gateway_api_key"), values.get("fleet_mesh_key"))
+             if key]
+    decls = []
+    for name, entry in entries.items():
+        typed = _read_client_key(reading, name, entry)
+        if typed is None:
+            continue
+        key = typed.get("key")
+        if key == "" or key in taken:
+            reading.fail(None, f"fleet_client_keys.{name}.key", "is empty or not unique: give "
+                         "each client its own key, distinct from fleet_gateway_api_key and "
+                         "fleet_mesh_key")
+        taken.append(key)
+        decls.append(ClientKeyDecl(name, typed.get("class") or "standard",
+                                   typed.get("inflight_limit")))
+    return tuple(sorted(decls, key=lambda decl: decl.name))
+
+
+def _read_client_key(reading: _Reading, name: object, entry: object) -> dict | None:
+    """One named key's fields, typed; None when its name or shape is refused."""
+    where = f"fleet_client_keys.{name}"
+    refusal = CLIENT_NAME.refusal(name)
+    if refusal:
+        reading.fail(None, "fleet_client_keys", f"a key name {refusal}", value=shown(name),
+                     allowed=CLIENT_NAME.describe())
+        return None
+    if name in RESERVED_CLIENT_NAMES:
+        reading.fail(None, where, "is a name of the gateway's own callers; rename it",
+                     allowed="any name but " + ", ".join(RESERVED_CLIENT_NAMES))
+        return None
+    if not isinstance(entry, dict):
+        reading.fail(None, where, "must be a mapping of " + ", ".join(CLIENT_KEY_FIELDS),
+                     value=shown(entry))
+        return None
+    typed = {}
+    for field_name, value in entry.items():
+        spec = CLIENT_KEY_FIELDS.get(field_name)
+        if spec is None:
+            reading.fail(None, f"{where}.{field_name}", "is not a client key field",
+                         allowed=", ".join(CLIENT_KEY_FIELDS),
+                         suggestion=closest(field_name, CLIENT_KEY_FIELDS))
+            continue
+        typed[field_name] = reading.value(spec, value, None, f"{where}.{field_name}")
+    if entry.get("key") is None:
+        reading.value(CLIENT_KEY_FIELDS["key"], None, None, f"{where}.key")
+    return typed
+
+
+def _read_aliases(reading: _Reading, aliases: dict) -> tuple:
+    """fleet_gateway_aliases: alias -> target, both model names (no ',' or '=': GATEWAY_ALIASES
+    writes them as alias=target,...); whether the target names a model is plan.py's."""
+    pairs = []
+    for alias, target in aliases.items():
+        where = f"fleet_gateway_aliases.{alias}"
+        refusal = SERVED_NAME.refusal(alias)
+        if refusal:
+            reading.fail(None, "fleet_gateway_aliases", f"an alias {refusal}",
+                         value=shown(alias), allowed=SERVED_NAME.describe())
+            continue
+        refusal = SERVED_NAME.refusal(target)
+        if refusal:
+            reading.fail(None, where, f"the target {refusal}", value=shown(target),
+                         allowed=SERVED_NAME.describe())
+            continue
+        pairs.append((alias, target))
+    return tuple(sorted(pairs))
+
+
+def _read_tuning(reading: _Reading, tuning: dict) -> tuple:
+    pairs = []
+    for name, value in tuning.items():
+        where = f"fleet_gateway_tuning.{name}"
+        if name not in TUNABLES:
+            reading.fail(None, "fleet_gateway_tuning", f"{name!r} is not a tunable gateway "
+                         "variable", allowed=", ".join(TUNABLES),
+                         suggestion=closest(name, TUNABLES))
+            continue
+        problem = TUNABLES[name].problem(value)
+        if problem:
+            reading.fail(None, where, problem, value=shown(value),
+                         allowed=TUNABLES[name].describe())
+            continue
+        pairs.append((name, value))
+    return tuple(sorted(pairs))
+
+
+def _check_gate(reading: _Reading, values: dict, hostvars: dict) -> None:
+    """A gateway that answers without a key does so on purpose: an empty key, or none on a box
+    other boxes reach, needs fleet_gateway_open; a key and the switch contradict each other."""
+    declared = hostvars.get("fleet_gateway_api_key") is not None
+    refused = [name for name in ("fleet_gateway_api_key", "fleet_gateway_open",
+                                 "fleet_gateway_host")
+               if hostvars.get(name) is not None and values.get(name) is None]
+    if refused:
+        return  # the refusal says it already
+    key, is_open = values.get("fleet_gateway_api_key"), values.get("fleet_gateway_open")
+    bind = values.get("fleet_gateway_host") or "0.0.0.0"
+    if key and is_open:
+        reading.fail(None, "fleet_gateway_open", "is true but fleet_gateway_api_key is set; "
+                     "remove one of them")
+    elif declared and not key and not is_open:
+        reading.fail(None, "fleet_gateway_api_key", "is empty, which would turn the gate off; "
+                     "set the key (from vault), or remove it and set fleet_gateway_open: true "
+                     "if this gateway is meant to answer without one")
+    elif not declared and not is_open and not ipaddress.ip_address(bind).is_loopback:
+        reading.fail(None, "fleet_gateway_api_key", f"is not set and the gateway binds {bind}, "
+                     "where other boxes reach it; set the key (from vault), or set "
+                     "fleet_gateway_open: true if it is meant to answer without one")

@@ -11,11 +11,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
+    AUDIO_TASKS,
+    GENERATE,
     OFF,
     POOL,
     PROXY,
     REFER,
+    ROLES,
     SERVE,
+    SIM_PROFILES,
+    TCP_PORTS,
+    OriginError,
+    canonical_origin,
     role_index,
     role_spec,
 )
@@ -27,26 +34,38 @@ from ansible_collections.lobes.fleet.plugins.module_utils.hardware import (
 from ansible_collections.lobes.fleet.plugins.module_utils.inventory import (
     BoxDecl,
     RoleDecl,
-    parse_box,
+    read_box,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.schema import closest
 
 PLAN_VERSION = 1
 DEFAULT_SPECULATIVE_TOKENS = 2
 
 
 def plan_mesh(hostvars_by_host: dict) -> dict:
-    """Validate the whole mesh and return each box's resolved plan; raise FleetErrors."""
-    boxes, errors = _parse_boxes(hostvars_by_host)
-    if errors:
-        raise FleetErrors(errors)
-    local = {host: _resolve_local_roles(box, errors) for host, box in boxes.items()}
-    errors.extend(_check_origins(boxes))
-    errors.extend(_check_budgets(boxes, local))
-    cycles = _check_proxy_cycles(boxes)
+    """Validate the whole mesh and return each box's resolved plan; raise FleetErrors.
+
+    Every refusal of every host is collected. A box or role with a refused value is left out
+    of the checks that involve it (its peers', the budget, the ports), so what is reported is
+    each mistake, never the errors it would cause further on."""
+    boxes, errors = _read_boxes(hostvars_by_host)
+    sound = {host: box for host, box in boxes.items() if not box.damaged}
+    local, unresolved = {}, set()
+    for host, box in sound.items():
+        local[host] = _resolve_local_roles(box, errors, unresolved)
+    skipped = unresolved | {(host, role) for host, box in boxes.items()
+                            for role in box.damaged_roles}
+    errors.extend(_check_origins(sound))
+    errors.extend(_check_monitoring_host(boxes))
+    for host, box in sound.items():
+        errors.extend(_check_ports(box, local[host]))
+        errors.extend(_check_model_names(box, local[host]))
+    errors.extend(_check_budgets(sound, local))
+    cycles = _check_proxy_cycles(sound, skipped)
     errors.extend(cycles)
     if not cycles:
-        for box in boxes.values():
-            errors.extend(_check_peers(box, boxes, local))
+        for box in sound.values():
+            errors.extend(_check_peers(box, boxes, local, skipped))
     if errors:
         raise FleetErrors(errors)
     return {
@@ -56,13 +75,11 @@ def plan_mesh(hostvars_by_host: dict) -> dict:
     }
 
 
-def _parse_boxes(hostvars_by_host: dict) -> tuple:
+def _read_boxes(hostvars_by_host: dict) -> tuple:
     boxes, errors = {}, []
     for host, hostvars in sorted(hostvars_by_host.items()):
-        try:
-            boxes[host] = parse_box(host, dict(hostvars or {}))
-        except FleetError as error:
-            errors.append(error)
+        boxes[host], refusals = read_box(host, dict(hostvars or {}))
+        errors.extend(refusals)
     return boxes, errors
 
 
@@ -76,17 +93,19 @@ def box_hardware(box: BoxDecl) -> HardwareProfile:
 
 # ---------------------------------------------------------------- local gears
 
-def _resolve_local_roles(box: BoxDecl, errors: list) -> dict:
-    """role -> served-here parameters for every role the box declares feasible."""
+def _resolve_local_roles(box: BoxDecl, errors: list, unresolved: set) -> dict:
+    """role -> served-here parameters for every role the box declares feasible; a role whose
+    gear cannot be resolved joins `unresolved` as (host, role)."""
     resolved = {}
     hardware = box_hardware(box)
     for decl in box.roles:
-        if not decl.feasible:
+        if not decl.feasible or decl.role in box.damaged_roles:
             continue
         try:
             resolved[decl.role] = _resolve_gear(box, hardware, decl)
         except FleetError as error:
             errors.append(error)
+            unresolved.add((box.host, decl.role))
     return resolved
 
 
@@ -107,8 +126,9 @@ def _resolve_gear(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> di
     util = _utilization(box, decl, spec.gpu_memory_utilization)
     mtp = _mtp(box, hardware, decl, spec.mtp_checkpoint and not custom)
     max_active = decl.max_active if decl.max_active is not None else spec.max_active
-    if max_active < 1:
-        raise FleetError(box.host, decl.role, "max_active", "must be at least 1")
+    sim_profile = _sim_profile(box, decl, engine)
+    speculative = (DEFAULT_SPECULATIVE_TOKENS if decl.num_speculative_tokens is None
+                   else decl.num_speculative_tokens)
     return {
         "checkpoint": checkpoint,
         "served_name": decl.served_name or checkpoint,
@@ -118,11 +138,10 @@ def _resolve_gear(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> di
         "gpu_memory_utilization": util,
         "max_active": max_active,
         "mtp": mtp,
-        "num_speculative_tokens": (decl.num_speculative_tokens or DEFAULT_SPECULATIVE_TOKENS)
-        if mtp else None,
+        "num_speculative_tokens": speculative if mtp else None,
         "tool_parser": decl.tool_parser or spec.tool_parser,
         "quantization": decl.quantization or (None if custom else spec.quantization),
-        "sim_profile": decl.sim_profile or _default_sim_profile(box, decl.role),
+        "sim_profile": sim_profile,
         "engine": engine,
         # The gear's share of the box's one memory pool (issue 15: the memory gate, sims).
         "memory_gib": round(util * hardware.memory_gib, 2),
@@ -148,21 +167,30 @@ def gear_engine(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> str:
 
 
 def _resolve_audio(box: BoxDecl, decl: RoleDecl, engine: str) -> dict:
-    if decl.pool:
-        raise FleetError(box.host, decl.role, "pool",
-                         "audio lanes are served here or proxied to one peer, never pooled")
     if engine == "vllm" and not box.audio_image:
         raise FleetError(box.host, decl.role, "fleet_audio_image",
                          "is required to serve an audio lane under compose (the realtime "
                          "bridge image), or run it simulated with engine: sim")
     return {"checkpoint": decl.checkpoint or role_spec(decl.role).checkpoint,
-            "sim_profile": decl.sim_profile or "audio", "engine": engine}
+            "sim_profile": _sim_profile(box, decl, engine), "engine": engine}
+
+
+def _sim_profile(box: BoxDecl, decl: RoleDecl, engine: str) -> str:
+    """The gear's lobes_sim profile: declared or the role's; a simulated gear's profile serves
+    the role's task (an embedder profile cannot stand in for cortex)."""
+    profile = decl.sim_profile or _default_sim_profile(box, decl.role)
+    task = role_spec(decl.role).task
+    served = SIM_PROFILES[profile]
+    if engine == "sim" and served != task and not {served, task} <= AUDIO_TASKS:
+        fitting = [name for name, kind in SIM_PROFILES.items()
+                   if kind == task or {kind, task} <= AUDIO_TASKS]
+        raise FleetError(box.host, decl.role, "sim_profile",
+                         f"{profile!r} simulates a {served} gear, not a {task} one",
+                         allowed=", ".join(fitting))
+    return profile
 
 
 def _check_window(box: BoxDecl, decl: RoleDecl, context: int, native: int) -> None:
-    if decl.yarn_factor is not None and decl.yarn_factor <= 1.0:
-        raise FleetError(box.host, decl.role, "yarn_factor",
-                         f"must be above 1.0 to extend the window, got {decl.yarn_factor}")
     if context <= native:
         return
     if decl.yarn_factor is None:
@@ -181,9 +209,6 @@ def _utilization(box: BoxDecl, decl: RoleDecl, default: float | None) -> float:
     if util is None:
         raise FleetError(box.host, decl.role, "gpu_memory_utilization",
                          "is unmeasured in the catalog; declare the value measured on this box")
-    if not 0.0 < util < 1.0:
-        raise FleetError(box.host, decl.role, "gpu_memory_utilization",
-                         f"must be a fraction between 0 and 1, got {util}")
     return util
 
 
@@ -241,12 +266,106 @@ def _check_budgets(boxes: dict, local: dict) -> list:
 
 
 def _check_origins(boxes: dict) -> list:
+    """No two boxes share an origin, however it is spelt (case, an explicit :80)."""
     seen, errors = {}, []
     for host, box in sorted(boxes.items()):
-        if box.origin in seen:
+        try:
+            origin = canonical_origin(box.origin)
+        except OriginError as exc:  # a derived origin: ansible_host and the port are read
+            errors.append(FleetError(host, None, "fleet_origin", exc.problem, allowed=exc.fix))
+            continue
+        if origin in seen:
             errors.append(FleetError(host, None, "fleet_origin",
-                                     f"{box.origin} is also {seen[box.origin]}'s origin"))
-        seen.setdefault(box.origin, host)
+                                     f"{box.origin} is also {seen[origin]}'s origin"))
+        seen.setdefault(origin, host)
+    return errors
+
+
+def _check_monitoring_host(boxes: dict) -> list:
+    """fleet_monitoring_host names a host of the inventory (reported once per name)."""
+    errors, named = [], {}
+    for host, box in sorted(boxes.items()):
+        if box.monitoring_host and box.monitoring_host not in boxes:
+            named.setdefault(box.monitoring_host, host)
+    for name, host in named.items():
+        errors.append(FleetError(host, None, "fleet_monitoring_host",
+                                 f"{name!r} is not a host of this inventory; name the box that "
+                                 "runs Prometheus", suggestion=closest(name, boxes)))
+    return errors
+
+
+def _wanted_ports(box: BoxDecl, gears: dict) -> list:
+    """(port, address, what listens, the field that sets the port) for every port the box
+    listens on: the gateway, process-runtime gears (compose gears listen inside their
+    containers) and Prometheus on the monitoring box."""
+    wanted = [(box.gateway_port, box.gateway_host, "gateway", "fleet_gateway_port")]
+    if box.runtime == "process":
+        audio = [role for role in gears if role_spec(role).is_audio][:1]
+        wanted += [(box.gear_port_base + role_index(role), "127.0.0.1",
+                    "gear-audio" if role in audio else f"gear-{role}", "fleet_gear_port_base")
+                   for role in sorted(gears, key=role_index)
+                   if not role_spec(role).is_audio or role in audio]
+    if box.monitoring_host == box.host and box.monitoring_listen:
+        address, _colon, port = box.monitoring_listen.rpartition(":")
+        wanted.append((int(port), address.strip("[]") or "0.0.0.0", "prometheus",
+                       "fleet_monitoring_listen_address"))
+    return wanted
+
+
+def listening(box: BoxDecl, gears: dict) -> list:
+    """The box's ports as the plan records them, for preflight: port, address, service and
+    the inventory variable that sets the port."""
+    return [{"port": port, "address": address, "service": service, "field": field}
+            for port, address, service, field in _wanted_ports(box, gears)]
+
+
+def _check_ports(box: BoxDecl, gears: dict) -> list:
+    """Every port the box listens on is a TCP port, and no two of its services share one."""
+    errors, taken, past = [], {}, {}
+    for port, _address, service, field in _wanted_ports(box, gears):
+        if port not in TCP_PORTS:
+            past.setdefault(field, []).append(f"{service} on port {port}")
+        elif port in taken:
+            errors.append(FleetError(box.host, None, field, f"puts {service} on port {port}, "
+                                     f"which {taken[port]} takes; move one of them"))
+        else:
+            taken[port] = service
+    for field, placed in past.items():
+        errors.append(FleetError(box.host, None, field, f"puts {' and '.join(placed)}, past "
+                                 f"{TCP_PORTS[-1]}; lower it"))
+    return errors
+
+
+def gateway_model_names(box: BoxDecl, gears: dict) -> list:
+    """The model names the box's gateway resolves, in the order it builds them at start:
+    every generate role's name and catalog checkpoint, the served names of the generate gears
+    served here, every catalog alias, then the inventory's aliases in the order rendered."""
+    names = []
+    for spec in ROLES:
+        if spec.task == GENERATE:
+            names += [spec.checkpoint, spec.name]
+    names += [gear["served_name"] for role, gear in gears.items()
+              if role_spec(role).task == GENERATE]
+    names += [alias for spec in ROLES for alias in spec.aliases]
+    return list(dict.fromkeys(names))
+
+
+def _check_model_names(box: BoxDecl, gears: dict) -> list:
+    """Each alias targets, and the default model is, a name the gateway resolves (it refuses
+    to start otherwise)."""
+    errors, names = [], gateway_model_names(box, gears)
+    for alias, target in box.aliases:
+        if target not in names:
+            errors.append(FleetError(box.host, None, f"fleet_gateway_aliases.{alias}",
+                                     f"targets {target!r}, which names no generate role here",
+                                     allowed="a role name, tier alias or served name of this "
+                                     "box", suggestion=closest(target, names)))
+        names.append(alias)
+    if box.default_model and box.default_model not in names:
+        errors.append(FleetError(box.host, None, "fleet_default_model",
+                                 f"{box.default_model!r} names no generate role here",
+                                 allowed="a role name, tier alias or served name of this box",
+                                 suggestion=closest(box.default_model, names)))
     return errors
 
 
@@ -257,11 +376,11 @@ def _proxy_targets(decl: RoleDecl) -> tuple:
     return (decl.proxy,) if decl.proxy else decl.pool
 
 
-def _check_proxy_cycles(boxes: dict) -> list:
+def _check_proxy_cycles(boxes: dict, skipped: set) -> list:
     errors = []
     roles = sorted({decl.role for box in boxes.values() for decl in box.roles}, key=role_index)
     for role in roles:
-        cycle = _find_cycle(boxes, role)
+        cycle = _find_cycle(boxes, role, skipped)
         if cycle:
             errors.append(FleetError(cycle[0], role, "proxy",
                                      "proxy cycle " + " -> ".join(cycle) + "; one box must "
@@ -269,10 +388,10 @@ def _check_proxy_cycles(boxes: dict) -> list:
     return errors
 
 
-def _find_cycle(boxes: dict, role: str) -> list:
+def _find_cycle(boxes: dict, role: str, skipped: set) -> list:
     def edges(host: str) -> tuple:
         box = boxes.get(host)
-        decl = box.role(role) if box else None
+        decl = box.role(role) if box and (host, role) not in skipped else None
         # A box naming itself is reported by the peer checks, in plainer words.
         return tuple(peer for peer in _proxy_targets(decl) if peer != host) if decl else ()
 
@@ -294,29 +413,27 @@ def _find_cycle(boxes: dict, role: str) -> list:
     return []
 
 
-def _check_peers(box: BoxDecl, boxes: dict, local: dict) -> list:
+def _check_peers(box: BoxDecl, boxes: dict, local: dict, skipped: set) -> list:
     errors = []
     for decl in box.roles:
+        if (box.host, decl.role) in skipped:
+            continue
         try:
-            _check_role_peers(box, decl, boxes, local)
+            _check_role_peers(box, decl, boxes, local, skipped)
         except FleetError as error:
             errors.append(error)
     return errors
 
 
-def _check_role_peers(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) -> None:
-    declared = (("referral", decl.referral), ("proxy", decl.proxy), ("pool", decl.pool),
-                ("owners", decl.owners))
-    fields = [field for field, value in declared if value]
-    if len(fields) > 1:
-        raise FleetError(box.host, decl.role, fields[1], "declare one of referral, proxy, pool "
-                         f"or owners, not {' and '.join(fields)}")
-    for field, peer in _named_peers(decl):
-        _check_hosts_role(box, decl, field, peer, boxes, local)
+def _check_role_peers(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict,
+                      skipped: set) -> None:
+    checked = [_check_hosts_role(box, decl, field, peer, boxes, local, skipped)
+               for field, peer in _named_peers(decl)]
+    if not all(checked):
+        return  # a peer with refusals of its own: nothing sound to check this role against
     if decl.owners:
         _check_owner_keys(box, decl, boxes)
-    # A gear of this box that failed to resolve is reported already; nothing to agree with.
-    if decl.pool and (not decl.feasible or decl.role in local[box.host]):
+    if decl.pool:
         _check_pool_agreement(box, decl, local)
     _check_rates(box, decl)
     if decl.stream_resume is not None and not decl.pool:
@@ -342,16 +459,22 @@ def _check_owner_keys(box: BoxDecl, decl: RoleDecl, boxes: dict) -> None:
                          "fleet_mesh_key, so it would refuse forwarded requests; set it there")
 
 
-def _check_hosts_role(box, decl, field, peer, boxes, local) -> None:
+def _check_hosts_role(box, decl, field, peer, boxes, local, skipped) -> bool:
+    """Whether the peer can be checked (False: it has refusals of its own); raises when it
+    is not a peer that hosts the role."""
     if peer == box.host:
         raise FleetError(box.host, decl.role, field, "names this box itself; name a peer")
     if peer not in boxes:
         raise FleetError(box.host, decl.role, field,
-                         f"{peer!r} is not a fleet host of this inventory")
+                         f"{peer!r} is not a host of this inventory",
+                         suggestion=closest(peer, [host for host in boxes if host != box.host]))
+    if boxes[peer].damaged or (peer, decl.role) in skipped:
+        return False
     if decl.role not in local[peer]:
         raise FleetError(box.host, decl.role, field,
                          f"{peer} does not host {decl.role} (not feasible there); name a box "
                          "that serves it")
+    return True
 
 
 def _fingerprint(gear: dict) -> tuple:
@@ -362,7 +485,7 @@ def _fingerprint(gear: dict) -> tuple:
 
 def _check_pool_agreement(box: BoxDecl, decl: RoleDecl, local: dict) -> None:
     members = [(peer, local[peer][decl.role]) for peer in decl.pool]
-    if decl.feasible:
+    if decl.feasible and decl.role in local[box.host]:
         members.insert(0, (box.host, local[box.host][decl.role]))
     reference_host, reference = members[0]
     for host, gear in members[1:]:
@@ -408,7 +531,8 @@ def _box_plan(box: BoxDecl, boxes: dict, local: dict) -> dict:
             "port": box.gateway_port,
             "auth": box.has_api_key,
             "fleet_key": box.has_mesh_key,
-            "default_model": box.default_model or _default_model(roles),
+            "default_model": box.default_model or _default_model(
+                roles, gateway_model_names(box, local[box.host])),
             "aliases": dict(box.aliases),
             "force_strict_tools": box.force_strict_tools,
             "tuning": dict(box.tuning),
@@ -427,20 +551,23 @@ def _box_plan(box: BoxDecl, boxes: dict, local: dict) -> dict:
             "sim_image": box.sim_image or box.gateway_image,
         },
         "budget": budget(box, local[box.host]),
+        "ports": listening(box, local[box.host]),
         "roles": roles,
         "key_hosts": _key_hosts(roles),
     }
 
 
-def _default_model(roles: dict) -> str | None:
-    """The primary's served id when the box reaches cortex at all, else the first generate."""
+def _default_model(roles: dict, names: list) -> str | None:
+    """The primary's served id when the box reaches cortex at all, else the first generate
+    role's; its role name where the gateway would not know the served id (a peer's own)."""
     generate = [plan for plan in roles.values()
                 if plan["task"] == "generate" and plan["served_name"]
                 and plan["mode"] not in (REFER, OFF)]
-    for plan in generate:
-        if plan["role"] == "cortex":
-            return plan["served_name"]
-    return generate[0]["served_name"] if generate else None
+    chosen = next((plan for plan in generate if plan["role"] == "cortex"),
+                  generate[0] if generate else None)
+    if chosen is None:
+        return None
+    return chosen["served_name"] if chosen["served_name"] in names else chosen["role"]
 
 
 def _role_plan(box: BoxDecl, decl: RoleDecl, boxes: dict, local: dict) -> dict:

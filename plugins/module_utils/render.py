@@ -235,18 +235,27 @@ def _local_audio_url(plan: dict) -> str | None:
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:@,=+-]*$")
 
 
+def env_line(name: str, value: str) -> str:
+    """One NAME=value line of the .env, as every reader of it takes it literally: the
+    supervisor's parser, Compose's env_file and systemd's EnvironmentFile. A plain value goes
+    bare; any other in single quotes, which none of them interpolates ($) or unescapes (\\).
+    The plan refuses what this cannot carry (a newline, a single quote); meeting one here is
+    a defect, refused rather than written wrong."""
+    if _PLAIN.match(value):
+        return f"{name}={value}"
+    if "\n" in value or "\r" in value or "'" in value:
+        raise RenderError(f"{name}: a value may not hold a newline or a single quote")
+    return f"{name}='{value}'"
+
+
 def format_env(env: list, mask_secrets: bool = False) -> str:
-    """The dotenv text: NAME=value lines; values quoted only when they need it."""
+    """The dotenv text: NAME=value lines (env_line's), secrets masked when asked."""
     lines = [ENV_HEADER]
     for name, value in env:
-        if "\n" in value or '"' in value:
-            raise RenderError(f"{name}: a value may not hold a newline or a double quote")
+        line = env_line(name, value)
         if mask_secrets and is_secret_env(name) and value.strip(","):
-            lines.append(f"{name}=********")
-        elif _PLAIN.match(value):
-            lines.append(f"{name}={value}")
-        else:
-            lines.append(f'{name}="{value}"')
+            line = f"{name}=********"
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -422,12 +431,17 @@ def _gateway_service(plan: dict, backends: list, labels: dict) -> dict:
         "env_file": [".env"],
         "environment": _python_env(),
         "volumes": _mounts(plan),
-        "ports": [f"{gateway['host']}:{port}:{port}"],
+        "ports": [f"{_bracketed(gateway['host'])}:{port}:{port}"],
         "healthcheck": _http_probe(port),
     }
     if backends:
         service["depends_on"] = backends
     return _labelled(labels, service)
+
+
+def _bracketed(address: str) -> str:
+    """An address as a compose port mapping writes it: IPv6 in brackets."""
+    return f"[{address}]" if ":" in address else address
 
 
 _KEY = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -440,13 +454,15 @@ def to_yaml(value, indent: int = 0) -> str:
 
 
 def _yaml_scalar(value) -> str:
+    """A scalar as compose.yaml carries it: JSON-quoted strings (YAML's double-quoted form,
+    every control character escaped) with '$' doubled, so Compose never interpolates one."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return str(value)
     if value is None:
         return "null"
-    return json.dumps(str(value))
+    return json.dumps(str(value).replace("$", "$$"))
 
 
 def _yaml_lines(value, indent: int) -> list:

@@ -59,7 +59,7 @@ options:
 EXAMPLES = r"""
 - name: Check that the box has the memory for the gears about to start
   lobes.fleet.memory_gate:
-    plan: "{{ fleet_plan.plan.boxes[inventory_hostname] }}"
+    plan: "{{ mesh.plan.boxes[inventory_hostname] }}"
     deploy_dir: /srv/lobes
     drop_caches: "{{ fleet_drop_caches_before_start | default(false) }}"
 """

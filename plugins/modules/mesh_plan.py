@@ -8,8 +8,12 @@ module: mesh_plan
 short_description: Validate a fleet inventory and resolve each box's plan
 version_added: 0.1.0
 description:
-  - Reads the C(fleet_*) variables of every fleet host and checks, before anything is
-    deployed, that the mesh can work; fails naming host, role and field otherwise.
+  - Reads the C(fleet_*) variables of every host and checks them against the inventory schema
+    (C(plugins/module_utils/schema.py), docs/inventory.md), then that the mesh can work. It
+    fails with every refusal of every host at once, each naming host, role and field, the
+    value (masked when secret), what is allowed and, for a misspelt name, the closest valid
+    one. A variable whose template does not resolve, or a vault value without its password,
+    is refused like any other value, naming its host and variable.
   - Rejects a referral, proxy or pool member that does not host the role, a proxy cycle, pool
     members that disagree on served model, window or quantization, a memory budget over the
     box's usable memory, MTP on an arch without the kernel, and a context above the
@@ -25,12 +29,13 @@ options:
   hosts:
     description:
       - Inventory hostnames of the mesh's boxes.
-      - Defaults to every host of the inventory that sets C(fleet_hardware), regardless of
-        C(--limit) or C(serial), since a box's peers are part of its plan even when this run
-        does not deploy them.
-      - From each, only the C(fleet_*) variables and C(ansible_host) are read; of
-        C(fleet_gateway_api_key) and C(fleet_mesh_key) only whether they are set, so no key
-        value enters the plan, the arguments or the logs.
+      - Defaults to every host of the inventory, regardless of C(--limit) or C(serial), since a
+        box's peers are part of its plan even when this run does not deploy them.
+      - From each, the C(fleet_*) variables, C(ansible_host), C(group_names) and any variable
+        named like a misspelt fleet variable are read. Keys (C(fleet_gateway_api_key),
+        C(fleet_mesh_key), each C(fleet_client_keys) entry's C(key)) are checked for the
+        characters a key may hold and never shown; the plan records only whether each is set,
+        so no key value enters the plan, the arguments or the logs.
       - The full reference of the variables is docs/inventory.md.
     type: list
     elements: str
@@ -43,17 +48,17 @@ EXAMPLES = r"""
 - name: Plan the mesh once, from every fleet host of the inventory
   lobes.fleet.mesh_plan:
   run_once: true
-  register: fleet_plan
+  register: mesh
 
 - name: Plan a subset of the inventory
   lobes.fleet.mesh_plan:
     hosts: "{{ groups['fleet'] }}"
   run_once: true
-  register: fleet_plan
+  register: mesh
 
 - name: Show what the orin serves, proxies and pools
   ansible.builtin.debug:
-    var: fleet_plan.plan.boxes.orin.roles
+    var: mesh.plan.boxes.orin.roles
 """
 
 RETURN = r"""
@@ -68,7 +73,8 @@ plan:
       C(gears) (image, port_base, sim_time_scale, python, hf_cache, audio_image,
       gateway_image, sim_image);
       C(budget) (gears, utilization, reserved_gib, headroom_gib, usable_gib, max_utilization,
-      fits); C(roles); C(key_hosts) (peers whose inbound key this box carries)."
+      fits); C(ports) (port, address, service, field: what the box listens on, for preflight);
+      C(roles); C(key_hosts) (peers whose inbound key this box carries)."
     - "Each C(roles) entry has: role, prefix, task, feasible, mode (serve, pool, proxy,
       refer, owners or off), aliases, served_name, context, peers (host, origin, auth, rate),
       hosted_by, replicas, and C(gear) when served here (checkpoint, served_name, context,

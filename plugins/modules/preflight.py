@@ -17,6 +17,11 @@ description:
   - The hardware profiles come from the collection's fleet model
     (C(plugins/module_utils/hardware.py)); a profile without a GPU (C(sim)) skips the GPU and
     memory checks.
+  - Every port of O(ports) must be free or held by this deployment (a process started from
+    one of O(deploy_dirs), or, under compose, a container of a project there); a port held by
+    another program fails the check, naming the port, the service that needs it and the holder
+    where the box can see it. On a C(process) box, an address to bind that the box does not
+    have fails the check too.
 author:
   - lobes.fleet maintainers (@lobes-fleet)
 extends_documentation_fragment:
@@ -38,6 +43,38 @@ options:
       (inventory C(fleet_python)); it must be Python 3.10 or newer.
     type: str
     default: python3
+  ports:
+    description:
+      - The ports the box's services listen on, from its plan (RV(lobes.fleet.mesh_plan#module:plan)
+        C(boxes[host].ports)).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      port:
+        description: The TCP port.
+        type: int
+        required: true
+      address:
+        description: The address the service binds (C(0.0.0.0) for every address).
+        type: str
+        default: 0.0.0.0
+      service:
+        description: The service that listens there (C(gateway), C(gear-<role>), C(prometheus)).
+        type: str
+        required: true
+      field:
+        description: The inventory variable that sets the port, for the message.
+        type: str
+        default: ""
+  deploy_dirs:
+    description:
+      - The box's deployment directories (inventory C(fleet_deploy_dir), and on the monitoring
+        box C(fleet_monitoring_dir)); processes started from one of them, and under compose the
+        containers of a project there, are this deployment's.
+    type: list
+    elements: path
+    default: [/srv/lobes]
 """
 
 EXAMPLES = r"""
@@ -45,6 +82,13 @@ EXAMPLES = r"""
   lobes.fleet.preflight:
     hardware: "{{ fleet_hardware }}"
     runtime: "{{ fleet_runtime | default('compose') }}"
+
+- name: Check the box and that its ports are free or this deployment's
+  lobes.fleet.preflight:
+    hardware: "{{ mesh.plan.boxes[inventory_hostname].hardware.name }}"
+    runtime: "{{ mesh.plan.boxes[inventory_hostname].runtime }}"
+    ports: "{{ mesh.plan.boxes[inventory_hostname].ports }}"
+    deploy_dirs: [/srv/lobes]
 """
 
 RETURN = r"""
@@ -60,6 +104,7 @@ ansible_facts:
         gpu_arch: sm_121
         gpu_name: NVIDIA GB10
         memory_gib: 119.6
+        ports_held: {}
         docker_compose: "2.39.1"
         docker_engine: "28.3.2"
         systemd: true
@@ -67,10 +112,13 @@ ansible_facts:
         python_version: "3.12.3"
 """
 
-import os  # noqa: E402 - modules keep imports below their documentation
+import errno  # noqa: E402 - modules keep imports below their documentation
+import os  # noqa: E402
 import re  # noqa: E402
+import socket  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.lobes.fleet.plugins.module_utils import processes  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.hardware import (  # noqa: E402
     PROFILES,
 )
@@ -170,12 +218,120 @@ def _problems(params, facts, profile):
     return problems
 
 
+def _inside(path, directories):
+    """Whether `path` is one of `directories` or lies under one."""
+    real = os.path.realpath(path)
+    return any(real == top or real.startswith(top.rstrip("/") + "/") for top in directories)
+
+
+def _ours(pid, deploy_dirs):
+    """Whether a process is this deployment's: started by its supervisor (its marks name a
+    state directory of the deployment) or from a deployment directory (a systemd unit's)."""
+    state = processes.environ(pid).get(processes.STATE_DIR_MARK)
+    cwd = processes.cwd(pid)
+    return any(path is not None and _inside(path, deploy_dirs) for path in (state, cwd))
+
+
+def _publishers(module, port):
+    """(container name, compose project directory) of the containers publishing `port` on
+    the Docker engine the box drives; [] without one."""
+    docker = module.get_bin_path("docker")
+    if not docker:
+        return []
+    rc, out, _err = module.run_command(
+        [docker, "ps", "--format",
+         '{{.Names}}\t{{.Ports}}\t{{.Label "com.docker.compose.project.working_dir"}}'])
+    found = []
+    for line in out.splitlines() if rc == 0 else []:
+        name, _tab, rest = line.partition("\t")
+        ports, _tab, workdir = rest.partition("\t")
+        if re.search(rf":{port}->", ports):
+            found.append((name, workdir))
+    return found
+
+
+def _answers(address, port):
+    """Whether something accepts a connection on address:port (a wildcard: the loopback)."""
+    target = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(address, address)
+    try:
+        with socket.create_connection((target, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _holder(module, entry, deploy_dirs, runtime):
+    """Who holds the entry's port when it is not this deployment, else None."""
+    port, address = entry["port"], entry["address"]
+    listeners, pids = processes.port_holders(port, address)
+    if not listeners and not _answers(address, port):
+        return None
+    strangers = sorted(pid for pid in pids if not _ours(pid, deploy_dirs))
+    if listeners and pids and not strangers:
+        return None
+    if runtime == "compose" or not listeners:
+        containers = _publishers(module, port)
+        if containers and all(workdir and _inside(workdir, deploy_dirs)
+                              for _name, workdir in containers):
+            return None
+        if containers:
+            return "container " + ", ".join(name for name, _workdir in containers)
+    if strangers:
+        return ", ".join(processes.describe(pid) for pid in strangers)
+    if listeners:
+        return "a process of another user (run as root to name it)"
+    return f"a program outside this box's view (something answers on {address}:{port})"
+
+
+def _address_here(address):
+    """Whether a socket can bind `address` on this box (a wildcard always can)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))
+        except OSError as error:
+            return error.errno != errno.EADDRNOTAVAIL
+    return True
+
+
+def _port_problems(module, facts):
+    """A problem per port of the plan that another program holds, or whose address the box
+    does not have (under compose the published address is the engine's: not checked)."""
+    params = module.params
+    deploy_dirs = [os.path.realpath(path) for path in params["deploy_dirs"]]
+    problems, holders = [], {}
+    for entry in params["ports"]:
+        if params["runtime"] == "process" and not _address_here(entry["address"]):
+            field = "fleet_gateway_host" if entry["service"] == "gateway" else entry["field"]
+            problems.append(f"{entry['service']} binds {entry['address']} ({field}), which is "
+                            "not an address of this box")
+            continue
+        holder = _holder(module, entry, deploy_dirs, params["runtime"])
+        if holder is None:
+            continue
+        holders[str(entry["port"])] = holder
+        field = entry["field"] or "its port"
+        problems.append(
+            f"port {entry['port']} ({entry['service']}) is held by {holder}, not by this "
+            f"deployment; stop it, or move the port ({field})"
+        )
+    facts["ports_held"] = holders
+    return problems
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             hardware=dict(type="str", required=True),
             runtime=dict(type="str", required=True, choices=["compose", "process"]),
             python=dict(type="str", default="python3"),
+            ports=dict(type="list", elements="dict", default=[], options=dict(
+                port=dict(type="int", required=True),
+                address=dict(type="str", default="0.0.0.0"),
+                service=dict(type="str", required=True),
+                field=dict(type="str", default=""),
+            )),
+            deploy_dirs=dict(type="list", elements="path", default=["/srv/lobes"]),
         ),
         supports_check_mode=True,
     )
@@ -198,7 +354,7 @@ def main():
         python=python,
         python_version=version,
     )
-    problems = _problems(module.params, facts, profile)
+    problems = _problems(module.params, facts, profile) + _port_problems(module, facts)
     if problems:
         module.fail_json(msg="preflight failed: " + "; ".join(problems), lobes_preflight=facts)
     module.exit_json(changed=False, ansible_facts=dict(lobes_preflight=facts))

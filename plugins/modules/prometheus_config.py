@@ -74,7 +74,7 @@ options:
 EXAMPLES = r"""
 - name: Render the monitoring box's Prometheus configuration
   lobes.fleet.prometheus_config:
-    plan: "{{ fleet_plan.plan }}"
+    plan: "{{ mesh.plan }}"
     host: "{{ inventory_hostname }}"
     dest: /srv/lobes/monitoring
     rules:

@@ -78,12 +78,12 @@ options:
 EXAMPLES = r"""
 - name: Render this box's files from the mesh plan
   lobes.fleet.render:
-    plan: "{{ fleet_plan.plan.boxes[inventory_hostname] }}"
+    plan: "{{ mesh.plan.boxes[inventory_hostname] }}"
     dest: /opt/lobes/fleet
 
 - name: Render with explicit keys (no action-side lookup)
   lobes.fleet.render:
-    plan: "{{ fleet_plan.plan.boxes[inventory_hostname] }}"
+    plan: "{{ mesh.plan.boxes[inventory_hostname] }}"
     dest: /opt/lobes/fleet
     secrets:
       gateway_api_key: "{{ fleet_gateway_api_key }}"

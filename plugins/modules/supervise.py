@@ -16,8 +16,16 @@ description:
     stdlib supervisor C(lobes_supervisor) that the collection ships in its C(gateway/) source.
   - Each service gets one monitor process that restarts it when it exits (exponential backoff
     from 0.5 s up to 30 s), keeps pidfiles under O(state_dir)C(/run) holding the pid and the
-    kernel start time (processes are identified by pidfile, never by name), and appends the
-    output to O(state_dir)C(/log/<name>.log).
+    kernel start time, and appends the output to O(state_dir)C(/log/<name>.log).
+  - Processes are also found by what they are (a monitor by its command line, a service's
+    processes by the C(LOBES_STATE_DIR) and C(LOBES_SERVICE) marks of their environment), so a
+    lost, emptied or corrupt pidfile never leaves a second copy of a service running, and
+    V(stopped) stops every process of the deployment. A service not running as exactly one
+    monitor is stopped whole and started once.
+  - One run at a time holds O(state_dir) (a lock file in it); another waits for it, and fails
+    naming the holder after 15 minutes.
+  - A service with a health URL is healthy only when what answers there is the process it
+    started; one that exits during its start fails the task at once, quoting its log.
   - A running service whose fingerprint (argv, cwd, env, the content of its C(env_file) and of
     every O(watch) path) changed is restarted; services the file no longer lists are stopped.
 author:

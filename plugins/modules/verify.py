@@ -55,13 +55,13 @@ options:
 EXAMPLES = r"""
 - name: Wait until the gateway advertises what the plan declares
   lobes.fleet.verify:
-    plan: "{{ fleet_plan.plan.boxes[inventory_hostname] }}"
+    plan: "{{ mesh.plan.boxes[inventory_hostname] }}"
     timeout: 900
 
 - name: Verify from the controller, peers not deployed yet
   lobes.fleet.verify:
-    plan: "{{ fleet_plan.plan.boxes[inventory_hostname] }}"
-    url: "{{ fleet_plan.plan.boxes[inventory_hostname].origin }}"
+    plan: "{{ mesh.plan.boxes[inventory_hostname] }}"
+    url: "{{ mesh.plan.boxes[inventory_hostname].origin }}"
     peers_must_be_ready: false
   delegate_to: localhost
 """

@@ -37,7 +37,7 @@ def box(tmp_path):
     """A Spark (0.30 cortex, 0.14 senses of 128 GiB) whose /proc is tmp_path/proc."""
     proc = tmp_path / "proc"
     hostvars = {"fleet_hardware": "gb10", "fleet_runtime": "process", "fleet_proc_root": str(proc),
-                "fleet_gear_port_base": 0,
+                "fleet_gateway_host": "127.0.0.1",
                 "fleet_roles": {"cortex": {"context": 131072, "gpu_memory_utilization": 0.30},
                                 "senses": {"gpu_memory_utilization": 0.14}}}
     return proc, plan_mesh({"spark": hostvars})["boxes"]["spark"], tmp_path
@@ -89,6 +89,7 @@ def test_a_running_gear_holds_its_share_and_only_the_others_must_fit(box):
 
 def test_a_box_without_a_gpu_on_the_real_proc_is_not_gated(tmp_path):
     plan = plan_mesh({"local": {"fleet_hardware": "sim", "fleet_runtime": "process",
+                                "fleet_gateway_host": "127.0.0.1",
                                 "fleet_roles": {"cortex": {}}}})["boxes"]["local"]
     result = gate(plan, tmp_path)
     assert result.get("failed") is not True and result["gated"] is False

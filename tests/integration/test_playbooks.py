@@ -162,16 +162,24 @@ def test_local_default_lifecycle(mesh: LocalMesh) -> None:
     assert mesh.processes() == running
     assert mesh.get("/capabilities")["roles"]["senses"]["context"] == 32768
 
-    # 4. A change that fails the verify gate is rolled back to the files that ran before.
-    mesh.edit_role("senses", context=32768, sim_profile="no-such-profile")
-    failed = mesh.playbook("site.yml", "-e", "verify_timeout=10")
+    # 4. A change whose gears exit as they start fails the rollout at once, quoting the gear's
+    # log, and is rolled back to the files and source that ran before.
+    mesh.edit_role("senses", context=16384)
+    broken_sim = mesh.deploy_dir.parent / "broken-sim"
+    shutil.copytree(GATEWAY_SRC, broken_sim, ignore=shutil.ignore_patterns("__pycache__"))
+    (broken_sim / "lobes_sim" / "__main__.py").write_text("raise SystemExit('no simulator')\n")
+    failed = mesh.playbook("site.yml", "-e", f"gateway_source_dir={broken_sim}")
     assert failed.returncode != 0
     assert _recap(failed)["rescued"] == 1
+    assert "service 'gear-cortex' exited with 1 before it became healthy" in failed.stdout
+    assert "no simulator" in failed.stdout
     assert "gateway source were restored and restarted" in failed.stdout
     assert mesh.rendered() == before
-    mesh.edit_role("senses", sim_profile="spark-senses")
+    mesh.edit_role("senses", context=32768)
     assert _ok(mesh.playbook("verify.yml", "-e", "verify_timeout=60"))["changed"] == 0
     assert mesh.chat("multimodal")["model"] == "coolthor/gemma-4-12B-it-NVFP4A16"
+    # The rollback restarted every gear (their source changed twice): cortex counts anew.
+    assert mesh.chat("main")["model"] == "sakamakismile/Qwen3.6-27B-Text-NVFP4-MTP"
 
     # 4b. A gateway source that fails the verify gate is rolled back too: the source that ran
     # before is put back and its gateway runs again.

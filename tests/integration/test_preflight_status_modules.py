@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
+import lobes_processes
 import pytest
 
-from tests.support.ports import dead_origin
+from tests.support.ports import dead_origin, free_port
+from tests.support.wait import wait_until
 
 from .conftest import ansible_module
 
@@ -47,6 +51,53 @@ def test_preflight_refuses_an_unknown_profile_and_a_missing_python():
         "lobes.fleet.preflight", "hardware=sim runtime=process python=no-such-python3"
     )
     assert "fleet_python 'no-such-python3' does not run on the box" in missing["msg"]
+
+
+def _preflight_ports(ports: list, deploy_dir) -> dict:
+    args = {"hardware": "sim", "runtime": "process", "ports": ports,
+            "deploy_dirs": [str(deploy_dir)]}
+    return ansible_module("lobes.fleet.preflight", json.dumps(args))
+
+
+def _listener(cwd) -> tuple[subprocess.Popen, int]:
+    """A program listening on a free port, started from `cwd`."""
+    port = free_port()
+    program = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind",
+                                "127.0.0.1"], cwd=cwd, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    wait_until(lambda: lobes_processes.port_holders(port, "127.0.0.1")[0], timeout=20,
+               message="the program to listen")
+    return program, port
+
+
+def test_preflight_names_a_program_that_holds_a_port_and_accepts_the_deployments_own(tmp_path):
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    stranger, taken = _listener(tmp_path)
+    own, ours = _listener(deploy)
+    try:
+        result = _preflight_ports([
+            {"port": taken, "address": "0.0.0.0", "service": "gateway",
+             "field": "fleet_gateway_port"},
+            {"port": ours, "address": "127.0.0.1", "service": "gear-cortex",
+             "field": "fleet_gear_port_base"}], deploy)
+    finally:
+        for program in (stranger, own):
+            program.terminate()
+            program.wait()
+    assert result["failed"] is True
+    assert result["msg"] == (
+        f"preflight failed: port {taken} (gateway) is held by pid {stranger.pid} "
+        f"({sys.executable} -m http.server {taken} --bind 127.0.0.1), not by this deployment; "
+        "stop it, or move the port (fleet_gateway_port)")
+
+
+def test_preflight_refuses_a_bind_address_the_box_does_not_have(tmp_path):
+    result = _preflight_ports([{"port": free_port(), "address": "192.0.2.1",
+                                "service": "gateway", "field": "fleet_gateway_port"}], tmp_path)
+    assert result["failed"] is True
+    assert ("gateway binds 192.0.2.1 (fleet_gateway_host), which is not an address of this box"
+            in result["msg"])
 
 
 def test_mesh_status_reports_an_unreachable_box_without_failing():

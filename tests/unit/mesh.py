@@ -13,7 +13,7 @@ def seed_mesh() -> dict:
     return copy.deepcopy({
         "spark": {
             "fleet_hardware": "gb10", "fleet_gateway_port": 8001,
-            "ansible_host": "spark.tail0be7e0.ts.net", "fleet_gateway_api_key": True,
+            "ansible_host": "spark.tail0be7e0.ts.net", "fleet_gateway_api_key": "spark-key",
             "fleet_roles": {
                 "cortex": {"context": 262144, "yarn_factor": 2.0, "gpu_memory_utilization": 0.30},
                 "senses": {"context": 32768, "gpu_memory_utilization": 0.14},
@@ -22,6 +22,7 @@ def seed_mesh() -> dict:
         },
         "thor": {
             "fleet_hardware": "thor", "ansible_host": "thor.tail0be7e0.ts.net",
+            "fleet_gateway_open": True,
             "fleet_roles": {
                 "cortex": {"context": 262144, "yarn_factor": 2.0, "mtp": False,
                            "gpu_memory_utilization": 0.60},
@@ -30,7 +31,7 @@ def seed_mesh() -> dict:
         },
         "orin": {
             "fleet_hardware": "orin", "ansible_host": "orin.tail0be7e0.ts.net",
-            "fleet_gateway_api_key": True,
+            "fleet_gateway_api_key": "orin-key",
             "fleet_roles": {
                 "cortex": {"feasible": False, "pool": ["spark", "thor"],
                            "rates": {"spark": 48.9, "thor": 11.0}},

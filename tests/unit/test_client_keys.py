@@ -27,8 +27,7 @@ SECRETS = {"gateway_api_key": "spark-inbound",
 
 def spark_plan(client_keys: dict | None = None) -> dict:
     hostvars = seed_mesh()
-    hostvars["spark"]["fleet_client_keys"] = {
-        name: {**entry, "key": True} for name, entry in (client_keys or CLIENT_KEYS).items()}
+    hostvars["spark"]["fleet_client_keys"] = client_keys or CLIENT_KEYS
     return plan_mesh(hostvars)["boxes"]["spark"]
 
 
@@ -40,10 +39,24 @@ def test_the_plan_carries_names_classes_and_limits_never_keys():
     assert PERSON_KEY not in json.dumps(plan)
 
 
-def test_the_plan_action_reduces_each_key_to_its_presence():
-    picked = fleet_vars({"fleet_client_keys": CLIENT_KEYS, "fleet_hardware": "gb10"})
-    assert picked["fleet_client_keys"]["person"] == {"key": True, "class": "interactive"}
-    assert PERSON_KEY not in json.dumps(picked)
+def test_the_plan_action_hands_each_key_over_masked():
+    picked = fleet_vars({"fleet_client_keys": CLIENT_KEYS, "fleet_hardware": "gb10",
+                         "fleet_gateway_api_key": "box-key"})
+    person = picked["fleet_client_keys"]["person"]
+    assert person["class"] == "interactive" and person["key"].text == PERSON_KEY
+    assert PERSON_KEY not in repr(picked) and "box-key" not in repr(picked)
+    assert PERSON_KEY not in str(person["key"])
+
+
+def test_a_key_that_no_list_can_carry_is_refused_by_the_plan_masked():
+    hostvars = seed_mesh()
+    hostvars["spark"]["fleet_client_keys"] = {"person": {"key": "a:b,c"}}
+    with pytest.raises(FleetErrors) as caught:
+        plan_mesh(hostvars)
+    (error,) = caught.value.errors
+    assert (error.host, error.field, error.value) == ("spark", "fleet_client_keys.person.key",
+                                                      "********")
+    assert "a:b,c" not in str(caught.value)
 
 
 def test_the_render_action_takes_the_keys_from_the_hosts_variables():
@@ -79,13 +92,19 @@ def test_a_missing_or_unusable_key_fails_naming_the_field(secrets, message):
 
 
 @pytest.mark.parametrize(("entries", "field"), [
-    ({"person": {"key": True, "class": "urgent"}}, "fleet_client_keys.person.class"),
-    ({"person": {"key": True, "inflight_limit": 0}}, "fleet_client_keys.person.inflight_limit"),
+    ({"person": {"key": PERSON_KEY, "class": "urgent"}}, "fleet_client_keys.person.class"),
+    ({"person": {"key": PERSON_KEY, "inflight_limit": 0}},
+     "fleet_client_keys.person.inflight_limit"),
     ({"person": {"class": "batch"}}, "fleet_client_keys.person.key"),
-    ({"person": {"key": True, "colour": "red"}}, "fleet_client_keys.person"),
-    ({"fleet": {"key": True}}, "fleet_client_keys.fleet"),
-    ({"a b": {"key": True}}, "fleet_client_keys"),
-], ids=["bad-class", "zero-limit", "no-key", "unknown-field", "reserved-name", "bad-name"])
+    ({"person": {"key": PERSON_KEY, "colour": "red"}}, "fleet_client_keys.person.colour"),
+    ({"fleet": {"key": PERSON_KEY}}, "fleet_client_keys.fleet"),
+    ({"a b": {"key": PERSON_KEY}}, "fleet_client_keys"),
+    ({1: {"key": PERSON_KEY}}, "fleet_client_keys"),
+    ({"person": {"key": PERSON_KEY}, "agents": {"key": PERSON_KEY}},
+     "fleet_client_keys.agents.key"),
+    ({"person": {"key": "spark-key"}}, "fleet_client_keys.person.key"),
+], ids=["bad-class", "zero-limit", "no-key", "unknown-field", "reserved-name", "bad-name",
+        "name-not-text", "one-key-twice", "the-boxs-own-key"])
 def test_a_bad_entry_fails_naming_host_and_field(entries, field):
     hostvars = seed_mesh()
     hostvars["spark"]["fleet_client_keys"] = entries
@@ -96,7 +115,7 @@ def test_a_bad_entry_fails_naming_host_and_field(entries, field):
 
 def test_named_keys_need_the_boxs_own_key():
     hostvars = seed_mesh()
-    hostvars["thor"]["fleet_client_keys"] = {"person": {"key": True}}
+    hostvars["thor"]["fleet_client_keys"] = {"person": {"key": PERSON_KEY}}
     with pytest.raises(FleetErrors, match="fleet_gateway_api_key"):
         plan_mesh(hostvars)
 

@@ -36,7 +36,7 @@ def sim_mesh() -> dict:
 
     return {
         "alpha": box({"cortex": {"sim_profile": "instant"}, "embedder": {}},
-                     fleet_gateway_api_key=True),
+                     fleet_gateway_api_key="alpha-inbound-key"),
         "gamma": box({"cortex": {"sim_profile": "instant", "feasible": True, "pool": ["alpha"],
                                  "rates": {"alpha": 48.9}},
                       "reranker": {}}),

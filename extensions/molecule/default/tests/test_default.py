@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -186,36 +187,57 @@ def starts(box, service: str) -> int:
         "started: ")
 
 
-def test_a_change_that_fails_verify_restores_the_files_and_containers_that_ran(box):
-    """From a stopped project: cortex starts and is healthy, senses never becomes healthy, so
-    the gears after it in the start order never start; the rollback then restores the files
-    and runs every container of the previous files."""
+def test_a_change_whose_gears_fail_to_start_restores_the_files_and_containers_that_ran(
+        box, tmp_path):
+    """From a stopped project, a change of .env and a simulator that exits at start: cortex,
+    first in the start order, never becomes healthy, so the gears after it never start; the
+    rollback then restores the files and source and runs every container of them."""
     env_before = box.file(str(DEPLOY / ".env")).content_string
     compose(box, "down", "--timeout", "5")
     before = {name: starts(box, name) for name in GEARS}
-    failing = json.dumps({"fleet_gateway_tuning": {"LOBES_SWAP_DEGRADED_THRESHOLD": 75},
-                          "fleet_roles": {"cortex": {"sim_profile": "spark-cortex"},
-                                          "senses": {"sim_profile": "no-such-profile"},
-                                          "embedder": {}, "reranker": {}},
-                          "fleet_compose_wait_timeout": 20, "verify_timeout": 10})
+    broken = tmp_path / "gateway"
+    shutil.copytree(ROOT / "gateway", broken, ignore=shutil.ignore_patterns("__pycache__"))
+    (broken / "lobes_sim" / "__main__.py").write_text("raise SystemExit('no simulator')\n")
+    failing = json.dumps({"fleet_gateway_tuning": {"LOBES_SWAP_DEGRADED_THRESHOLD": 80},
+                          "fleet_compose_wait_timeout": 20, "verify_timeout": 10,
+                          "gateway_source_dir": str(broken)})
     failed = playbook("site", "-e", failing)
     assert failed.returncode != 0
     # The callback may wrap the message: compare its words.
     words = " ".join((failed.stdout + failed.stderr).split())
     assert "gateway source were restored and restarted" in words
-    assert "vllm-senses-1 is unhealthy" in words
     # Why, from the gear's own log (lobes.fleet.compose_failures), masked as any log quote.
     said = words[words.find("failed during rollout"):]
-    assert "vllm-senses: " in said and "invalid choice: 'no-such-profile'" in said, said
-    state = wait_healthy(box)
+    assert "vllm-cortex: " in said and "no simulator" in said, said
+    wait_healthy(box)
     after = {name: starts(box, name) - before[name] for name in GEARS}
-    # cortex: the failed run and the rollback's; senses: its failed starts, then the
-    # rollback's; embedder and reranker, after senses in the chain: the rollback's only.
-    assert after["vllm-cortex"] == 1 and after["vllm-senses"] >= 2, after
-    assert after["vllm-embedder"] == after["vllm-reranker"] == 1, after
-    assert "no-such-profile" not in " ".join(state["vllm-senses"]["Args"])
+    # cortex: its failed starts, then the rollback's; the gears after it in the chain: the
+    # rollback's only.
+    assert after["vllm-cortex"] >= 2, after
+    assert after["vllm-senses"] == after["vllm-embedder"] == after["vllm-reranker"] == 1, after
     assert box.file(str(DEPLOY / ".env")).content_string == env_before
     chat_answers()
+
+
+def test_a_port_another_container_publishes_is_refused_by_preflight_naming_it(box):
+    """The gateway moved to a port a stranger's container publishes: preflight names the
+    container, and nothing of the box changes (the plan's own port, held by the project's
+    gateway, passed preflight in every run before this one)."""
+    box.run("docker rm --force lobes-stranger")
+    started = box.run("docker run --detach --name lobes-stranger --publish "
+                      "172.30.20.1:18001:8000 lobes/base:bookworm python3 -m http.server 8000")
+    assert started.rc == 0, started.stderr
+    try:
+        moved = json.dumps({"fleet_gateway_port": 18001, "fleet_origin": "http://172.30.20.1:18001",
+                            "fleet_verify_url": "http://172.30.20.1:18001"})
+        refused = playbook("site", "-e", moved)
+    finally:
+        box.run("docker rm --force lobes-stranger")
+    words = " ".join((refused.stdout + refused.stderr).split())
+    assert refused.returncode != 0
+    assert ("port 18001 (gateway) is held by container lobes-stranger, not by this deployment"
+            in words), words[-3000:]
+    assert get_json("/health")["version"] == VERSION
 
 
 def test_down_removes_the_containers_and_networks(box):
