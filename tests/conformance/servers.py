@@ -100,9 +100,9 @@ def gateway_env(chat_url: str, embed_url: str, **extra: str) -> dict[str, str]:
 
 
 def sim_chat() -> Server:
-    """lobes_sim as the tiny chat gear: the minor profile's pace (about the CPU engine's),
-    the CPU engine's window and prefix-cache block, and the hermes tool parser."""
-    return start_sim("minor", served_name=CHAT_NAME, extra_args=[
+    """lobes_sim as the tiny chat gear: the minor profile at four times its pace (about
+    the tiny model's on the CPU engine), the CPU engine's window and prefix-cache block."""
+    return start_sim("minor", served_name=CHAT_NAME, time_scale=4, extra_args=[
         "--max-model-len", str(WINDOW), "--block-size", str(CPU_BLOCK_SIZE)])
 
 

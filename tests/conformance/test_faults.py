@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -36,7 +35,6 @@ from tests.conformance.servers import (
     vllm_chat,
 )
 from tests.support.gateway_proc import start_gateway
-from tests.support.vllm_proc import EngineInstall
 from tests.support.wait import wait_until
 
 LONG = {"model": CHAT_NAME, "max_tokens": 1800, "ignore_eos": True, "temperature": 1.0,
@@ -154,11 +152,13 @@ def broken(engine_kind: str, request: pytest.FixtureRequest) -> Iterator[dict[st
         engine.stop()
 
 
-def test_a_dead_engine_ends_the_stream_at_once_without_a_finish_reason(broken):
+def test_a_dead_engine_never_ends_the_stream_as_an_answer(broken):
+    # vLLM ends it several ways, run to run: an error event and [DONE], a bare [DONE] after a
+    # content event, finish_reason "abort" and [DONE], or (stopped) no end at all while its
+    # HTTP server waits for the connection to close. Never as a finished answer.
     read = broken[DIRECT]
     assert read.status == 200
-    assert read.ended in ("done", "eof"), read.ended
-    assert not read.finish_reasons
+    assert set(read.finish_reasons) <= {"abort"}, read.finish_reasons
     for error in read.errors:
         assert error["type"] == "InternalServerError" and error["code"] == 500
 
