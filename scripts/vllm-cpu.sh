@@ -59,7 +59,8 @@ ensure_venv() {
   say "venv ready in $((SECONDS - started)) s ($(du -sh "$venv" | cut -f1))"
 }
 
-# The models are named by the builder's digest: a changed builder builds new ones beside.
+# The models are named by the builder's digest (a changed builder builds new ones beside), laid
+# out as a box's model directory: <dir>/lobes/tiny-chat, <dir>/lobes/tiny-embed.
 ensure_models() {
   ensure_venv
   local builder=gateway/lobes_engine/tiny_models.py
@@ -69,7 +70,7 @@ ensure_models() {
   if [ ! -f "$models/.complete" ]; then
     say "building the tiny models into $models"
     rm -rf "$models"
-    "$venv/bin/python" "$root/$builder" "$models" >&2
+    "$venv/bin/python" "$root/$builder" "$models/lobes" >&2
     touch "$models/.complete"
   fi
   echo "$models"

@@ -1,6 +1,6 @@
 """Build the tiny chat and embedding models, offline and byte for byte the same every run.
 
-    ENGINE_VENV/bin/python tiny_models.py OUT_DIR     # writes OUT_DIR/chat and OUT_DIR/embed
+    ENGINE_VENV/bin/python tiny_models.py OUT_DIR   # writes OUT_DIR/tiny-chat, OUT_DIR/tiny-embed
 
 Runs under the engine's own venv (torch, transformers and tokenizers come with vLLM's CPU
 build). Random weights after a fixed seed and a byte-level BPE tokenizer trained on the first
@@ -25,8 +25,9 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-CHAT = "chat"
-EMBED = "embed"
+# The checkpoints' names under a box's model directory (lobes/tiny-chat, lobes/tiny-embed).
+CHAT = "tiny-chat"
+EMBED = "tiny-embed"
 VOCAB_SIZE = 4096
 TRAINING_FILES = 200
 SEED = 0

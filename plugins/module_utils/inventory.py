@@ -26,19 +26,18 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     parse_http_origin,
     role_index,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.engines import ENGINES
 from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.lobes.fleet.plugins.module_utils.hardware import PROFILES
 
 RUNTIMES = ("compose", "process")
-# What runs a gear: the real vLLM image, or lobes_sim standing in for it (no GPU, tests).
-ENGINES = ("vllm", "sim")
 DEFAULT_GEAR_PORT_BASE = 18100
 
 ROLE_FIELDS = (
     "feasible", "checkpoint", "served_name", "context", "native_context", "yarn_factor",
     "gpu_memory_utilization", "max_active", "mtp", "num_speculative_tokens", "tool_parser",
     "quantization", "sim_profile", "engine", "referral", "proxy", "pool", "owners", "rates",
-    "stream_resume",
+    "stream_resume", "kv_cache_gib",
 )
 
 
@@ -98,6 +97,7 @@ class RoleDecl:
     rates: tuple = ()  # ((peer hostname, tok/s), ...) in declaration order
     # A pool's streams continue on another replica when theirs dies: on unless declared off.
     stream_resume: bool | None = None
+    kv_cache_gib: float | None = None  # vLLM's CPU build: its KV cache (VLLM_CPU_KVCACHE_SPACE)
 
     @property
     def peer_field(self) -> str | None:
@@ -149,6 +149,9 @@ class BoxDecl:
     gear_engine: str | None = None
     sim_image: str | None = None
     proc_root: str | None = None  # a fake /proc (tests): sim gears hold their shares in it
+    # vLLM's CPU build on the box: its venvs, and the checkpoints it loads (<model_dir>/<name>).
+    engine_dir: str = "/var/lib/lobes/engines"
+    model_dir: str = "/var/lib/lobes/models"
     client_keys: tuple = ()  # ClientKeyDecl, by name
     pool_policy: str | None = None  # GATEWAY_POOL_POLICY; None: the gateway's default
 
@@ -255,6 +258,8 @@ def parse_box(host: str, hostvars: dict) -> BoxDecl:
         gear_engine=_engine(read, "fleet_gear_engine"),
         sim_image=read.get("fleet_sim_image", str),
         proc_root=_proc_root(read),
+        engine_dir=_absolute(read, "fleet_engine_dir", "/var/lib/lobes/engines"),
+        model_dir=_absolute(read, "fleet_model_dir", "/var/lib/lobes/models"),
         client_keys=_parse_client_keys(read, bool(hostvars.get("fleet_gateway_api_key"))),
         pool_policy=_pool_policy(read),
     )
@@ -266,6 +271,13 @@ def _pool_policy(read: _Reader) -> str | None:
         raise read.fail("fleet_gateway_pool_policy", f"must be one of {', '.join(POOL_POLICIES)} "
                         f"({POOL_POLICIES[0]} when unset), got {policy!r}")
     return policy
+
+
+def _absolute(read: _Reader, field: str, default: str) -> str:
+    path = read.get(field, str, default)
+    if not path.startswith("/"):
+        raise read.fail(field, f"must be an absolute path, got {path!r}")
+    return path
 
 
 def _proc_root(read: _Reader) -> str | None:
@@ -379,6 +391,7 @@ def parse_role(host: str, role: str, values: dict) -> RoleDecl:
         owners=owners,
         rates=_parse_rates(read),
         stream_resume=read.get("stream_resume", bool),
+        kv_cache_gib=read.get("kv_cache_gib", float),
     )
 
 

