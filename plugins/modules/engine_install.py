@@ -13,7 +13,7 @@ version_added: 0.1.0
 description:
   - Installs vLLM's CPU build (the build the mesh plan pins, C(plan.gears.engine_build)) into
     O(venv) on the managed host, from the wheels in O(wheels) only, without reaching a package
-    index: the wheels are fetched once on the controller and copied to the box.
+    index (the wheels are fetched once on the controller and copied to the box).
   - The venv is made without pip (a Debian python3 may have no C(ensurepip)); the wheelhouse's
     own pip wheel installs pip, then each requirement in the build's order (torch first), then
     takes out what the build lists under C(remove) (packages pulled in unpinned that do not

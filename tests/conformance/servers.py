@@ -97,19 +97,20 @@ def target(engine: Engine, path: str) -> Target:
     return Target(engine.kind, path, engine.gateway.url, engine.gateway.url, engine.chat.url)
 
 
-def gateway_env(chat_url: str, embed_url: str, **extra: str) -> dict[str, str]:
+def gateway_env(chat_url: str, embed_url: str, window: int = WINDOW,
+                **extra: str) -> dict[str, str]:
     """A gateway whose cortex role is the chat gear and whose embedder is the embedding gear."""
     return {"PRIMARY_BASE_URL": chat_url, "PRIMARY_SERVED_NAME": CHAT_NAME,
-            "PRIMARY_MAX_MODEL_LEN": str(WINDOW), "EMBED_BASE_URL": embed_url,
+            "PRIMARY_MAX_MODEL_LEN": str(window), "EMBED_BASE_URL": embed_url,
             "EMBED_SERVED_NAME": EMBED_NAME, "GATEWAY_DEFAULT_MODEL": CHAT_NAME, **extra}
 
 
-def sim_chat() -> Server:
+def sim_chat(window: int = WINDOW) -> Server:
     """lobes_sim as the tiny chat gear: the minor profile at four times its pace (about
     the tiny model's on the CPU engine), the CPU engine's window and prefix-cache block, and
     the rendered gear's slots and scheduling policy."""
     return start_sim("minor", served_name=CHAT_NAME, time_scale=4, extra_args=[
-        "--max-model-len", str(WINDOW), "--block-size", str(CPU_BLOCK_SIZE),
+        "--max-model-len", str(window), "--block-size", str(CPU_BLOCK_SIZE),
         "--max-num-seqs", "4", "--scheduling-policy", "priority"])
 
 
@@ -123,7 +124,7 @@ def start_sim_engine() -> Engine:
     return Engine(SIM, chat, embed, start_gateway(gateway_env(chat.url, embed.url)))
 
 
-def cpu_box(install: EngineInstall, port_base: int) -> dict:
+def cpu_box(install: EngineInstall, port_base: int, window: int = WINDOW) -> dict:
     """The plan of a box whose cortex and embedder run on the CPU engine, with the tiny models,
     where scripts/vllm-cpu.sh installed them."""
     hostvars = {
@@ -132,7 +133,7 @@ def cpu_box(install: EngineInstall, port_base: int) -> dict:
         "fleet_hf_cache": str(install.engine_dir / "hf-cache"),
         "fleet_roles": {
             "cortex": {"engine": "vllm-cpu", "checkpoint": "lobes/tiny-chat",
-                       "served_name": CHAT_NAME, "context": WINDOW, "tool_parser": "hermes",
+                       "served_name": CHAT_NAME, "context": window, "tool_parser": "hermes",
                        "max_active": 4, "kv_cache_gib": KV_CACHE_GIB},
             "embedder": {"engine": "vllm-cpu", "checkpoint": "lobes/tiny-embed",
                          "served_name": EMBED_NAME, "context": EMBED_WINDOW,
@@ -142,16 +143,16 @@ def cpu_box(install: EngineInstall, port_base: int) -> dict:
     return plan_mesh({"box": hostvars})["boxes"]["box"]
 
 
-def _vllm(install: EngineInstall, role: str) -> Server:
+def _vllm(install: EngineInstall, role: str, window: int = WINDOW) -> Server:
     """The CPU gear of `role` as the collection renders it, on free ports."""
-    plan = cpu_box(install, free_block(16))
+    plan = cpu_box(install, free_block(16), window)
     gear = plan["roles"][role]
     return start_vllm(cpu_engine_argv(plan, gear), gear["gear"]["port"],
                       cpu_engine_env(plan, gear))
 
 
-def vllm_chat(install: EngineInstall) -> Server:
-    return _vllm(install, "cortex")
+def vllm_chat(install: EngineInstall, window: int = WINDOW) -> Server:
+    return _vllm(install, "cortex", window)
 
 
 def vllm_embed(install: EngineInstall) -> Server:

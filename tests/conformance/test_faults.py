@@ -26,6 +26,7 @@ from tests.conformance.servers import (
     DIRECT,
     GATEWAY,
     SIM,
+    WINDOW,
     Engine,
     Target,
     gateway_env,
@@ -37,8 +38,16 @@ from tests.conformance.servers import (
 from tests.support.gateway_proc import start_gateway
 from tests.support.wait import wait_until
 
-LONG = {"model": CHAT_NAME, "max_tokens": 1800, "ignore_eos": True, "temperature": 1.0,
-        "seed": 5, "messages": [{"role": "user", "content": "go on for a while"}]}
+# The engines a fault ends get the tiny model's whole window: a stream of thousands of tokens
+# lasts seconds, so every stream is still under way when the fault comes, even on a busy
+# machine.
+FAULT_WINDOW = 4096
+
+
+def long_stream(window: int) -> dict:
+    return {"model": CHAT_NAME, "max_tokens": window - 100, "ignore_eos": True,
+            "temperature": 1.0, "seed": 5,
+            "messages": [{"role": "user", "content": "go on for a while"}]}
 # How long a client waits in silence before it calls the stream hung.
 SILENCE_S = 6.0
 # The gateway's stall limit in these tests: short, so a cut shows within SILENCE_S.
@@ -69,13 +78,13 @@ class Read:
                 and [e.get("code") for e in self.errors] == ["stream_interrupted"])
 
 
-def read_stream(url: str, read: Read, silence_s: float = SILENCE_S) -> Read:
-    """Stream LONG from `url` into `read` to its end, or until `silence_s` pass without a
+def read_stream(url: str, read: Read, body: dict, silence_s: float = SILENCE_S) -> Read:
+    """Stream `body` from `url` into `read` to its end, or until `silence_s` pass without a
     byte; `read.opened` is set once three events came (or the stream ended before)."""
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=silence_s)
     try:
-        conn.request("POST", "/v1/chat/completions", json.dumps({**LONG, "stream": True}),
+        conn.request("POST", "/v1/chat/completions", json.dumps({**body, "stream": True}),
                      {"Content-Type": "application/json"})
         response = conn.getresponse()
         read.status = response.status
@@ -98,15 +107,20 @@ def read_stream(url: str, read: Read, silence_s: float = SILENCE_S) -> Read:
     return read
 
 
-def streams_under(targets: dict[str, Target], fault: Callable[[], None]) -> dict[str, Read]:
+def streams_under(targets: dict[str, Target], fault: Callable[[], None],
+                  window: int) -> dict[str, Read]:
     """One stream per path, each under way, then the fault: how each stream ended."""
     reads = {path: Read() for path in targets}
-    threads = [threading.Thread(target=read_stream, args=(each.url, reads[path]), daemon=True)
+    threads = [threading.Thread(target=read_stream, daemon=True,
+                                args=(each.url, reads[path], long_stream(window)))
                for path, each in targets.items()]
     for thread in threads:
         thread.start()
     for read in reads.values():
         assert read.opened.wait(timeout=60), "a stream did not start"
+    # The engine's behaviour is in question only for streams it was still sending.
+    assert all(read.ended == "eof" and not read.finish_reasons for read in reads.values()), \
+        "a stream ended before the fault"
     fault()
     for thread in threads:
         thread.join(timeout=60)
@@ -121,9 +135,11 @@ def server_pid(server: object) -> int:
 
 def _fresh_engine(kind: str, request: pytest.FixtureRequest) -> Engine:
     """A chat gear and a gateway of their own (a stall limit of STALL_S): the fault ends them."""
-    chat = sim_chat() if kind == SIM else vllm_chat(request.getfixturevalue("install"))
+    chat = (sim_chat(FAULT_WINDOW) if kind == SIM
+            else vllm_chat(request.getfixturevalue("install"), FAULT_WINDOW))
     embed = sim_embed()
-    gateway = start_gateway(gateway_env(chat.url, embed.url, GATEWAY_STREAM_STALL_S=STALL_S))
+    gateway = start_gateway(gateway_env(chat.url, embed.url, FAULT_WINDOW,
+                                        GATEWAY_STREAM_STALL_S=STALL_S))
     return Engine(kind, chat, embed, gateway)
 
 
@@ -147,7 +163,7 @@ def broken(engine_kind: str, request: pytest.FixtureRequest) -> Iterator[dict[st
     engine = _fresh_engine(engine_kind, request)
     try:
         targets = {DIRECT: target(engine, DIRECT), GATEWAY: target(engine, GATEWAY)}
-        yield streams_under(targets, lambda: FAULTS[request.param](engine))
+        yield streams_under(targets, lambda: FAULTS[request.param](engine), FAULT_WINDOW)
     finally:
         engine.stop()
 
@@ -193,7 +209,7 @@ def _hung(engine: Engine, targets: dict[str, Target]) -> dict[str, Read]:
     on afterwards (SIGCONT) and aborts them."""
     pid = server_pid(engine.chat)
     try:
-        return streams_under(targets, lambda: os.kill(pid, signal.SIGSTOP))
+        return streams_under(targets, lambda: os.kill(pid, signal.SIGSTOP), WINDOW)
     finally:
         os.kill(pid, signal.SIGCONT)
         wait_until(lambda: target(engine, DIRECT).metrics().value(
