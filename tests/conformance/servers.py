@@ -124,7 +124,8 @@ def start_sim_engine() -> Engine:
     return Engine(SIM, chat, embed, start_gateway(gateway_env(chat.url, embed.url)))
 
 
-def cpu_box(install: EngineInstall, port_base: int, window: int = WINDOW) -> dict:
+def cpu_box(install: EngineInstall, port_base: int, window: int = WINDOW,
+            max_active: int = 4) -> dict:
     """The plan of a box whose cortex and embedder run on the CPU engine, with the tiny models,
     where scripts/vllm-cpu.sh installed them."""
     hostvars = {
@@ -134,7 +135,7 @@ def cpu_box(install: EngineInstall, port_base: int, window: int = WINDOW) -> dic
         "fleet_roles": {
             "cortex": {"engine": "vllm-cpu", "checkpoint": "lobes/tiny-chat",
                        "served_name": CHAT_NAME, "context": window, "tool_parser": "hermes",
-                       "max_active": 4, "kv_cache_gib": KV_CACHE_GIB},
+                       "max_active": max_active, "kv_cache_gib": KV_CACHE_GIB},
             "embedder": {"engine": "vllm-cpu", "checkpoint": "lobes/tiny-embed",
                          "served_name": EMBED_NAME, "context": EMBED_WINDOW,
                          "kv_cache_gib": KV_CACHE_GIB},
@@ -143,16 +144,16 @@ def cpu_box(install: EngineInstall, port_base: int, window: int = WINDOW) -> dic
     return plan_mesh({"box": hostvars})["boxes"]["box"]
 
 
-def _vllm(install: EngineInstall, role: str, window: int = WINDOW) -> Server:
+def _vllm(install: EngineInstall, role: str, window: int = WINDOW, max_active: int = 4) -> Server:
     """The CPU gear of `role` as the collection renders it, on free ports."""
-    plan = cpu_box(install, free_block(16), window)
+    plan = cpu_box(install, free_block(16), window, max_active)
     gear = plan["roles"][role]
     return start_vllm(cpu_engine_argv(plan, gear), gear["gear"]["port"],
                       cpu_engine_env(plan, gear))
 
 
-def vllm_chat(install: EngineInstall, window: int = WINDOW) -> Server:
-    return _vllm(install, "cortex", window)
+def vllm_chat(install: EngineInstall, window: int = WINDOW, max_active: int = 4) -> Server:
+    return _vllm(install, "cortex", window, max_active)
 
 
 def vllm_embed(install: EngineInstall) -> Server:
