@@ -55,7 +55,8 @@ CPU_ENGINE_ENV = {
 # worker), measured with the tiny models: about 2.1 GiB for chat, 1.2 GiB for embeddings; a
 # larger checkpoint adds its weights.
 CPU_ENGINE_BASE_GIB = 2.5
-DEFAULT_CPU_KV_CACHE_GIB = 1.0
+# Whole GiB: VLLM_CPU_KVCACHE_SPACE takes an integer (0.5 stops the engine at start-up).
+DEFAULT_CPU_KV_CACHE_GIB = 1
 # Start to /health with the tiny models: 25 to 40 s on a 2-core machine; a model load is longer.
 CPU_ENGINE_HEALTH_TIMEOUT_S = 300
 

@@ -97,7 +97,7 @@ class RoleDecl:
     rates: tuple = ()  # ((peer hostname, tok/s), ...) in declaration order
     # A pool's streams continue on another replica when theirs dies: on unless declared off.
     stream_resume: bool | None = None
-    kv_cache_gib: float | None = None  # vLLM's CPU build: its KV cache (VLLM_CPU_KVCACHE_SPACE)
+    kv_cache_gib: int | None = None  # vLLM's CPU build: its KV cache (VLLM_CPU_KVCACHE_SPACE)
 
     @property
     def peer_field(self) -> str | None:
@@ -391,7 +391,7 @@ def parse_role(host: str, role: str, values: dict) -> RoleDecl:
         owners=owners,
         rates=_parse_rates(read),
         stream_resume=read.get("stream_resume", bool),
-        kv_cache_gib=read.get("kv_cache_gib", float),
+        kv_cache_gib=read.get("kv_cache_gib", int),
     )
 
 

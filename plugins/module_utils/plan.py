@@ -147,11 +147,11 @@ def _resolve_gear(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> di
     }
 
 
-def _kv_cache(box: BoxDecl, decl: RoleDecl) -> float:
+def _kv_cache(box: BoxDecl, decl: RoleDecl) -> int:
     kv_cache = decl.kv_cache_gib if decl.kv_cache_gib is not None else DEFAULT_CPU_KV_CACHE_GIB
-    if kv_cache <= 0:
-        raise FleetError(box.host, decl.role, "kv_cache_gib",
-                         f"must be a positive number of GiB, got {kv_cache:g}")
+    if kv_cache < 1:
+        raise FleetError(box.host, decl.role, "kv_cache_gib", "must be at least 1 (whole GiB: "
+                         f"the engine's VLLM_CPU_KVCACHE_SPACE), got {kv_cache}")
     return kv_cache
 
 

@@ -216,7 +216,7 @@ REJECTIONS = [
     pytest.param({("spark", "fleet_runtime"): "process",
                   ("spark", "fleet_roles", "cortex", "engine"): "vllm-cpu",
                   ("spark", "fleet_roles", "cortex", "kv_cache_gib"): 0},
-                 ["host spark, role cortex, field kv_cache_gib: must be a positive number"],
+                 ["host spark, role cortex, field kv_cache_gib: must be at least 1 (whole GiB"],
                  id="no-kv-cache-on-the-cpu-engine"),
     pytest.param({("spark", "fleet_gear_engine"): "tgi"},
                  ["host spark, field fleet_gear_engine: must be one of vllm, vllm-cpu, sim"],
