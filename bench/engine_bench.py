@@ -11,19 +11,26 @@ it asserts nothing, it reports.
     python3 bench/engine_bench.py --quick    # one round each, shorter streams
 
 On a 2-core machine the engine's worker is bound to one core and its engine core busy-polls
-the other, which the gateway and this client share: what the gateway adds is measured on the
-core it would share with the engine's own loop on such a box.
+the other, which the gateway and this client share: the engine's API server then sends a
+stream in bursts, and a client's timings are mostly the engine's scheduling. So the run also
+traces the gateway itself (strace, one round of 4 streams): for each SSE chunk, the time from
+the gateway's read of it from the engine to its write of it to the client, which is what the
+gateway adds to each token, whatever the client sees.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import http.client
 import json
 import os
 import platform
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -122,7 +129,7 @@ def measure(urls: dict[str, str], rounds: int, max_tokens: int) -> dict:
     return results
 
 
-def table(results: dict, memory: dict, run: dict) -> str:
+def table(results: dict, memory: dict, run: dict, delays: list[float]) -> str:
     lines = [
         f"Run {run['when']} on {run['host']} ({run['cores']} cores), vLLM {run['engine']} CPU "
         f"build, the tiny chat model, {run['rounds']} rounds of {run['max_tokens']}-token "
@@ -141,6 +148,12 @@ def table(results: dict, memory: dict, run: dict) -> str:
         lines.append(f"| {concurrency} | {t_direct:.1f} ms | {t_gateway:.1f} ms | "
                      f"{t_gateway - t_direct:+.1f} ms | {r_direct:.0f} | {r_gateway:.0f} | "
                      f"{r_gateway / r_direct:.3f} |")
+    if delays:
+        ordered = sorted(delays)
+        p50, p99 = ordered[len(ordered) // 2], ordered[int(len(ordered) * 0.99)]
+        lines += ["", f"The gateway's own delay per SSE chunk (strace on the gateway, one round of "
+                  f"4 streams, {len(delays)} chunks, strace's own cost included): p50 "
+                  f"{p50 * 1e6:.0f} us, p99 {p99 * 1e6:.0f} us, max {ordered[-1] * 1e3:.1f} ms."]
     failures = sum(entry["failures"] for entry in results.values())
     lines += ["", f"Streams that failed: {failures}. Memory while serving (proportional set "
               f"size, shared pages counted once): engine {memory['engine']:.2f} GiB "
@@ -156,6 +169,47 @@ def pss_kib(pid: int) -> int:
         if line.startswith("Pss:"):
             return int(line.split()[1])
     return 0
+
+
+# One line of strace -tt output: the time, the call, its arguments, its result.
+_SYSCALL = re.compile(r"^(?:\d+ +)?(\d+):(\d+):([\d.]+) (\w+)\((.*)\) = (-?\d+)")
+# A quoted string of strace's, escapes included.
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+def relay_delays(trace: str) -> list[float]:
+    """Seconds from the gateway's read of each SSE event from the engine to its write of the
+    same event to the client, matched by the event's first bytes (ids and text are unique)."""
+    reads: dict[str, float] = {}
+    delays = []
+    for line in trace.splitlines():
+        match = _SYSCALL.match(line)
+        if not match or int(match[6]) <= 0:
+            continue
+        when = int(match[1]) * 3600 + int(match[2]) * 60 + float(match[3])
+        data = "".join(_QUOTED.findall(match[5]))
+        for event in re.findall(r"data: (\{.{0,80})", data):
+            if match[4] in ("read", "recvfrom", "recvmsg"):
+                reads.setdefault(event, when)
+            elif event in reads:
+                delays.append(when - reads.pop(event))
+    return delays
+
+
+def traced_round(gateway_pid: int, url: str, out: Path) -> list[float]:
+    """One round of 4 streams through the gateway with strace attached to it."""
+    strace = subprocess.Popen(
+        ["strace", "-f", "-tt", "-s", "65536", "-o", str(out), "-p", str(gateway_pid),
+         "-e", "trace=read,recvfrom,recvmsg,write,sendto,sendmsg,writev"],
+        stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached
+    try:
+        run_round(url, 4, 64, seed=7000)
+    finally:
+        strace.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            strace.wait(timeout=10)
+    return relay_delays(out.read_text(errors="replace"))
 
 
 def cpu_model() -> str:
@@ -178,6 +232,9 @@ def main() -> None:
     gateway = start_gateway(gateway_env(engine.url, embed.url))
     try:
         results = measure({"direct": engine.url, "gateway": gateway.url}, rounds, max_tokens)
+        delays = (traced_round(gateway.pid, gateway.url, Path(f"/tmp/engine-bench-{os.getpid()}"
+                                                              ".strace"))
+                  if shutil.which("strace") else [])
         memory = {"engine": sum(pss_kib(pid) for pid in engine.pids()) / 2**20,
                   "processes": len(engine.pids()), "gateway": pss_kib(gateway.pid) / 2**10}
         version = call(engine.url, "GET", "/version").json()["version"]
@@ -188,7 +245,7 @@ def main() -> None:
     run = {"when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "host": cpu_model(), "cores": os.cpu_count(), "engine": version, "rounds": rounds,
            "max_tokens": max_tokens}
-    text = table(results, memory, run)
+    text = table(results, memory, run, delays)
     print(text)
     if not args.no_docs and not args.quick:
         docs_section.write_section("engine-bench", text,

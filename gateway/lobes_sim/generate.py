@@ -377,6 +377,14 @@ async def _respond_whole(
 
 
 @dataclass
+class _CallProgress:
+    """What a streamed forced call has sent: its name, how much of its arguments."""
+
+    named: bool = False
+    arguments: int = 0
+
+
+@dataclass
 class _Choice:
     """One choice of a stream: its sequence, its words and event template, what it has sent."""
 
@@ -386,7 +394,7 @@ class _Choice:
     plain: _TokenEvents
     opened: bool
     sent: int = 0
-    call_progress: _CallProgress = field(default_factory=lambda: _CallProgress())
+    call_progress: _CallProgress = field(default_factory=_CallProgress)
 
     @property
     def unsent(self) -> bool:
@@ -454,14 +462,6 @@ def _send_ready(writer: _SseWriter, answer: _Answer, call: GenerateCall, choice:
             writer.add(_sse(_final_or_usage_chunk(answer, call, choice, piece, last, sent)))
         else:
             writer.add(choice.plain.event(piece))
-
-
-@dataclass
-class _CallProgress:
-    """What a streamed forced call has sent: its name, how much of its arguments."""
-
-    named: bool = False
-    arguments: int = 0
 
 
 def _send_call_ready(writer: _SseWriter, answer: _Answer, tool_call: ForcedCall,

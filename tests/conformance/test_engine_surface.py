@@ -33,10 +33,10 @@ def test_metrics_carry_every_name_the_gateway_reads(gear: Target):
     scrape = gear.metrics()
     names = {name for name, _labels, _value in scrape.samples}
     assert set(GAUGES) | set(COUNTERS) <= names
-    reasons = {labels["finished_reason"] for name, labels, _ in scrape.samples
+    reasons = {labels["finished_reason"] for name, labels, _value in scrape.samples
                if name == "vllm:request_success_total"}
     assert reasons == FINISH_REASONS
-    assert all(labels.get("model_name") == CHAT_NAME for name, labels, _ in scrape.samples
+    assert all(labels.get("model_name") == CHAT_NAME for name, labels, _value in scrape.samples
                if name in GAUGES)
 
 
@@ -82,7 +82,7 @@ def test_a_repeated_prompt_hits_the_prefix_cache_in_whole_blocks(gear: Target):
 
 def _block_size(gear: Target) -> str:
     scrape = gear.metrics()
-    sizes = [labels["block_size"] for name, labels, _ in scrape.samples
+    sizes = [labels["block_size"] for name, labels, _value in scrape.samples
              if name == "vllm:cache_config_info"]
     assert sizes, "no vllm:cache_config_info{block_size} on /metrics"
     return sizes[0]

@@ -48,6 +48,8 @@ def long_stream(window: int) -> dict:
     return {"model": CHAT_NAME, "max_tokens": window - 100, "ignore_eos": True,
             "temperature": 1.0, "seed": 5,
             "messages": [{"role": "user", "content": "go on for a while"}]}
+
+
 # How long a client waits in silence before it calls the stream hung.
 SILENCE_S = 6.0
 # The gateway's stall limit in these tests: short, so a cut shows within SILENCE_S.
