@@ -13,7 +13,7 @@ it asserts nothing, it reports.
 On a 2-core machine the engine's worker is bound to one core and its engine core busy-polls
 the other, which the gateway and this client share: the engine's API server then sends a
 stream in bursts, and a client's timings are mostly the engine's scheduling. So the run also
-traces the gateway itself (strace, one round of 4 streams): for each SSE chunk, the time from
+traces the gateway itself (strace, one round of 16 streams): for each SSE event, the time from
 the gateway's read of it from the engine to its write of it to the client, which is what the
 gateway adds to each token, whatever the client sees.
 """
@@ -49,6 +49,9 @@ from tests.support.vllm_proc import engine_install  # noqa: E402
 
 CONCURRENCY = (1, 4, 16)
 TARGETS = ("direct", "gateway")
+# The engine core keeps polling its worker for a second after each step: a pause longer than
+# that before every round starts each from the same idle engine, whichever path ran before.
+SETTLE_S = 1.5
 
 
 @dataclass
@@ -121,6 +124,7 @@ def measure(urls: dict[str, str], rounds: int, max_tokens: int) -> dict:
         run_round(urls["direct"], concurrency, 16, seed=0)  # warm the batch shape
         for number in range(rounds):
             for target in (TARGETS if number % 2 == 0 else TARGETS[::-1]):
+                time.sleep(SETTLE_S)
                 done = run_round(urls[target], concurrency, max_tokens, seed=1000 * number)
                 entry = results[(target, concurrency)]
                 entry["ttfts"].extend(done.ttfts)
@@ -133,7 +137,8 @@ def table(results: dict, memory: dict, run: dict, delays: list[float]) -> str:
     lines = [
         f"Run {run['when']} on {run['host']} ({run['cores']} cores), vLLM {run['engine']} CPU "
         f"build, the tiny chat model, {run['rounds']} rounds of {run['max_tokens']}-token "
-        "streams per cell (ignore_eos, sampled), rounds of the two paths alternating.",
+        f"streams per cell (ignore_eos, sampled), rounds of the two paths alternating, each "
+        f"after {SETTLE_S:g} s idle.",
         "",
         "| streams | TTFT p50 direct | TTFT p50 gateway | added | tok/s direct | tok/s gateway "
         "| gateway/direct |",
@@ -151,8 +156,9 @@ def table(results: dict, memory: dict, run: dict, delays: list[float]) -> str:
     if delays:
         ordered = sorted(delays)
         p50, p99 = ordered[len(ordered) // 2], ordered[int(len(ordered) * 0.99)]
-        lines += ["", f"The gateway's own delay per SSE chunk (strace on the gateway, one round of "
-                  f"4 streams, {len(delays)} chunks, strace's own cost included): p50 "
+        lines += ["", f"The gateway's own delay per SSE event (strace on the gateway, one round of "
+                  f"16 streams of 128 tokens, {len(delays)} events matched, strace's own cost "
+                  f"included): p50 "
                   f"{p50 * 1e6:.0f} us, p99 {p99 * 1e6:.0f} us, max {ordered[-1] * 1e3:.1f} ms."]
     failures = sum(entry["failures"] for entry in results.values())
     lines += ["", f"Streams that failed: {failures}. Memory while serving (proportional set "
@@ -179,7 +185,7 @@ _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 def relay_delays(trace: str) -> list[float]:
     """Seconds from the gateway's read of each SSE event from the engine to its write of the
-    same event to the client, matched by the event's first bytes (ids and text are unique)."""
+    same event to the client, matched by the event's text (its id and token make it unique)."""
     reads: dict[str, float] = {}
     delays = []
     for line in trace.splitlines():
@@ -188,7 +194,8 @@ def relay_delays(trace: str) -> list[float]:
             continue
         when = int(match[1]) * 3600 + int(match[2]) * 60 + float(match[3])
         data = "".join(_QUOTED.findall(match[5]))
-        for event in re.findall(r"data: (\{.{0,80})", data):
+        # An event's whole text (strace writes its newline as backslash-n): unique per event.
+        for event in re.findall(r"data: (\{.*?)\\n", data):
             if match[4] in ("read", "recvfrom", "recvmsg"):
                 reads.setdefault(event, when)
             elif event in reads:
@@ -197,14 +204,14 @@ def relay_delays(trace: str) -> list[float]:
 
 
 def traced_round(gateway_pid: int, url: str, out: Path) -> list[float]:
-    """One round of 4 streams through the gateway with strace attached to it."""
+    """One round of 16 streams through the gateway with strace attached to it."""
     strace = subprocess.Popen(
         ["strace", "-f", "-tt", "-s", "65536", "-o", str(out), "-p", str(gateway_pid),
          "-e", "trace=read,recvfrom,recvmsg,write,sendto,sendmsg,writev"],
         stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # attached
     try:
-        run_round(url, 4, 64, seed=7000)
+        run_round(url, 16, 128, seed=7000)
     finally:
         strace.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -225,7 +232,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one round, 64-token streams")
     parser.add_argument("--no-docs", action="store_true", help="print only")
     args = parser.parse_args()
-    rounds, max_tokens = (1, 64) if args.quick else (4, 256)
+    rounds, max_tokens = (1, 64) if args.quick else (6, 256)
     install = engine_install()
     engine = vllm_chat(install, max_active=max(CONCURRENCY))
     embed = sim_embed()

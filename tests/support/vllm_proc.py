@@ -52,6 +52,10 @@ class EngineInstall:
     def engine_dir(self) -> Path:
         return self.venv.parent.parent
 
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
 
 def engine_install() -> EngineInstall:
     """The cached venv and models, built by scripts/vllm-cpu.sh where absent (minutes)."""
