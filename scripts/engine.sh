@@ -5,6 +5,7 @@
 # Images (no registry is reachable, so all are built here from Debian's own packages):
 #   lobes/base:bookworm  debootstrap minbase + python3, sshd, iproute2, procps (gateway, sim, hosts)
 #   lobes/box:bookworm   base + the docker CLI and Compose plugin (a box driving a compose project)
+#   lobes/engine-box:bookworm   base + libnuma1 (a box running vLLM's CPU build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +19,7 @@ PLUGIN=/usr/libexec/docker/cli-plugins/docker-compose
 DEBIAN_URI=http://deb.debian.org/debian
 BASE_IMAGE=lobes/base:bookworm
 BOX_IMAGE=lobes/box:bookworm
+ENGINE_BOX_IMAGE=lobes/engine-box:bookworm
 export DEBIAN_FRONTEND=noninteractive
 
 say() { echo "== engine: $*"; }
@@ -110,6 +112,22 @@ EOF
   rm -rf "$context"
 }
 
+# vLLM's CPU build loads libnuma from the system. The package is fetched here (the containers
+# reach no mirror) and installed into the image.
+build_engine_box_image() {
+  if docker image inspect "$ENGINE_BOX_IMAGE" >/dev/null 2>&1; then
+    return
+  fi
+  say "building $ENGINE_BOX_IMAGE"
+  local context
+  context=$(mktemp -d)
+  (cd "$context" && apt-get download -qq libnuma1)
+  printf '%s\n' "FROM $BASE_IMAGE" "COPY libnuma1_*.deb /tmp/" \
+    "RUN dpkg -i /tmp/libnuma1_*.deb && rm /tmp/libnuma1_*.deb" >"$context/Dockerfile"
+  docker build -q -t "$ENGINE_BOX_IMAGE" "$context" >/dev/null
+  rm -rf "$context"
+}
+
 # Stops the daemon only when this script started it (its pidfile), with what it left running.
 stop_engine() {
   [ -f "$PIDFILE" ] || return 0
@@ -136,6 +154,7 @@ case "${1:-up}" in
     start_engine
     build_base_image
     build_box_image
+    build_engine_box_image
     docker compose version
     ;;
   down) stop_engine ;;

@@ -17,6 +17,8 @@ from .profiles import AUDIO, EMBED, GENERATE, PROFILES, SCORE, Profile
 from .server import GENERATE_ROUTES, AdminPort, ServingPort, serving_routes
 from .state import SimState
 
+# Long enough for every stream to write its end once the engine died.
+SHUTDOWN_FLUSH_S = 0.1
 DESCRIPTION = """\
 A vLLM OpenAI-server stand-in for machines without a GPU. It serves /health, /v1/models,
 /metrics and the profile's task (chat and text completions, embeddings, rerank/score, or the
@@ -43,8 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-num-seqs", type=int, help="running slots of the engine")
     parser.add_argument(
         "--scheduling-policy", choices=("fcfs", "priority"),
-        help="vLLM's scheduling policy: fcfs (default; a non-zero priority is refused) or "
-             "priority (waiting requests by their priority field, lower first)",
+        help="vLLM's scheduling policy: fcfs (default; a request's priority is accepted and "
+             "ignored) or priority (waiting requests by their priority field, lower first)",
+    )
+    parser.add_argument(
+        "--block-size", type=int,
+        help="vLLM's --block-size: the prefix cache's block, in tokens (default 16, a GPU "
+             "build's; vLLM's CPU build uses 128)",
     )
     parser.add_argument(
         "--tokens-per-chunk", type=int,
@@ -112,6 +119,7 @@ def profile_from_args(args: argparse.Namespace) -> Profile:
         max_num_seqs=args.max_num_seqs,
         scheduling_policy=args.scheduling_policy,
         tokens_per_chunk=args.tokens_per_chunk,
+        block_size=args.block_size,
         embed_dim=args.embed_dim,
         quantization=args.quantization,
         chars_per_token=args.chars_per_token,
@@ -166,11 +174,14 @@ async def serve(args: argparse.Namespace) -> None:
     gc.freeze()
     print(f"lobes_sim {state.profile.name} serving {state.profile.served_name} on "
           f"{args.host}:{serving.port} admin {admin.port}", flush=True)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+        loop.add_signal_handler(signum, state.shutdown.set)
+    await state.shutdown.wait()
+    # As vLLM's server shuts down (mode abort, no grace): every request ends at once, each
+    # stream with an error event and [DONE], before the process exits.
+    state.engine.die()
+    await asyncio.sleep(SHUTDOWN_FLUSH_S)
     engine_task.cancel()
 
 
@@ -179,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.time_scale <= 0:
         parser.error("--time-scale must be positive")
+    if args.block_size is not None and args.block_size < 1:
+        parser.error("--block-size must be at least 1")
     logging.basicConfig(level=args.log_level.upper())
     raise_open_file_limit()
     with holding(args.proc_root, args.hold_memory_gib):

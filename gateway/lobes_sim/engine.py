@@ -14,7 +14,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from collections.abc import Sequence as Units
 
-from .prefix_cache import BLOCK_SIZE, NO_PROMPT, PrefixCache, PromptBlocks
+from .prefix_cache import NO_PROMPT, PrefixCache, PromptBlocks
 from .profiles import Profile
 
 # If the loop falls behind its schedule (CPU saturated), it catches up at most this much, so a
@@ -25,6 +25,10 @@ PRIORITY = "priority"  # the scheduling policy that orders the waiting queue
 STOP = "stop"
 LENGTH = "length"
 ABORT = "abort"
+# The engine died under the sequence (its core killed, the server stopped): not counted.
+DEAD = "dead"
+# vLLM's request_success_total series, each exported from the start.
+FINISH_REASONS = (STOP, LENGTH, ABORT, "error", "repetition")
 
 
 class Sequence:
@@ -93,14 +97,19 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._wake = asyncio.Event()
+        self.dead = False
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.finished_total: Counter[str] = Counter()
-        self.prefix_cache = PrefixCache(profile.kv_cache_tokens // BLOCK_SIZE)
+        self.prefix_cache = PrefixCache(profile.kv_cache_tokens // profile.block_size,
+                                        profile.block_size)
 
     def submit(self, sequence: Sequence) -> None:
         """Queue a sequence; the loop admits it when a slot is free. Under the priority
         policy it goes after every waiting sequence of a lower or equal priority value."""
+        if self.dead:
+            sequence.finish_reason = DEAD
+            return
         if self.profile.scheduling_policy == PRIORITY:
             after = sum(1 for waiting in self.waiting if waiting.priority <= sequence.priority)
             self.waiting.insert(after, sequence)
@@ -131,6 +140,17 @@ class Engine:
             with contextlib.suppress(ValueError):
                 self.waiting.remove(sequence)
         self._finish(sequence, ABORT)
+
+    def die(self) -> None:
+        """The engine core is gone (killed, or the server stops): every sequence, running or
+        waiting, ends at once and is counted nowhere, as the process is about to exit."""
+        self.dead = True
+        ended = [*self.running, *self.waiting]
+        self.running.clear()
+        self.waiting.clear()
+        for sequence in ended:
+            sequence.finish_reason = DEAD
+            sequence._notify()
 
     def kv_cache_usage(self) -> float:
         """Fraction of the KV cache the running sequences hold (vllm:kv_cache_usage_perc)."""
@@ -201,5 +221,8 @@ class Engine:
 
     def _finish(self, sequence: Sequence, reason: str) -> None:
         sequence.finish_reason = reason
-        self.finished_total[reason] += 1
+        # vLLM counts a request its client abandoned in no request_success series (its
+        # finished_reason="abort" one included); its tokens count as generated all the same.
+        if reason != ABORT:
+            self.finished_total[reason] += 1
         sequence._notify()

@@ -26,6 +26,8 @@ class Faults:
     die_mid_body: bool = False  # a POST's JSON answer: its head and half its body, then close
     slow_factor: float = 1.0  # every engine step takes this many times longer
     reject_strict_tools: bool = False  # chat requests with a strict tool get vLLM's 400
+    # The engine core dies: streams end in-band with vLLM's error event, then the process exits.
+    engine_dead: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)

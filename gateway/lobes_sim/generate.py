@@ -7,11 +7,11 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import errors
-from .engine import ABORT, PRIORITY, Sequence
+from .engine import ABORT, DEAD, STOP, Sequence
 from .httpio import Connection, Request, stop_watching
 from .prefix_cache import NO_PROMPT, PromptBlocks
 from .state import ClientGone, SimState
@@ -27,6 +27,7 @@ from .textgen import (
     natural_length,
     prompt_token_units,
 )
+from .tools import ForcedCall, forced_call
 from .validation import checked_model, int_field, request_json
 
 # vLLM's /v1/completions default when the caller names no max_tokens (as OpenAI's).
@@ -35,6 +36,8 @@ CONTINUE_WITH_GENERATION_PROMPT = (
     "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
 CONTINUE_WITHOUT_ASSISTANT = (
     "continue_final_message needs the final message to be the assistant's.")
+# A forced tool call the model finished (vLLM's finish reason for it).
+TOOL_CALLS = "tool_calls"
 # The simulator's bound on n: each choice is a sequence in its engine.
 MAX_CHOICES = 256
 
@@ -61,16 +64,23 @@ class GenerateCall:
     # The other choices a request of n asks for, each (its seed, where it stops on its own):
     # like the first, each its own sequence in the engine, decoded side by side.
     more_choices: tuple[tuple[int, int | None], ...] = ()
+    # The call a forced tool choice writes (its text is the output), else None.
+    tool_call: ForcedCall | None = None
 
     @property
     def seeds(self) -> list[int]:
         """Each choice's seed, in order."""
         return [self.seed, *(seed for seed, _natural in self.more_choices)]
 
+    def output_text(self, seed: int, generated: int) -> str:
+        """The text of a choice's first `generated` output tokens."""
+        if self.tool_call is not None:
+            return self.tool_call.written(generated)
+        return TokenStream(seed).text(generated, start=self.offset)
+
     def answer_units(self, generated: int) -> list[object]:
         """The stand-ins of the first `generated` output tokens, as a next turn re-reads them."""
-        text = TokenStream(self.seed).text(generated, start=self.offset)
-        return answer_token_units(text, self.chars_per_token)
+        return answer_token_units(self.output_text(self.seed, generated), self.chars_per_token)
 
 
 def _has_strict_tool(body: dict[str, Any]) -> bool:
@@ -87,6 +97,8 @@ def _prompt(body: dict[str, Any], chat: bool, chars: int) -> tuple[int, str, str
     assistant message's text when the request continues it (continue_final_message)."""
     if chat:
         messages = body.get("messages")
+        if messages is None:
+            raise errors.validation_error("body.messages", "missing", "Field required")
         if not isinstance(messages, list) or not messages:
             raise errors.bad_request("'messages' must be a non-empty list.", param="messages")
         prefix = _continued_text(body, messages)
@@ -142,10 +154,14 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
             seed, offset = digest_seed(seed, prefix), 0
     window = state.profile.max_model_len
     requested = _max_tokens(body, chat)
-    if prompt_tokens >= window or (requested is not None and prompt_tokens + requested > window):
-        raise errors.over_window(window, prompt_tokens, requested)
-    max_tokens = requested if requested is not None else window - prompt_tokens
-    priority = _priority(state, body)
+    if requested is not None and requested > window:
+        raise errors.max_tokens_over_window(window, requested)
+    if prompt_tokens >= window:
+        raise errors.prompt_over_window(window, prompt_tokens)
+    # As vLLM 0.32: a max_tokens within the window but past what the prompt leaves is
+    # accepted, and the output ends (length) where the window does.
+    max_tokens = min(requested or window, window - prompt_tokens)
+    priority = _priority(body)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise errors.bad_request("'stream_options' must be an object.", "stream_options")
@@ -154,21 +170,24 @@ def parse_call(state: SimState, body: dict[str, Any], chat: bool) -> GenerateCal
         raise errors.bad_request(f"n must be from 1 to {MAX_CHOICES} on the simulator, got "
                                  f"{choices}.", "n")
     more_seeds = [digest_seed(seed, "choice", index) for index in range(1, choices)]
+    tool_call = forced_call(body, body.get("seed") or 0, chars) if chat else None
+    natural = tool_call.length if tool_call else _stops_at(state, body, seed, offset)
     return GenerateCall(
         chat=chat,
         model=model,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
-        natural=_stops_at(state, body, seed, offset),
+        natural=natural,
         seed=seed,
         offset=offset,
         stream=bool(body.get("stream")),
         include_usage=bool(options.get("include_usage")),
         continuous_usage=bool(options.get("continuous_usage_stats")),
         priority=priority,
-        prompt=_prompt_blocks(body, chat, chars),
+        prompt=_prompt_blocks(body, chat, chars, state.profile.block_size),
         chars_per_token=chars,
         more_choices=tuple((each, _stops_at(state, body, each, offset)) for each in more_seeds),
+        tool_call=tool_call,
     )
 
 
@@ -181,11 +200,12 @@ def _stops_at(state: SimState, body: dict[str, Any], seed: int, offset: int) -> 
     return max(natural, int_field(body, "min_tokens", 0))
 
 
-def _prompt_blocks(body: dict[str, Any], chat: bool, chars: int) -> PromptBlocks:
+def _prompt_blocks(body: dict[str, Any], chat: bool, chars: int,
+                   block_size: int) -> PromptBlocks:
     """The prefix-cache stand-ins and block hashes of a validated prompt."""
     if chat:
-        return PromptBlocks.of(chat_token_units(body["messages"], chars))
-    return PromptBlocks.of(prompt_token_units(body["prompt"], chars))
+        return PromptBlocks.of(chat_token_units(body["messages"], chars), block_size)
+    return PromptBlocks.of(prompt_token_units(body["prompt"], chars), block_size)
 
 
 def _continue_at(seed: int, prefix: str, chars: int) -> tuple[int | None, int]:
@@ -201,15 +221,12 @@ def _continue_at(seed: int, prefix: str, chars: int) -> tuple[int | None, int]:
     return None, count_text_tokens(prefix, chars)
 
 
-def _priority(state: SimState, body: dict[str, Any]) -> int:
-    """The request's `priority` (vLLM: an integer, lower runs first); like vLLM, a non-zero
-    one is refused unless the engine runs the priority scheduling policy."""
+def _priority(body: dict[str, Any]) -> int:
+    """The request's `priority` (vLLM: an integer, lower runs first). Under the fcfs policy
+    vLLM accepts any and ignores it; only the priority policy orders by it."""
     value = body.get("priority", 0)
     if isinstance(value, bool) or not isinstance(value, int):
         raise errors.bad_request(f"'priority' must be an integer, got {value!r}.", "priority")
-    if value != 0 and state.profile.scheduling_policy != PRIORITY:
-        raise errors.bad_request(f"Got priority {value} but Priority scheduling is not "
-                                 "enabled.", "priority")
     return value
 
 
@@ -246,17 +263,37 @@ class _Answer:
         choices = []
         for index, (text, sequence) in enumerate(answers):
             choice: dict[str, Any] = {"index": index}
+            finish_reason = self.finish_reason(sequence)
             if self.call.chat:
-                choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
+                choice["message"] = {"role": "assistant", "content": text}
+                if self.call.tool_call is not None and sequence.finish_reason == STOP:
+                    choice["message"] = {"role": "assistant", "content": "",
+                                         "tool_calls": self.call.tool_call.tool_calls()}
             else:
                 choice["text"] = text
-            choice.update(logprobs=None, finish_reason=sequence.finish_reason, stop_reason=None)
+            choice.update(logprobs=None, finish_reason=finish_reason, stop_reason=None)
             choices.append(choice)
         answer = self.envelope("chat.completion" if self.call.chat else "text_completion",
                                choices)
         answer["usage"] = _usage(self.call.prompt_tokens,
                                  sum(sequence.generated for _text, sequence in answers))
         return answer
+
+    def finish_reason(self, sequence: Sequence) -> str | None:
+        """The sequence's finish reason as the answer says it: a forced call the model
+        finished is "tool_calls"."""
+        call = self.call.tool_call
+        if call is not None and sequence.finish_reason == STOP and not call.named:
+            return TOOL_CALLS
+        return sequence.finish_reason
+
+    def call_chunk(self, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+        """A chunk of a streamed forced call: a tool_calls delta, or its end."""
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
+                                  "finish_reason": finish_reason}
+        if finish_reason is not None:
+            choice["stop_reason"] = None
+        return self.envelope("chat.completion.chunk", [choice])
 
     def chunk(self, piece: str | None, finish_reason: str | None,
               index: int = 0) -> dict[str, Any]:
@@ -332,9 +369,19 @@ async def _respond_whole(
             await sequence.progress()
         if sequence.finish_reason == ABORT:
             raise ClientGone
-    answers = [(TokenStream(seed).text(sequence.generated, start=call.offset), sequence)
+        if sequence.finish_reason == DEAD:
+            raise errors.engine_dead()
+    answers = [(call.output_text(seed, sequence.generated), sequence)
                for seed, sequence in zip(call.seeds, sequences, strict=True)]
     await conn.send_json(200, _Answer(call).full(answers), keep_alive)
+
+
+@dataclass
+class _CallProgress:
+    """What a streamed forced call has sent: its name, how much of its arguments."""
+
+    named: bool = False
+    arguments: int = 0
 
 
 @dataclass
@@ -347,6 +394,7 @@ class _Choice:
     plain: _TokenEvents
     opened: bool
     sent: int = 0
+    call_progress: _CallProgress = field(default_factory=_CallProgress)
 
     @property
     def unsent(self) -> bool:
@@ -371,11 +419,20 @@ async def _stream(
                 await running.progress()
             if any(choice.sequence.finish_reason == ABORT for choice in choices):
                 raise ClientGone
+            if any(choice.sequence.finish_reason == DEAD for choice in choices):
+                # As vLLM's server when its engine core dies or it stops: the stream ends at
+                # once, in-band, with an error event and [DONE] (no finish_reason).
+                writer.add(_sse(errors.engine_dead().body()))
+                break
             for choice in choices:
-                _send_ready(writer, answer, call, choice, choices, state.profile.tokens_per_chunk)
+                if call.tool_call is not None:
+                    _send_call_ready(writer, answer, call.tool_call, choice)
+                else:
+                    _send_ready(writer, answer, call, choice, choices,
+                                state.profile.tokens_per_chunk)
             if any(not choice.sequence.finished for choice in choices):
                 await writer.flush(conn)
-        if call.include_usage:
+        if call.include_usage and not state.engine.dead:
             writer.add(_sse(answer.usage_chunk(sum(s.generated for s in sequences))))
         writer.add(b"data: [DONE]\n\n")
         await writer.flush(conn, end=True)
@@ -405,6 +462,34 @@ def _send_ready(writer: _SseWriter, answer: _Answer, call: GenerateCall, choice:
             writer.add(_sse(_final_or_usage_chunk(answer, call, choice, piece, last, sent)))
         else:
             writer.add(choice.plain.event(piece))
+
+
+def _send_call_ready(writer: _SseWriter, answer: _Answer, tool_call: ForcedCall,
+                     choice: _Choice) -> None:
+    """Queue a forced call's events as the hermes parser streams it: the id and name once
+    the name is written, then each new fragment of the arguments, then the finish reason."""
+    sequence = choice.sequence
+    if not choice.opened and sequence.generated:
+        writer.add(_sse(answer.chunk(None, None)))
+        choice.opened = True
+    if choice.sent == sequence.generated and not sequence.finished:
+        return
+    progress = choice.call_progress
+    written = tool_call.arguments_written(sequence.generated)
+    if written is not None and not progress.named:
+        writer.add(_sse(answer.call_chunk({"content": None, "tool_calls": [{
+            "id": tool_call.call_id, "type": "function", "index": 0,
+            "function": {"name": tool_call.name}}]}, None)))
+        progress.named = True
+    if written is not None and len(written) > progress.arguments:
+        fragment = written[progress.arguments:]
+        progress.arguments = len(written)
+        writer.add(_sse(answer.call_chunk(
+            {"content": None, "tool_calls": [{"index": 0, "function": {"arguments": fragment}}]},
+            None)))
+    choice.sent = sequence.generated
+    if sequence.finished:
+        writer.add(_sse(answer.call_chunk({}, answer.finish_reason(sequence))))
 
 
 def _role_chunk(answer: _Answer, call: GenerateCall, index: int = 0) -> dict[str, Any]:

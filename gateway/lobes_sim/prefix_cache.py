@@ -1,12 +1,14 @@
 """vLLM's automatic prefix caching, per simulated replica: full blocks, chained, LRU.
 
-vLLM hashes a sequence in blocks of BLOCK_SIZE tokens, each hash chained to its parent's, so
+vLLM hashes a sequence in blocks of its block size (16 tokens on GPU builds, 128 on the CPU
+build; the profile's `block_size`), each hash chained to its parent's, so
 a block matches only when everything before it matches too. A new request reuses the longest
 run of leading blocks the cache still holds and prefills only the rest; at least its last
-token is always computed (the engine needs its logits). The full blocks of the output are
-hashed on the same chain, so the next turn of a conversation, whose prompt carries the
-answer, finds those too. Freed blocks stay cached until the KV capacity is needed again,
-least recently used first (a sequence's tail before its head).
+token is always computed (the engine needs its logits), and a hit is counted in whole blocks.
+The full blocks of the output are hashed on the same chain, so the next turn of a
+conversation, whose prompt carries the answer, finds those too. Freed blocks stay cached
+until the KV capacity is needed again, least recently used first (a sequence's tail before
+its head).
 
 Simplifications, stated: output blocks enter the cache when the sequence ends (vLLM hashes
 each as it fills: the same for a next turn, which comes after the answer), and the capacity
@@ -19,14 +21,16 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-BLOCK_SIZE = 16  # vLLM's default --block-size
+BLOCK_SIZE = 16  # vLLM's default --block-size on a GPU
+CPU_BLOCK_SIZE = 128  # the CPU build's default (vllm:cache_config_info{block_size="128"})
 
 
-def block_hashes(units: Sequence[object], parent: int = 0) -> tuple[int, ...]:
+def block_hashes(units: Sequence[object], parent: int = 0,
+                 block_size: int = BLOCK_SIZE) -> tuple[int, ...]:
     """The chained hashes of the full blocks of token stand-ins (after the block `parent`)."""
     hashes: list[int] = []
-    for start in range(0, len(units) - BLOCK_SIZE + 1, BLOCK_SIZE):
-        parent = hash((parent, tuple(units[start:start + BLOCK_SIZE])))
+    for start in range(0, len(units) - block_size + 1, block_size):
+        parent = hash((parent, tuple(units[start:start + block_size])))
         hashes.append(parent)
     return tuple(hashes)
 
@@ -34,8 +38,9 @@ def block_hashes(units: Sequence[object], parent: int = 0) -> tuple[int, ...]:
 class PrefixCache:
     """Cached blocks of one replica, and vLLM's query and hit counters (in tokens)."""
 
-    def __init__(self, capacity_blocks: int) -> None:
+    def __init__(self, capacity_blocks: int, block_size: int = BLOCK_SIZE) -> None:
         self.capacity_blocks = capacity_blocks
+        self.block_size = block_size
         self._blocks: OrderedDict[int, None] = OrderedDict()
         self.queries_total = 0
         self.hits_total = 0
@@ -47,7 +52,8 @@ class PrefixCache:
             if block not in self._blocks:
                 break
             hit_blocks += 1
-        cached = min(hit_blocks * BLOCK_SIZE, max(0, prompt_tokens - 1))
+        # The last prompt token is always computed: a prompt of whole blocks reads one fewer.
+        cached = min(hit_blocks, max(0, prompt_tokens - 1) // self.block_size) * self.block_size
         self.queries_total += prompt_tokens
         self.hits_total += cached
         self._remember(hashes)
@@ -73,17 +79,18 @@ class PromptBlocks:
 
     units: tuple[object, ...] = ()
     hashes: tuple[int, ...] = ()
+    block_size: int = BLOCK_SIZE
 
     @classmethod
-    def of(cls, units: Sequence[object]) -> PromptBlocks:
-        return cls(tuple(units), block_hashes(units))
+    def of(cls, units: Sequence[object], block_size: int = BLOCK_SIZE) -> PromptBlocks:
+        return cls(tuple(units), block_hashes(units, 0, block_size), block_size)
 
     def with_output(self, output_units: Sequence[object]) -> tuple[int, ...]:
         """The hashes of the whole sequence's full blocks: the prompt's, then those its
         output completes, on the same chain."""
         parent = self.hashes[-1] if self.hashes else 0
-        rest = [*self.units[len(self.hashes) * BLOCK_SIZE:], *output_units]
-        return self.hashes + block_hashes(rest, parent)
+        rest = [*self.units[len(self.hashes) * self.block_size:], *output_units]
+        return self.hashes + block_hashes(rest, parent, self.block_size)
 
 
 NO_PROMPT = PromptBlocks()

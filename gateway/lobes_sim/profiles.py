@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .prefix_cache import BLOCK_SIZE
 from .textgen import CHARS_PER_TOKEN
 
 GENERATE = "generate"
@@ -42,6 +43,9 @@ class Profile:
     # Output tokens per SSE chunk: a gear with speculative decoding (MTP) sends the tokens one
     # step accepted in one chunk; 1 is plain decoding.
     tokens_per_chunk: int = 1
+    # vLLM's --block-size: the prefix cache hashes and counts hits in blocks of it (16 on a
+    # GPU; vLLM's CPU build uses 128).
+    block_size: int = BLOCK_SIZE
 
     def step_seconds(self, batch: int) -> float:
         """Decode time of one engine step that advances ``batch`` sequences by one token."""

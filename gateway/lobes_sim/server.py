@@ -239,5 +239,7 @@ class AdminPort:
             return 400, errors.error_body(400, f"Bad fault set: {exc}")
         self.state.faults = faults
         await self.serving.apply_refuse(faults.refuse)
+        if faults.engine_dead:
+            self.state.shutdown.set()
         log.info("faults now %s", faults.as_json())
         return 200, faults.as_json()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +23,8 @@ class SimState:
     faults: Faults = field(default_factory=Faults)
     recorder: RequestRecorder = field(default_factory=RequestRecorder)
     started: int = field(default_factory=lambda: int(time.time()))
+    # Set to stop the process (SIGTERM, SIGINT, or the engine_dead fault).
+    shutdown: asyncio.Event = field(default_factory=asyncio.Event)
     engine: Engine = field(init=False)
 
     def __post_init__(self) -> None:

@@ -14,9 +14,11 @@ def request_json(request: Request) -> dict[str, Any]:
     try:
         body = request.json()
     except (ValueError, UnicodeDecodeError) as exc:
-        raise errors.bad_request(f"Invalid JSON in request body: {exc}") from exc
+        raise errors.validation_error("body", "json_invalid",
+                                      f"JSON decode error: {exc}") from exc
     if not isinstance(body, dict):
-        raise errors.bad_request("The request body must be a JSON object.")
+        raise errors.validation_error("body", "model_attributes_type", "Input should be a "
+                                      "valid dictionary or object to extract fields from")
     return body
 
 
@@ -24,7 +26,7 @@ def checked_model(state: SimState, body: dict[str, Any]) -> str:
     """The served name the request addresses; an unknown model is vLLM's 404."""
     model = body.get("model") or state.profile.served_name
     if model != state.profile.served_name:
-        raise errors.unknown_model(str(model))
+        raise errors.unknown_model(str(model), state.profile.served_name)
     return model
 
 

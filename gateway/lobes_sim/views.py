@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .engine import ABORT, LENGTH, STOP
+from .engine import FINISH_REASONS
 from .state import SimState
 
 
@@ -81,5 +81,7 @@ def metrics_text(state: SimState) -> str:
             [(f"_total{{{label}}}", cache.hits_total)])
     _family(lines, "vllm:request_success", "counter", "Count of successfully processed requests.",
             [(f'_total{{finished_reason="{reason}",{label}}}', engine.finished_total[reason])
-             for reason in (STOP, LENGTH, ABORT)])
+             for reason in FINISH_REASONS])
+    _family(lines, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
+            [(f'{{block_size="{state.profile.block_size}",enable_prefix_caching="True"}}', 1)])
     return "\n".join(lines) + "\n"

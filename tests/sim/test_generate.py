@@ -128,7 +128,8 @@ def test_unknown_model_is_vllms_404(sim):
     assert reply.status == 404
     assert reply.json() == {
         "error": {
-            "message": "The model `no/such-model` does not exist.",
+            "message": "The model `no/such-model` does not exist. Valid aliases: "
+                       "unsloth/Qwen3.8-27B-NVFP4.",
             "type": "NotFoundError",
             "param": "model",
             "code": 404,
@@ -136,13 +137,19 @@ def test_unknown_model_is_vllms_404(sim):
     }
 
 
-def test_prompt_plus_max_tokens_over_the_window_is_400(instant):
-    reply = post(instant.url, CHAT, chat_payload(max_tokens=4090))
+def test_max_tokens_over_the_window_is_400(instant):
+    reply = post(instant.url, CHAT, chat_payload(max_tokens=4097))
     assert reply.status == 400
     error = reply.json()["error"]
     assert error["type"] == "BadRequestError" and error["code"] == 400
-    assert "maximum context length is 4096 tokens" in error["message"]
-    assert "4090" in error["message"]
+    assert error["param"] == "max_tokens"
+    assert "max_tokens=4097 cannot be greater than max_model_len=4096" in error["message"]
+
+
+def test_max_tokens_past_what_the_prompt_leaves_ends_at_the_window(instant):
+    answer = post(instant.url, CHAT, chat_payload(max_tokens=4090, ignore_eos=True)).json()
+    assert answer["choices"][0]["finish_reason"] == "length"
+    assert answer["usage"]["total_tokens"] == 4096
 
 
 def test_prompt_alone_over_the_window_is_400(instant):
@@ -160,7 +167,9 @@ def test_without_max_tokens_the_window_remainder_is_allowed(instant):
 def test_malformed_json_is_400(sim):
     reply = request(sim.url, "POST", CHAT, raw=b"{not json")
     assert reply.status == 400
-    assert reply.json()["error"]["type"] == "BadRequestError"
+    # vLLM's request schema refuses it: pydantic's error, typed "Bad Request".
+    assert reply.json()["error"]["type"] == "Bad Request"
+    assert reply.json()["error"]["param"] == "body"
 
 
 def test_unknown_route_is_fastapis_404_and_wrong_method_405(sim):

@@ -44,10 +44,19 @@ def test_beyond_its_capacity_the_cache_forgets_the_oldest_prompt_tail_first():
     assert (cache.queries_total, cache.hits_total) == (48 + 40 + 40 + 48, 4 * BLOCK_SIZE)
 
 
-def test_a_fully_cached_prompt_still_computes_its_last_token():
+def test_a_fully_cached_prompt_still_computes_its_last_token_and_hits_whole_blocks():
     cache = PrefixCache(capacity_blocks=8)
     cache.admit((7, 8), 32)
-    assert cache.admit((7, 8), 32) == 31
+    # Its last token is computed, and a hit counts whole blocks: the second block is read again.
+    assert cache.admit((7, 8), 32) == 16
+    assert cache.admit((7, 8), 33) == 32
+
+
+def test_hits_count_blocks_of_the_caches_own_size():
+    cache = PrefixCache(capacity_blocks=8, block_size=128)
+    cache.admit((1, 2, 3), 300)
+    assert cache.admit((1, 2, 3), 300) == 256
+    assert cache.admit((1,), 127) == 0
 
 
 def test_a_repeated_prompt_is_served_from_the_cache_and_counted(sim_factory):

@@ -14,6 +14,7 @@ INVENTORIES = {
     "tailnet": (ROOT / "inventories" / "tailnet",
                 ROOT / "inventories" / "tailnet" / "vault-password.example.txt"),
     "sim-mesh": (ROOT / "tests" / "fixtures" / "inventories" / "sim-mesh", None),
+    "cpu-engine": (ROOT / "tests" / "fixtures" / "inventories" / "cpu-engine", None),
 }
 
 

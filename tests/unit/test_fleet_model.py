@@ -210,11 +210,28 @@ REJECTIONS = [
                  id="vllm-without-a-gpu"),
     pytest.param({("spark", "fleet_runtime"): "process",
                   ("spark", "fleet_roles", "cortex", "engine"): "vllm"},
-                 ["host spark, role cortex, field engine: the process runtime runs simulated"],
+                 ["host spark, role cortex, field engine: the process runtime runs vLLM's CPU "
+                  "build or simulated gears"],
                  id="vllm-under-the-process-runtime"),
+    pytest.param({("spark", "fleet_roles", "cortex", "engine"): "vllm-cpu"},
+                 ["host spark, role cortex, field engine: vLLM's CPU build runs under the "
+                  "process runtime"],
+                 id="vllm-cpu-under-compose"),
+    pytest.param({("spark", "fleet_runtime"): "process",
+                  ("spark", "fleet_roles", "cortex", "engine"): "vllm-cpu",
+                  ("spark", "fleet_roles", "cortex", "gpu_memory_utilization"): 0.5},
+                 ["host spark, role cortex, field gpu_memory_utilization: vLLM's CPU build has "
+                  "no GPU share"],
+                 id="gpu-share-on-the-cpu-engine"),
+    pytest.param({("spark", "fleet_runtime"): "process",
+                  ("spark", "fleet_roles", "cortex", "engine"): "vllm-cpu",
+                  ("spark", "fleet_roles", "cortex", "kv_cache_gib"): 0},
+                 ["host spark, role cortex, field kv_cache_gib: out of range: 0 (allowed: a whole "
+                  "number between 1 and 1024)"],
+                 id="no-kv-cache-on-the-cpu-engine"),
     pytest.param({("spark", "fleet_gear_engine"): "tgi"},
                  ["host spark, field fleet_gear_engine: not a known value: 'tgi' (allowed: one "
-                  "of vllm, sim)"],
+                  "of vllm, vllm-cpu, sim)"],
                  id="unknown-engine"),
     pytest.param({("thor", "fleet_roles", "cortex", "mtp"): True,
                   ("spark", "fleet_roles", "muse"): {}},

@@ -1,5 +1,5 @@
-"""render over the real playbook: the tailnet and sim-mesh files match the golden files,
-a second run changes nothing, and .env is private. LOBES_UPDATE_GOLDEN=1 rewrites the
+"""render over the real playbook: the tailnet, sim-mesh and cpu-engine files match the golden
+files, a second run changes nothing, and .env is private. LOBES_UPDATE_GOLDEN=1 rewrites the
 golden files from the current render (review the diff before committing)."""
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import pytest
 
 from tests.unit.rendering import GOLDEN, INVENTORIES, recap, run_render
 
-HOSTS = {"tailnet": ("agx-orin", "agx-thor", "spark"), "sim-mesh": ("alpha", "beta")}
-FILES = {"tailnet": (".env", "compose.yaml"), "sim-mesh": (".env", "services.json")}
+HOSTS = {"tailnet": ("agx-orin", "agx-thor", "spark"), "sim-mesh": ("alpha", "beta"),
+         "cpu-engine": ("gamma",)}
+FILES = {"tailnet": (".env", "compose.yaml"), "sim-mesh": (".env", "services.json"),
+         "cpu-engine": (".env", "services.json")}
 
 
 @pytest.fixture(scope="module", params=sorted(INVENTORIES))

@@ -1,0 +1,111 @@
+"""What only an engine answers, read by the gateway's probes and placement: /health,
+/version, and the /metrics names and their meaning."""
+
+from __future__ import annotations
+
+import re
+
+from tests.conformance.servers import CHAT_NAME, Target
+from tests.support.client import call
+from tests.support.sse import stream_chat
+from tests.support.wait import wait_until
+
+# What the gateway reads from a gear's /metrics (app/views.py), and the prefix-cache counters.
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+            "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+FINISH_REASONS = {"stop", "length", "abort", "error", "repetition"}
+
+
+def test_health_is_an_empty_200(gear: Target):
+    reply = call(gear.url, "GET", "/health")
+    assert reply.status == 200
+    assert reply.body == b""
+
+
+def test_version_is_a_version_string(gear: Target):
+    reply = call(gear.url, "GET", "/version")
+    assert reply.status == 200
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", reply.json()["version"])
+
+
+def test_metrics_carry_every_name_the_gateway_reads(gear: Target):
+    scrape = gear.metrics()
+    names = {name for name, _labels, _value in scrape.samples}
+    assert set(GAUGES) | set(COUNTERS) <= names
+    reasons = {labels["finished_reason"] for name, labels, _value in scrape.samples
+               if name == "vllm:request_success_total"}
+    assert reasons == FINISH_REASONS
+    assert all(labels.get("model_name") == CHAT_NAME for name, labels, _value in scrape.samples
+               if name in GAUGES)
+
+
+def test_a_finished_answer_is_counted_by_its_reason_and_tokens(gear: Target):
+    before = gear.metrics()
+    reply = gear.chat(max_tokens=9, ignore_eos=True, temperature=1.0, seed=1)
+    assert reply.status == 200
+    after = wait_until(lambda: _counted(gear, before, 9), message="the answer to be counted")
+    assert (after.value("vllm:request_success_total", finished_reason="length")
+            - before.value("vllm:request_success_total", finished_reason="length")) == 1
+    prompt = reply.json()["usage"]["prompt_tokens"]
+    assert (after.value("vllm:prompt_tokens_total")
+            - before.value("vllm:prompt_tokens_total")) == prompt
+
+
+def _counted(gear: Target, before, tokens: int):
+    scrape = gear.metrics()
+    grown = (scrape.value("vllm:generation_tokens_total")
+             - before.value("vllm:generation_tokens_total"))
+    return scrape if grown >= tokens else None
+
+
+def test_a_repeated_prompt_hits_the_prefix_cache_in_whole_blocks(gear: Target):
+    block = int(_block_size(gear))
+    # A prompt of several blocks that no other test sends, then the same again.
+    words = " ".join(f"w{n}" for n in range(3 * block))
+    body = {"messages": [{"role": "user", "content": words}], "max_tokens": 1}
+    first = gear.chat(**body)
+    assert first.status == 200, first.body
+    prompt = first.json()["usage"]["prompt_tokens"]
+    before = gear.metrics()
+    assert gear.chat(**body).status == 200
+    after = gear.metrics()
+    queried = (after.value("vllm:prefix_cache_queries_total")
+               - before.value("vllm:prefix_cache_queries_total"))
+    hits = after.value("vllm:prefix_cache_hits_total") - before.value(
+        "vllm:prefix_cache_hits_total")
+    assert queried == prompt
+    # Every full block is found again; the last token is always computed, so a prompt of
+    # whole blocks reads one block fewer.
+    assert hits == ((prompt - 1) // block) * block
+
+
+def _block_size(gear: Target) -> str:
+    scrape = gear.metrics()
+    sizes = [labels["block_size"] for name, labels, _value in scrape.samples
+             if name == "vllm:cache_config_info"]
+    assert sizes, "no vllm:cache_config_info{block_size} on /metrics"
+    return sizes[0]
+
+
+def test_a_client_that_hangs_up_mid_stream_is_aborted_and_counted_nowhere(gear: Target):
+    before = gear.metrics()
+
+    def hang_up(streamed):
+        if len(streamed.events) >= 5:
+            raise ConnectionResetError("the client hangs up")
+
+    body = {"model": CHAT_NAME, "max_tokens": 1500, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "a long one"}], "temperature": 1.0,
+            "seed": 3}
+    streamed = stream_chat(gear.url, body, after_event=hang_up)
+    assert not streamed.done
+    wait_until(lambda: gear.metrics().value("vllm:num_requests_running") == 0,
+               message="the engine to abort the stream")
+    after = gear.metrics()
+    generated = (after.value("vllm:generation_tokens_total")
+                 - before.value("vllm:generation_tokens_total"))
+    assert 4 <= generated < 1500
+    for reason in ("stop", "length", "abort", "error"):
+        assert after.value("vllm:request_success_total", finished_reason=reason) == \
+            before.value("vllm:request_success_total", finished_reason=reason), reason
