@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import select
 import socket
 import threading
 import time
@@ -111,6 +112,8 @@ class FakeGear:
         # as a peer gateway does (and vLLM with --enable-request-id-headers).
         self.echo_id = echo_id
         self.received: list[Received] = []
+        # The connections (by index) whose far side closed while a HANG held them open.
+        self.closed_on_hang: list[int] = []
         self._lock = threading.Lock()
         self._connections: list[socket.socket] = []
         self._closed = threading.Event()
@@ -165,19 +168,20 @@ class FakeGear:
                 else:
                     steps = self.probes(request) if self.probes else [self._probe_answer(request)]
                 echoed = request.header("x-request-id") if self.echo_id else None
-                if not self._play(conn, steps, echoed):
+                if not self._play(conn, steps, echoed, index):
                     return
         except OSError:
             return
         finally:
             conn.close()
 
-    def _play(self, conn: socket.socket, steps: Iterable[Step], echoed: str | None) -> bool:
+    def _play(self, conn: socket.socket, steps: Iterable[Step], echoed: str | None,
+              index: int) -> bool:
         """Send a script's steps (each answer head naming `echoed`, if given); False when the
         connection is done."""
         for step in steps:
             if step is HANG:
-                self._closed.wait()
+                self._hang(conn, index)
                 return False
             if step is CLOSE:
                 return False
@@ -191,6 +195,16 @@ class FakeGear:
                             + b"\r\n" + step[line_end:])
                 conn.sendall(step)
         return True
+
+    def _hang(self, conn: socket.socket, index: int) -> None:
+        """Hold the connection open and silent until the server closes, noting when the far
+        side closes it first."""
+        while not self._closed.wait(0.05):
+            readable, _w, _x = select.select([conn], [], [], 0)
+            if readable and conn.recv(1, socket.MSG_PEEK) == b"":
+                with self._lock:
+                    self.closed_on_hang.append(index)
+                return
 
     def _probe_answer(self, request: Received) -> bytes:
         path = request.target.split("?", 1)[0]

@@ -353,13 +353,19 @@ class Dispatcher:
                                     len(step.body))
                 try:
                     response = await exchange(self._connections, step.origin, head, step.body,
-                                              self._timeout, request_id=req.request_id)
+                                              self._timeout, request_id=req.request_id,
+                                              client=client)
                 except UpstreamError:
+                    if client.gone():  # the caller left: its slot and count are given back
+                        return False
                     step = self._moved_on(plan, Failure(step.name, None))
                     continue
-                judged = (await self._accept(step, response, started)
+                judged = (await self._accept(step, response, started, client)
                           if response.status < 400
                           else await self._judge(step, response, started))
+                if client.gone():  # the caller left while the answer was read
+                    response.conn.close()
+                    return False
                 if isinstance(judged, Failure):
                     step = self._moved_on(plan, judged)
                     continue
@@ -394,12 +400,18 @@ class Dispatcher:
             self._metrics.failovers[key] += 1
         return step
 
-    async def _accept(self, attempt: Attempt, response: Response,
-                      started: float) -> Outcome | Failure:
+    async def _accept(self, attempt: Attempt, response: Response, started: float,
+                      client: Channel) -> Outcome | Failure:
         """A success status: relayed, but a peer's 200 that names another model than the
-        role's (or none) is a failure, before the caller has a byte of it."""
+        role's (or none) is a failure, before the caller has a byte of it (a caller that
+        leaves meanwhile ends the read)."""
         if attempt.model is not None and response.status == 200:
-            claimed = await claimed_model(response, self._connections.body_timeouts)
+            if not client.watch_gone(response.conn.abort):
+                response.conn.abort()
+            try:
+                claimed = await claimed_model(response, self._connections.body_timeouts)
+            finally:
+                client.watch_gone(None)
             if claimed is not NOT_CHECKED and claimed != attempt.model:
                 response.conn.close()
                 return Failure(attempt.name, 200, wrong_model=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 
 from ..transport.channel import Channel
 
@@ -57,6 +58,9 @@ class CountingWriter:
 
     async def drain(self) -> None:
         await self._client.drain()
+
+    def watch_gone(self, callback: Callable[[], None] | None) -> bool:
+        return self._client.watch_gone(callback)
 
     @property
     def completion_tokens(self) -> int:

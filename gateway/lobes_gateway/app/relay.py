@@ -286,6 +286,10 @@ async def _relay_stream(connections: Connections, outcome: Outcome, client: Chan
     response.raw, response.headers, response.relayed = b"", {}, b""
     transport = client.transport
     timeouts = connections.body_timeouts
+    # A caller that leaves while the upstream is silent (a long prefill) ends the stream now,
+    # not at the upstream's next bytes: its placement and counts are given back at once.
+    if not client.watch_gone(conn.abort):
+        conn.abort()
     try:
         if chunked:
             response.keep_alive &= await _pass_chunks(conn, client, transport, timeouts)
@@ -302,6 +306,8 @@ async def _relay_stream(connections: Connections, outcome: Outcome, client: Chan
                 client.write(b"%x\r\n%s\r\n" % (len(event), event) + _STREAM_END)
             transport.close()
         return False
+    finally:
+        client.watch_gone(None)
     client.write(_STREAM_END)
     finish(connections, response)
     return keep_alive

@@ -194,6 +194,10 @@ class Channel(asyncio.Protocol):
         waiter = self._waiter = asyncio.Future(loop=self._loop)
         return waiter
 
+    def gone(self) -> bool:
+        """Whether the peer ended its side or the socket is closing."""
+        return self._eof or self.transport.is_closing()
+
     def watch_gone(self, callback: Callable[[], None] | None) -> bool:
         """Call `callback` once when the client ends its side or the socket is lost, while
         nothing reads (a request waiting its turn); None stops watching. False when it is

@@ -300,14 +300,15 @@ class Connections:
 
 async def exchange(connections: Connections, origin: Origin, head: bytes, body: bytes,
                    timeout_s: float, upgrade: bool = False,
-                   request_id: str | None = None) -> Response:
+                   request_id: str | None = None, client: Channel | None = None) -> Response:
     """Send one request; its final response head within timeout_s (1xx heads skipped; a 101 is
     an answer only when `upgrade` asked for one). An answer that echoes an X-Request-Id other
     than `request_id` (the one sent) answers another request: it is refused, and its origin
     distrusted.
 
     A stale pooled socket (closed or reset before any byte of an answer) is retried once on a
-    fresh one; a head the gateway cannot read is never asked again.
+    fresh one; a head the gateway cannot read is never asked again. A `client` that leaves
+    while the answer is awaited aborts the exchange at once (its upstream work is given back).
     """
     for _attempt in range(2):
         conn = connections.take_idle(origin)
@@ -315,6 +316,8 @@ async def exchange(connections: Connections, origin: Origin, head: bytes, body: 
         if conn is None:
             conn = await connections.open(origin)
         conn.watchdog.arm(timeout_s, conn.abort)
+        if client is not None and not client.watch_gone(conn.abort):
+            conn.abort()
         try:
             response = await _answer_head(conn, head, body, upgrade)
             if request_id is not None and response.ids and \
@@ -333,6 +336,8 @@ async def exchange(connections: Connections, origin: Origin, head: bytes, body: 
             raise UpstreamError(f"{origin.url} answered with a broken head: {exc}") from None
         finally:
             conn.watchdog.disarm()
+            if client is not None:
+                client.watch_gone(None)
     raise UpstreamError(f"{origin.url} closed the connection twice")
 
 
