@@ -139,6 +139,17 @@ def _selectable(row: dict) -> bool:
     return row["ready"] and row["compatible"]
 
 
+def _selectable_in_metrics(front: GatewayProcess, peer: str) -> float:
+    """What /metrics says of a peer: a pool replica's ready and compatible gauges, or an
+    owner's selectable gauge."""
+    scrape = Scrape.of(front.url)
+    if ("lobes_gateway_peer_selectable", frozenset({("role", "cortex"), ("peer", peer)})) in \
+            scrape.series("lobes_gateway_peer_"):
+        return scrape.value("lobes_gateway_peer_selectable", peer=peer)
+    return (scrape.value("lobes_gateway_pool_replica_ready", replica=peer)
+            * scrape.value("lobes_gateway_pool_replica_compatible", replica=peer))
+
+
 def _marked(rows: dict[str, dict], honest: str, hostile: str) -> dict[str, dict] | None:
     """`rows` once the honest replica is selectable and the hostile one judged not."""
     judged = rows[hostile]["reason"] != "not probed yet"
@@ -155,6 +166,8 @@ def test_a_bad_advert_marks_that_peer_alone_and_probing_goes_on(mesh, case):
     time.sleep(1.0)  # five probe passes later it still holds: a verdict, not a moment
     assert _marked(_rows(front), honest.url, hostile.url), _rows(front)
     assert rows[hostile.url]["reason"]  # named, not silent
+    assert _selectable_in_metrics(front, hostile.url) == 0
+    assert _selectable_in_metrics(front, honest.url) == 1
     answers = [chat(front.url, {"model": "cortex", "max_tokens": 4, "messages": [
         {"role": "user", "content": f"ask-{i}"}]}, timeout=20) for i in range(4)]
     assert [a.status for a in answers] == [200] * 4

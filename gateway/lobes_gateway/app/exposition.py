@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from .. import __version__
-from ..mesh.peers import PooledRole
+from ..mesh.peers import PeerWatch, PooledRole
 from ..policy.admission import CLASSES
 from ..policy.pressure import PressureMonitor
 from .admission_gate import OUTCOMES, AdmissionGate
@@ -249,14 +249,19 @@ def _process(out: Exposition, started_at: float) -> None:
     out.family("process_open_fds", "gauge", "Number of open file descriptors.", [((), open_fds)])
 
 
-def render(metrics: Metrics, pooled: Mapping[str, PooledRole], pressure: PressureMonitor,
+def render(metrics: Metrics, peers: PeerWatch, pressure: PressureMonitor,
            started_at: float, admission: AdmissionGate) -> bytes:
     """The whole /metrics body."""
     out = Exposition()
     out.family("lobes_gateway_build_info", "gauge", "The gateway's version (always 1).",
                [((("version", __version__),), 1)])
     _traffic(out, metrics)
-    _pools(out, pooled)
+    _pools(out, peers.pooled)
+    out.family("lobes_gateway_peer_selectable", "gauge",
+               "1 when the proxied peer or owner's latest probe saw it ready and compatible "
+               "(the plan's model, adverts within bounds), else 0; /capabilities says why.",
+               [((("role", role), ("peer", state.origin)), int(state.selectable))
+                for role, state in peers.peer_states()])
     _admission(out, admission)
     _pressure(out, pressure)
     log = metrics.access_log

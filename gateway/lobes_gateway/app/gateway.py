@@ -220,7 +220,7 @@ class Gateway:
         if req.path == "/health":
             body = self.views.health_body
         elif req.path == "/metrics":
-            body = render_metrics(self.metrics, self.peers.pooled, self.pressure, self.started_at,
+            body = render_metrics(self.metrics, self.peers, self.pressure, self.started_at,
                                   self.admission)
             client.write(response_bytes(200, body, content_type=CONTENT_TYPE,
                                         keep_alive=req.keep_alive))

@@ -263,6 +263,12 @@ class PeerWatch:
         except UpstreamError as exc:
             raise ConnectionError(str(exc)) from None
 
+    def peer_states(self) -> list[tuple[str, ReplicaState]]:
+        """(role, state) of every proxied peer and owner, as the last probe pass judged it
+        (a pool's replicas have their own families)."""
+        return [(role, state) for sets in (self._proxied, self._owned)
+                for role, replicas in sorted(sets.items()) for state in replicas.states]
+
     def owners_in_order(self, role: str, owners: list[str]) -> list[str]:
         """The owners to try, in routing order: those the prober judged selectable first, the
         others after them (a probe may be stale; a peer judged bad is asked last, never
