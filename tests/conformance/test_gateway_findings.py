@@ -3,8 +3,6 @@ role it calls ready answers at all."""
 
 from __future__ import annotations
 
-import pytest
-
 from tests.conformance.servers import CHAT_NAME, Engine, gateway_env
 from tests.support.gateway_proc import start_gateway
 from tests.support.metrics import Scrape
@@ -15,9 +13,6 @@ TOKENS = 200
 COMPLETION_TOKENS = "lobes_gateway_completion_tokens_total"
 
 
-@pytest.mark.xfail(strict=True, reason="gateway: a stream without include_usage is counted by "
-                   "its events (the role delta too; vLLM sends several tokens in one event), "
-                   "not by its tokens")
 def test_a_stream_without_usage_is_counted_to_the_token(engine: Engine):
     before = Scrape.of(engine.gateway.url).value(COMPLETION_TOKENS)
     streamed = stream_chat(engine.gateway.url, {
@@ -30,8 +25,6 @@ def test_a_stream_without_usage_is_counted_to_the_token(engine: Engine):
     assert counted == TOKENS
 
 
-@pytest.mark.xfail(strict=True, reason="gateway: a role whose served name the engine does not "
-                   "serve shows ready: true")
 def test_a_served_name_the_engine_does_not_serve_is_not_ready(engine: Engine):
     env = gateway_env(engine.chat.url, engine.embed.url, PRIMARY_SERVED_NAME="not-served")
     with start_gateway({**env, "GATEWAY_DEFAULT_MODEL": "not-served"}) as gateway:

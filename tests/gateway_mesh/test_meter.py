@@ -1,7 +1,12 @@
-"""Counting a relayed stream's completion tokens without parsing its chunks."""
+"""A relayed stream's meter: its tokens from the engine's usage alone (never from counting
+events), its usage chunk left out where only the gateway asked for it, and a stream that ends
+without its answer told from one that ended whole."""
+
+import json
 
 import pytest
-from lobes_gateway.app.meter import CountingWriter, completion_tokens
+from lobes_gateway.app.meter import StreamMeter, asking_usage, completion_tokens
+from lobes_gateway.transport.chunked import ChunkDecoder
 
 
 class Sink:
@@ -15,27 +20,82 @@ class Sink:
     def write(self, data):
         self.written.append(data)
 
+    def events(self) -> list[bytes]:
+        """The events written, chunk framing taken off."""
+        payload = ChunkDecoder().feed(b"".join(self.written))
+        return [event for event in payload.split(b"\n\n") if event]
 
-def event(json_text):
-    return b"data: " + json_text.encode() + b"\n\n"
+
+def chunk(*events: str) -> bytes:
+    payload = b"".join(b"data: " + e.encode() + b"\n\n" for e in events)
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
 
 
-def test_content_events_are_counted_and_done_is_not():
+TOKEN = '{"choices":[{"index":0,"delta":{"content":"xy"},"finish_reason":null}]}'
+FINISH = '{"choices":[{"index":0,"delta":{"content":"z"},"finish_reason":"stop"}]}'
+USAGE = '{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":7,"total_tokens":16}}'
+
+
+def test_tokens_come_from_the_usage_never_from_the_events():
+    meter = StreamMeter(Sink(), strip_usage=False)
+    meter.write(chunk(TOKEN, TOKEN, TOKEN))  # three events: not three tokens
+    assert meter.usage_tokens is None
+    meter.write(chunk(FINISH))
+    meter.write(chunk(USAGE))
+    meter.write(chunk("[DONE]"))
+    assert (meter.usage_tokens, meter.finished, meter.done, meter.cut) == (7, True, True, False)
+
+
+def test_a_usage_only_the_gateway_asked_for_is_read_and_left_out():
     sink = Sink()
-    counted = CountingWriter(sink)
-    counted.write(b"HTTP/1.1 200 OK\r\n\r\n")
-    counted.write(b"a\r\n" + event('{"choices":[{"delta":{"content":"x"}}]}') * 3 + b"\r\n")
-    counted.write(event('{"choices":[{"delta":{"content":"y"}}]}') + b"data: [DONE]\n\n")
-    assert (counted.completion_tokens, counted.done) == (4, 1)
-    assert b"".join(sink.written).count(b"data: ") == 5  # relayed untouched
+    meter = StreamMeter(sink, strip_usage=True)
+    for each in (chunk(TOKEN), chunk(FINISH), chunk(USAGE), chunk("[DONE]")):
+        meter.write(each)
+    assert meter.usage_tokens == 7
+    assert b"usage" not in b"".join(sink.written)
+    assert [json.loads(e[6:]) for e in sink.events()[:-1]] == [json.loads(TOKEN),
+                                                               json.loads(FINISH)]
+    assert sink.events()[-1] == b"data: [DONE]"
 
 
-def test_a_usage_chunk_wins_over_the_event_count():
-    counted = CountingWriter(Sink())
-    counted.write(event('{"choices":[{"delta":{"content":"x"}}]}') * 2)
-    counted.write(event('{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":7}}'))
-    counted.write(b"data: [DONE]\n\n")
-    assert counted.completion_tokens == 7
+def test_several_events_in_one_chunk_keep_all_but_the_usage():
+    sink = Sink()
+    meter = StreamMeter(sink, strip_usage=True)
+    meter.write(chunk(TOKEN, FINISH, USAGE, "[DONE]"))
+    assert sink.events() == [b"data: " + TOKEN.encode(), b"data: " + FINISH.encode(),
+                             b"data: [DONE]"]
+
+
+@pytest.mark.parametrize("ending", [
+    pytest.param([chunk(TOKEN), chunk("[DONE]")], id="done-after-a-content-event"),
+    pytest.param([chunk(TOKEN), chunk('{"error":{"message":"EngineCore encountered an issue",'
+                                      '"type":"InternalServerError","code":500}}'),
+                   chunk("[DONE]")], id="error-event-then-done"),
+])
+def test_an_engine_that_stops_ends_its_stream_cut_not_answered(ending):
+    sink = Sink()
+    meter = StreamMeter(sink, strip_usage=True)
+    for each in ending:
+        meter.write(each)
+    assert meter.cut and not meter.finished
+    assert b"[DONE]" not in b"".join(sink.written)  # the relay writes its own error event
+    assert b"EngineCore" not in b"".join(sink.written)
+
+
+@pytest.mark.parametrize(("options", "sent", "strip"), [
+    (None, {"include_usage": True}, True),
+    ({"continuous_usage_stats": True}, {"continuous_usage_stats": True, "include_usage": True},
+     True),
+    ({"include_usage": True}, {"include_usage": True}, False),
+    ({"include_usage": False}, {"include_usage": True}, True),
+])
+def test_every_stream_asks_for_its_usage_and_remembers_who_asked(options, sent, strip):
+    payload = {"stream": True} if options is None else {"stream": True,
+                                                        "stream_options": options}
+    asked, stripped = asking_usage(payload)
+    assert (asked["stream_options"], stripped) == (sent, strip)
+    assert asking_usage({"stream": True, "stream_options": "bad"}) == (
+        {"stream": True, "stream_options": "bad"}, False)  # the engine refuses it
 
 
 @pytest.mark.parametrize(("body", "tokens"), [

@@ -348,7 +348,8 @@ def test_a_hosted_pools_failing_gear_fails_over_to_the_peer_replica(
 def test_a_hosted_pool_whose_replicas_all_fail_falls_back_without_the_resume_counting(
         pair, faults):
     """The fallback serves another model and no resume: it is sent the client's own request,
-    and the client reads no usage it did not ask for."""
+    asked only for its final usage (every stream's tokens are counted from it), not resume's
+    per-chunk counting; and the client reads no usage it did not ask for."""
     asked = {key: value for key, value in ASK.items() if key != "stream_options"}
     with start_sim("instant", served_name="fb-served") as fallback_sim:
         _me, box = hosted_box(pair["first_sim"], [None, pair["second"].url],
@@ -367,7 +368,7 @@ def test_a_hosted_pool_whose_replicas_all_fail_falls_back_without_the_resume_cou
     assert streamed.headers["x-lobes-route-reason"] == "failover"
     assert {e["model"] for e in streamed.events} == {"fb-served"}
     assert not [e for e in streamed.events if "usage" in e]
-    assert "stream_options" not in json.loads(sent["body"])
+    assert json.loads(sent["body"])["stream_options"] == {"include_usage": True}
 
 
 TOOL_CALL = {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",

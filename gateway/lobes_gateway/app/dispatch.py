@@ -652,7 +652,7 @@ class Dispatcher:
 
         return StreamResume(role, req.json, with_priority(payload, req.priority, False),
                             req.target, target, self._timeout, self._stall,
-                            self._metrics.resumes)
+                            self._metrics.resumes, req.strip_usage)
 
     def _pooled_arrival(self, req: Request, route: PoolRoute, role: PooledRole, arrived: str,
                         requested_tier: str | None, payload: dict | None) -> Plan:

@@ -53,6 +53,7 @@ from .admission_gate import DEADLINE_HEADER, AdmissionGate, requested_class
 from .dispatch import Dispatcher
 from .exposition import CONTENT_TYPE, process_start_time
 from .exposition import render as render_metrics
+from .meter import asking_usage
 from .metrics import SHED_KEY_LIMIT, Metrics
 from .realtime import tunnel
 from .relay import Outcome, relay
@@ -367,6 +368,8 @@ class Gateway:
                     "model must be a string: a served model's name or an alias", "model"))
         if lane in GENERATE_LANES:
             resolved = self.router.resolve(lane, payload.get("model"))
+            if payload.get("stream") is True:  # counted by its usage, never by its events
+                payload, req.strip_usage = asking_usage(payload)
             return resolved.route, resolved.requested_tier, payload
         return self.router.lane_routes[lane], None, payload
 
@@ -390,7 +393,7 @@ class Gateway:
         # Only what the relay needs is kept while it runs.
         req.body, req.json, req.headers, req.header_block = b"", None, {}, ""
         kept = await relay(self.connections, outcome, client, keep_alive,
-                           lane in GENERATE_LANES)
+                           lane in GENERATE_LANES, req.strip_usage)
         if req.trace is not None:
             req.trace.tokens = outcome.tokens
             if outcome.cut is not None:

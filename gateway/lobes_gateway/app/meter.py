@@ -1,11 +1,16 @@
-"""Counting the completion tokens of a relayed answer, cheaply: for /metrics, the access log
-and to teach replica rates.
+"""Counting the completion tokens of a relayed answer, exactly and cheaply: for /metrics, the
+access log and to teach replica rates; and telling a stream that ended from one cut off.
 
-The relay writes every chunk of a stream once, through the client's write (also when it
-passes chunks straight from the upstream socket's callback); this shim stands in for the
-client and counts `data: ` events with bytes.count (no JSON parsing per chunk). When the
-stream carries a usage chunk (stream_options.include_usage), its completion_tokens wins over
-the count. A whole JSON answer's usage is found by the same pattern, not parsed either.
+A token count comes only from the engine's own usage, never from counting events (an event may
+carry several tokens, the role delta none, and the engine holds back a token that ends
+mid-character). Every generate stream is asked for its usage (stream_options.include_usage,
+asking_usage); the relay writes each chunk of the stream through a StreamMeter standing in for
+the client, which reads the usage chunk and, when the caller did not ask for it, leaves it out.
+The meter also reads how the stream ends: an engine that stops (SIGTERM) or loses its core ends
+its streams at once, with an error event and [DONE], or with [DONE] right after an ordinary
+content event and no finish_reason at all. Either is a stream cut off, not an answer: the
+caller gets the gateway's stream_interrupted event in place of [DONE]. The usual chunk is
+looked at with one regex search (two until its finish came), never parsed.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from ..transport.channel import Channel
+from ..transport.chunked import ChunkDecoder
 
 _EVENT = b"data: "
 _DONE = b"data: [DONE]"
@@ -22,52 +28,95 @@ _DONE = b"data: [DONE]"
 # "completion_tokens" keys, never one quoted inside a string.
 _USAGE_KEY = b'"completion_tokens"'
 _USAGE = re.compile(_USAGE_KEY + rb'\s*:\s*(\d+)')
+# A finish_reason with a value (the content events carry null).
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
+# The chunks the meter must read: a usage, the end, an upstream error event.
+_NOTABLE = re.compile(rb'"usage"|data: \[DONE\]|data: \{"error"')
+_UPSTREAM_ERROR = b'data: {"error"'
 
 
-class CountingWriter:
-    """A client channel as relay() uses it (write, drain, transport), counting events."""
+def asking_usage(payload: dict) -> tuple[dict, bool]:
+    """A stream's payload asking the engine for its usage: (the payload to send, whether the
+    caller did not ask for it, so it is taken out again). A malformed stream_options is left
+    for the engine to refuse."""
+    options = payload.get("stream_options")
+    if options is None:
+        options = {}
+    if not isinstance(options, dict) or options.get("include_usage") is True:
+        return payload, False
+    return {**payload, "stream_options": {**options, "include_usage": True}}, True
 
-    __slots__ = ("_client", "done", "events", "first_event_at", "transport", "usage_data",
-                 "usage_tokens")
 
-    def __init__(self, client: Channel) -> None:
+class StreamMeter:
+    """A client channel as relay() uses it (write, drain, transport, watch_gone), reading the
+    stream's usage and its end on the way."""
+
+    __slots__ = ("_client", "_strip", "cut", "done", "finished", "first_event_at", "transport",
+                 "upstream_error", "usage_data", "usage_tokens")
+
+    def __init__(self, client: Channel, strip_usage: bool) -> None:
         self._client = client
+        self._strip = strip_usage  # the caller did not ask for the usage chunk
         self.transport = client.transport
-        self.events = 0
-        self.done = 0
+        self.finished = False  # a finish_reason came
+        self.done = False  # the stream's [DONE] came
+        self.cut = False  # it ended without its answer: the caller got stream_interrupted
+        self.upstream_error: bytes | None = None  # an error event the engine sent mid-stream
         self.usage_tokens: int | None = None
         self.usage_data: bytes | None = None  # the last bytes that carried a usage
         self.first_event_at: float | None = None  # when the first event came (monotonic)
 
     def write(self, data: bytes) -> None:
-        self.count(data)
-        self._client.write(data)
-
-    def count(self, data: bytes) -> None:
-        """Account for bytes on their way to the client."""
+        """Whole chunks on their way to the client (the relay writes nothing else)."""
         if self.first_event_at is None and _EVENT in data:
             self.first_event_at = time.monotonic()
-        self.events += data.count(_EVENT)
-        if _DONE in data:
-            self.done += 1
-        if b'"usage"' in data:  # rare: only the usage-bearing chunks are searched further
-            found = last_usage_count(data)
-            if found is not None:
-                self.usage_tokens = found
-                self.usage_data = data
+        if not self.finished and _FINISHED.search(data) is not None:
+            self.finished = True
+        if _NOTABLE.search(data) is not None:
+            data = self._read_notable(data)
+        if data:
+            self._client.write(data)
+
+    def write_own(self, data: bytes) -> None:
+        """Bytes of the gateway's own (its error event, the last chunk): not read."""
+        self._client.write(data)
+
+    def _read_notable(self, data: bytes) -> bytes:
+        """The chunks for the client of chunks that carry a usage, the end or an error: the
+        usage read (and left out when not asked for), an error or an unfinished end replaced
+        by the gateway's stream_interrupted event."""
+        found = last_usage_count(data)
+        if found is not None:
+            self.usage_tokens, self.usage_data = found, data
+        if not self._strip and _DONE not in data and _UPSTREAM_ERROR not in data:
+            return data  # a usage the caller asked for, passed as it came
+        try:
+            payload = ChunkDecoder().feed(data)
+        except ValueError:
+            return data
+        kept = [event for event in payload.split(b"\n\n") if event and self._keeps(event)]
+        events = b"".join(event + b"\n\n" for event in kept)
+        return b"%x\r\n%s\r\n" % (len(events), events) if events else b""
+
+    def _keeps(self, event: bytes) -> bool:
+        """Whether an event goes on as it is; an end that is no answer's gets the gateway's
+        error event appended in its place."""
+        if event.startswith(_UPSTREAM_ERROR):
+            self.upstream_error = event
+            return False
+        if event.startswith(_DONE):
+            self.done = True
+            if not self.finished:
+                self.cut = True
+                return False
+            return True
+        return not (self._strip and b'"usage"' in event and b'"choices":[]' in event)
 
     async def drain(self) -> None:
         await self._client.drain()
 
     def watch_gone(self, callback: Callable[[], None] | None) -> bool:
         return self._client.watch_gone(callback)
-
-    @property
-    def completion_tokens(self) -> int:
-        """Tokens the stream carried: its usage when reported, else one per content event."""
-        if self.usage_tokens is not None:
-            return self.usage_tokens
-        return max(0, self.events - self.done)
 
 
 def completion_tokens(body: bytes) -> int:

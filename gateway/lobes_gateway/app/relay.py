@@ -25,7 +25,7 @@ from ..transport.upstream import (
     finish,
     read_body,
 )
-from .meter import CountingWriter, completion_tokens
+from .meter import StreamMeter, completion_tokens
 from .stream_pipe import HIGH_WATER, StreamPipe
 
 if TYPE_CHECKING:  # resume.py relays through this module's helpers
@@ -70,7 +70,7 @@ class Outcome:
     """
 
     __slots__ = ("body", "counter", "cut", "extra", "placement", "response", "resume", "role",
-                 "started", "tokens")
+                 "started", "strip_usage", "tokens")
 
     def __init__(self, response: Response, extra: list[bytes], placement: Placement | None,
                  started: float, body: bytes | None = None) -> None:
@@ -85,6 +85,8 @@ class Outcome:
         self.resume: StreamResume | None = None
         # Why the relayed stream ended without its own end (BROKEN, STALLED), if it did.
         self.cut: str | None = None
+        # The stream's usage chunk was asked for by the gateway alone: left out for the caller.
+        self.strip_usage = False
 
     def count(self, counter: Counter[str], role: str) -> None:
         """Hold one of `role`'s in-flight count in `counter` until the relay ends."""
@@ -115,18 +117,20 @@ class Outcome:
 
 
 def relay(connections: Connections, outcome: Outcome, client: Channel, keep_alive: bool,
-          metered: bool) -> Coroutine[object, object, bool]:
+          metered: bool, strip_usage: bool = False) -> Coroutine[object, object, bool]:
     """Relay an outcome to `client`: the coroutine to await, whose result is whether the
     client connection stays usable.
 
     A metered request's 200 (a generate lane's) has its completion tokens counted into the
-    outcome, and a placed replica's rate taught from them. An answer with nothing to settle
+    outcome, and a placed replica's rate taught from them; `strip_usage`: its stream's usage
+    chunk was asked for by the gateway, not the caller. An answer with nothing to settle
     passes straight through (returned, not awaited here: one coroutine frame less); otherwise
     the outcome is settled when the relay ends.
     """
     meter = outcome if metered and outcome.response.status == 200 else None
     if outcome.resume is not None and meter is not None and is_event_stream(outcome.response):
         return _relay_resumable(connections, outcome, client, keep_alive)
+    outcome.strip_usage = strip_usage
     if outcome.placement is None and outcome.counter is None and outcome.body is None:
         return pass_through(connections, outcome, client, keep_alive, meter)
     return _relay_settling(connections, outcome, client, keep_alive, meter)
@@ -191,13 +195,16 @@ def _write_read(response: Response, body: bytes, extra: list[bytes], client: Cha
 
 async def _relay_metered_stream(connections: Connections, outcome: Outcome, client: Channel,
                                 keep_alive: bool, meter: Outcome) -> bool:
-    """A stream relayed through a CountingWriter; its tokens count only if it ended whole."""
-    counted = CountingWriter(client)
+    """A stream relayed through a StreamMeter: its tokens are its usage's, and only a stream
+    that ended whole teaches its replica's rate."""
+    counted = StreamMeter(client, outcome.strip_usage)
     kept = await _relay_stream(connections, outcome, counted,  # type: ignore[arg-type]
-                               keep_alive)
-    if counted.done or counted.usage_tokens is not None:
-        meter.learn(counted.completion_tokens, counted.usage_data,
+                               keep_alive, counted)
+    if counted.usage_tokens is not None and counted.done and not counted.cut:
+        meter.learn(counted.usage_tokens, counted.usage_data,
                     first_event_at=counted.first_event_at)
+    else:
+        meter.tokens = counted.usage_tokens
     return kept
 
 
@@ -275,12 +282,14 @@ async def _relay_large(connections: Connections, response: Response, client: Cha
 
 
 async def _relay_stream(connections: Connections, outcome: Outcome, client: Channel,
-                        keep_alive: bool) -> bool:
+                        keep_alive: bool, meter: StreamMeter | None = None) -> bool:
     """Pass a stream through as it arrives: chunks as they came where they are whole and plain,
-    otherwise decoded and framed again; a stream its backend breaks off or stalls is ended
-    with an error event (for an event stream) and counted on the outcome as cut."""
+    otherwise decoded and framed again; a stream its backend breaks off or stalls (or, read by
+    a `meter`, ends without its answer) is ended with an error event (for an event stream)
+    and counted on the outcome as cut."""
     response = outcome.response
-    client.write(head_bytes(response, outcome.extra, b"Transfer-Encoding: chunked", keep_alive))
+    own = client.write if meter is None else meter.write_own  # the gateway's own bytes
+    own(head_bytes(response, outcome.extra, b"Transfer-Encoding: chunked", keep_alive))
     event_stream, chunked, conn = is_event_stream(response), response.chunked, response.conn
     # Sent: not kept for a held stream.
     response.raw, response.headers, response.relayed = b"", {}, b""
@@ -303,12 +312,17 @@ async def _relay_stream(connections: Connections, outcome: Outcome, client: Chan
             outcome.cut = STALLED if conn.timed_out else BROKEN
             if event_stream:
                 event = interrupted_event(outcome.cut)
-                client.write(b"%x\r\n%s\r\n" % (len(event), event) + _STREAM_END)
+                own(b"%x\r\n%s\r\n" % (len(event), event) + _STREAM_END)
             transport.close()
         return False
     finally:
         client.watch_gone(None)
-    client.write(_STREAM_END)
+    if meter is not None and (meter.cut or not meter.done):
+        # Ended without its answer: [DONE] before a finish, an error event, or no [DONE].
+        outcome.cut = BROKEN
+        event = interrupted_event(BROKEN)
+        own(b"%x\r\n%s\r\n" % (len(event), event))
+    own(_STREAM_END)
     finish(connections, response)
     return keep_alive
 

@@ -62,6 +62,8 @@ from .stream_pipe import StreamPipe
 # How a broken-off stream ended, as lobes_gateway_stream_resumes_total counts it.
 RESUMED, NOT_RESUMABLE, NO_REPLICA = "resumed", "not_resumable", "no_replica"
 _DONE = b"[DONE]"
+# What _event gives for a [DONE] that ends a stream before its answer did.
+_CUT = b"cut"
 _STREAM_END = b"0\r\n\r\n"
 # Request fields whose meaning a continuation cannot keep (a grammar restarts at its first token).
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
@@ -108,9 +110,10 @@ class UsageAsked:
     per_chunk: bool  # continuous_usage_stats too: usage on every chunk
 
     @classmethod
-    def of(cls, payload: dict) -> UsageAsked:
+    def of(cls, payload: dict, asked_by_gateway: bool = False) -> UsageAsked:
+        """What `payload` asks; nothing when the gateway added the asking itself."""
         options = payload.get("stream_options")
-        if not isinstance(options, dict):
+        if asked_by_gateway or not isinstance(options, dict):
             return cls(False, False)
         final = options.get("include_usage") is True
         return cls(final, final and options.get("continuous_usage_stats") is True)
@@ -176,10 +179,11 @@ class StreamResume:
 
     def __init__(self, role: PooledRole, body: JsonBody, payload: dict, path: str,
                  target_of: Callable[[str], ContinuationTarget], timeout_s: float,
-                 stall_s: float, outcomes: defaultdict[tuple[str, str], int]) -> None:
+                 stall_s: float, outcomes: defaultdict[tuple[str, str], int],
+                 usage_asked_by_gateway: bool = False) -> None:
         self._role = role
         self._outcomes = outcomes
-        self._asked = UsageAsked.of(payload)
+        self._asked = UsageAsked.of(payload, usage_asked_by_gateway)
         # What every part's replica is sent: `payload` (made from the caller's `body`, whose
         # bytes every part is written from) asking for usage.
         self._body = body
@@ -294,6 +298,8 @@ class StreamResume:
         out = []
         for event in events:
             relayed = self._event(event, stream)
+            if relayed is _CUT:  # ended with no answer: broken off, whatever it says
+                return out, True
             if relayed is None:
                 if stream.resumable and not stream.finished:
                     return out, True
@@ -305,12 +311,15 @@ class StreamResume:
 
     def _event(self, event: bytes, stream: _Stream) -> bytes | None:
         """The bytes the client gets for one upstream event (b"" for none); None for an
-        error event."""
+        error event, _CUT for a [DONE] before any finish_reason (an engine that stopped ends
+        its streams so: a cut that looks finished)."""
         as_is = _chunk(event + b"\n\n")
         if not event.startswith(b"data:"):
             return as_is
         data = event[5:].strip()
         if data == _DONE:
+            if not stream.finished:
+                return _CUT
             stream.done = True
             return as_is
         if stream.ids and not stream.continuing and _is_text(data):

@@ -118,7 +118,7 @@ class Views:
                                   self.windows.get(rc.base_url, rc.served_name))
                 for rc in self._config.roles.values()
                 if rc.feasible and rc.base_url and rc.role.task not in AUDIO_TASKS
-                and self.windows.answering(rc.base_url, rc.served_name)]
+                and self.windows.serves(rc.base_url, rc.served_name)]
         for rc in self._config.roles.values():
             route = self._role_route(rc.name)
             if (isinstance(route, ProxyRoute | PoolRoute | OwnerRoute)
@@ -192,6 +192,14 @@ class Views:
         if isinstance(route, LocalRoute) and route.targets:
             target = route.targets[0]
             entry["ready"] = health.get(target.origin, False)
+            if rc.role.task not in AUDIO_TASKS:
+                # Ready means a request for the role is answered: the gear serves its name.
+                unserved = self.windows.not_serving(target.origin, target.served_name)
+                if unserved is not None or not self.windows.serves(target.origin,
+                                                                   target.served_name):
+                    entry["ready"] = False
+                if unserved is not None:
+                    entry["reason"] = unserved
             entry["served_by"] = target.name
             # An unwired tier answered upward (minor -> cortex) is served under that backend's name.
             entry["served_name"] = target.served_name

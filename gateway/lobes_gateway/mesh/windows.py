@@ -18,17 +18,22 @@ from ..policy.config import GatewayConfig
 from ..transport.upstream import Connections, Origin, UpstreamError, fetch
 
 
-def served_window(body: bytes, served_name: str) -> int | None:
-    """max_model_len of served_name in a vLLM /v1/models answer; None when absent."""
+def listed_models(body: bytes) -> dict[str, dict]:
+    """The models a vLLM /v1/models answer lists, by id ({} when it is not one)."""
     try:
         data = json.loads(body).get("data")
-    except (ValueError, UnicodeDecodeError, AttributeError):
-        return None
-    for model in data if isinstance(data, list) else []:
-        if isinstance(model, dict) and model.get("id") == served_name:
-            window = model.get("max_model_len")
-            if isinstance(window, int) and not isinstance(window, bool) and window > 0:
-                return window
+    except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
+        return {}
+    models = data if isinstance(data, list) else []
+    return {model["id"]: model for model in models
+            if isinstance(model, dict) and isinstance(model.get("id"), str)}
+
+
+def served_window(body: bytes, served_name: str) -> int | None:
+    """max_model_len of served_name in a vLLM /v1/models answer; None when absent."""
+    window = listed_models(body).get(served_name, {}).get("max_model_len")
+    if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+        return window
     return None
 
 
@@ -45,16 +50,27 @@ class BackendWindows:
                                 and rc.role.task not in AUDIO_TASKS},
                                key=lambda t: (t[0].url, t[1]))
         self._windows: dict[tuple[Origin, str], int] = {}
-        # Backends whose last probe got an answer: only these are advertised (seed 004).
-        self._answering: set[tuple[Origin, str]] = set()
+        # What each backend listed when it last answered its probe: only one that lists the
+        # served name it is configured with is advertised (advertised implies reachable).
+        self._listed: dict[tuple[Origin, str], frozenset[str]] = {}
 
     def get(self, origin: Origin, served_name: str) -> int | None:
         """The window the backend last reported serving; None until it has answered."""
         return self._windows.get((origin, served_name))
 
-    def answering(self, origin: Origin, served_name: str) -> bool:
-        """Whether the backend answered its last probe."""
-        return (origin, served_name) in self._answering
+    def serves(self, origin: Origin, served_name: str) -> bool:
+        """Whether the backend answered its last probe listing `served_name`."""
+        return served_name in self._listed.get((origin, served_name), ())
+
+    def not_serving(self, origin: Origin, served_name: str) -> str | None:
+        """Why a backend that answers is not ready (it lists other models than the one it is
+        configured with), or None."""
+        listed = self._listed.get((origin, served_name))
+        if listed is None or served_name in listed:
+            return None
+        names = ", ".join(sorted(listed)) or "no model"
+        return (f"the gear at {origin.url} serves {names}, not {served_name} (P_SERVED_NAME): "
+                "set the served name the gear is started with")
 
     async def _probe(self, origin: Origin, served_name: str) -> None:
         try:
@@ -63,9 +79,10 @@ class BackendWindows:
                                        self._timeout)
         except UpstreamError:
             # Down: not advertised; the window it served last is still its window.
-            self._answering.discard((origin, served_name))
+            self._listed.pop((origin, served_name), None)
             return
-        self._answering.add((origin, served_name))
+        listed = listed_models(body) if status == 200 else {}
+        self._listed[(origin, served_name)] = frozenset(listed)
         window = served_window(body, served_name) if status == 200 else None
         if window is not None:
             self._windows[(origin, served_name)] = window

@@ -52,7 +52,8 @@ class Request:
     """A parsed request head; the body is read separately, after the auth gate."""
 
     __slots__ = ("body", "header_block", "headers", "json", "keep_alive", "method", "path",
-                 "priority", "request_id", "target", "trace", "version", "watchdog")
+                 "priority", "request_id", "strip_usage", "target", "trace", "version",
+                 "watchdog")
 
     def __init__(self, shape: RequestShape, headers: dict[str, str]) -> None:
         # The header block: the lines as they came (each ending CRLF), less Content-Length and
@@ -71,6 +72,8 @@ class Request:
         self.trace: Trace | None = None
         # The priority class it runs in (policy/admission.py), set once its key is known.
         self.priority = DEFAULT_PRIORITY_CLASS
+        # A stream whose usage the gateway asks for and the caller did not (app/meter.py).
+        self.strip_usage = False
 
 
 def parse_head(head: bytes) -> Request:

@@ -159,6 +159,69 @@ def gateway_stopped(box: Box):
                    message=f"{box.name}'s gateway answering again", timeout=GATEWAY_START_S)
 
 
+# A hostile box in a gateway's place, on its port: it advertises what it read of the real
+# gateway's /capabilities, /v1/models and /status, each broken one way (a load of Infinity, a
+# slot count of 10**100, another model listed), and answers every chat for another model.
+_HOSTILE_SCRIPT = """
+import http.server, json, sys
+port, answers = int(sys.argv[1]), json.loads(sys.argv[2])
+CHAT = json.dumps({"id": "x", "object": "chat.completion", "model": "another/model",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "not yours"},
+    "finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 2,
+    "total_tokens": 3}}).encode()
+class Hostile(http.server.BaseHTTPRequestHandler):
+    def _answer(self, body):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        self._answer(answers.get(self.path.split("?")[0], "{}").encode())
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._answer(CHAT)
+    def log_message(self, *_args):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", port), Hostile).serve_forever()
+"""
+
+
+def hostile_answers(box: Box) -> dict[str, str]:
+    """What the hostile stand-in advertises: the box's own adverts, broken."""
+    capabilities = box.capabilities()
+    for entry in capabilities["roles"].values():
+        entry["max_active"] = 10 ** 100
+    models = call(box.origin, "GET", "/v1/models", headers=box.auth, timeout=5.0).json()
+    for model in models["data"]:
+        model["id"] = "another/model"
+    status = call(box.origin, "GET", "/status", timeout=5.0).body.decode()
+    return {"/capabilities": json.dumps(capabilities), "/v1/models": json.dumps(models),
+            "/status": status.replace('"running": 0', '"running": Infinity')}
+
+
+@contextmanager
+def hostile(box: Box):
+    """The box's gateway replaced, on its port, by a hostile stand-in (above); the gateway
+    started again on the way out."""
+    answers = hostile_answers(box)
+    port = box.origin.rsplit(":", 1)[1]
+    with gateway_stopped(box):
+        box.docker_exec("sh", "-c", f"{box.python} -c {_quoted(_HOSTILE_SCRIPT)} {port} "
+                        f"{_quoted(json.dumps(answers))} >/dev/null 2>&1 & echo $! "
+                        f"> /tmp/lobes-hostile.pid")
+        try:
+            wait_until(lambda: http_ok(f"{box.origin}/capabilities"),
+                       message=f"the hostile stand-in answering on {box.name}'s port")
+            yield
+        finally:
+            box.docker_exec("sh", "-c", "kill $(cat /tmp/lobes-hostile.pid)")
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
 @contextmanager
 def partitioned(box: Box):
     """The box cut off its network (a real partition); reconnected at its address after."""

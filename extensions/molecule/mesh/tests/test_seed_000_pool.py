@@ -9,6 +9,7 @@ from fleet_mesh import (
     Mesh,
     burst,
     gateway_stopped,
+    hostile,
     partitioned,
     served_by,
     sustained_load,
@@ -50,8 +51,8 @@ def test_the_orins_pool_row_names_the_reference_and_the_agreed_window(mesh: Mesh
     assert advert["context"] == planned["context"]
     assert [row["origin"] for row in advert["replicas"]] == replica_origins(orin)
     assert all(row["ready"] and row["compatible"] for row in advert["replicas"])
-    # The reference is the first ready replica in declaration order.
-    assert advert["replicas"][0]["reason"] == "fingerprint reference"
+    # The reference is the plan's served name, which both serve: no replica is the odd one.
+    assert [row["reason"] for row in advert["replicas"]] == [""] * len(advert["replicas"])
 
 
 def probed_loads(box: Box) -> dict[str, object]:
@@ -84,18 +85,22 @@ def test_under_sustained_load_both_replicas_serve(mesh: Mesh) -> None:
     assert set(served_by(replies)) == set(replica_origins(orin))
 
 
-@pytest.mark.parametrize("lose", [gateway_stopped, partitioned],
-                         ids=["gateway-stopped", "network-partition"])
-def test_a_lost_thor_is_seen_within_a_probe_interval_and_the_spark_serves_all(
+@pytest.mark.parametrize("lose", [gateway_stopped, partitioned, hostile],
+                         ids=["gateway-stopped", "network-partition", "hostile-box"])
+def test_a_thor_lost_or_hostile_is_seen_within_a_probe_interval_and_the_spark_serves_all(
         mesh: Mesh, lose) -> None:
     orin, spark, thor = mesh["agx-orin"], mesh["spark"], mesh["agx-thor"]
     whole = {origin: (True, True) for origin in replica_origins(orin)}
     assert pool_rows(orin) == whole
 
     with lose(thor):
-        wait_until(lambda: pool_rows(orin) == {**whole, thor.origin: (False, False)},
-                   message="the Thor's row on the Orin: ready=false, compatible=false",
+        # Gone, the Thor is not ready; hostile (its adverts out of bounds, another model
+        # listed), it answers but is judged incompatible, with the reason on the row.
+        wait_until(lambda: not any(pool_rows(orin)[thor.origin])
+                   or pool_rows(orin)[thor.origin] == (True, False),
+                   message="the Thor's row on the Orin: not selectable",
                    timeout=ONE_PROBE_INTERVAL_S, interval=0.2)
+        assert pool_rows(orin)[spark.origin] == (True, True)
         replies, _elapsed = burst(orin.origin, SEED_BURST, cortex_request(), orin.auth)
         assert [reply.status for reply in replies] == [200] * SEED_BURST
         assert served_by(replies) == {spark.origin: SEED_BURST}
