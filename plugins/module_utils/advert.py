@@ -65,6 +65,8 @@ def advertised_roles(capabilities: dict, self_origin: str) -> dict:
                         if isinstance(replicas, list) else None)
         advertised[name] = {field: entry.get(field) for field in FIELDS if field != "replicas"}
         advertised[name]["replicas"] = peer_origins
+        # Why the gateway says a role is not ready (shown, never compared).
+        advertised[name]["reason"] = entry.get("reason")
     return advertised
 
 
@@ -78,6 +80,20 @@ def compare(expected: dict, advertised: dict) -> dict:
         if wrong:
             differences[role] = wrong
     return differences
+
+
+def explained(expected: dict, advertised: dict, differences: dict) -> list[str]:
+    """One line per mismatching field: role, field, declared, advertised, and the gateway's
+    reason where it gives one."""
+    lines = []
+    for role, fields in differences.items():
+        seen = advertised.get(role) or {}
+        reason = seen.get("reason")
+        for field in fields:
+            line = (f"role {role}, field {field}: declared {_cell(expected[role][field])}, "
+                    f"advertised {_cell(seen.get(field))}")
+            lines.append(f"{line} ({reason})" if reason and field == "ready" else line)
+    return lines
 
 
 def _cell(value) -> str:

@@ -130,13 +130,16 @@ def agreed(seen: dict) -> bool:
     return seen["reachable"] and seen["version_ok"] and not seen["differences"]
 
 
-def failure_message(seen: dict, expected: dict, version: str, waited: float) -> str:
+def failure_message(seen: dict, expected: dict, version: str, waited: float,
+                    host: str | None = None) -> str:
     lines = [f"the gateway does not advertise what the plan declares (waited {waited:.0f}s)"]
     if not seen["reachable"]:
         lines.append(seen["error"])
     elif not seen["version_ok"]:
         lines.append(f"version: declared {version}, advertised {seen['version']} (redeploy the "
                      "gateway from this collection)")
+    lines += [f"host {host}, {line}" if host else line
+              for line in advert.explained(expected, seen["advertised"], seen["differences"])]
     lines.append(advert.table(expected, seen["advertised"], seen["differences"]))
     return "\n".join(lines)
 
@@ -158,7 +161,8 @@ def run(module: AnsibleModule) -> dict:
         time.sleep(params["interval"])
     shown = advert.table(expected, seen["advertised"], seen["differences"])
     if not agreed(seen):
-        module.fail_json(msg=failure_message(seen, expected, version, waited), table=shown,
+        module.fail_json(msg=failure_message(seen, expected, version, waited, plan.get("host")),
+                         table=shown,
                          attempts=attempts, version=seen["version"])
     roles = {role: seen["advertised"][role] for role in expected}
     return {"changed": False, "version": seen["version"], "roles": roles, "table": shown,

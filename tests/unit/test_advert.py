@@ -114,3 +114,16 @@ def test_a_declared_role_the_gateway_does_not_list_mismatches():
     del capabilities["roles"]["senses"]
     assert differences(orin_plan(), capabilities)["senses"] == [
         "route", "feasible", "ready", "proxied", "hosted_by", "served_name", "context"]
+
+
+def test_a_role_not_ready_is_explained_with_the_gateways_reason():
+    """A gear that serves another model than its P_SERVED_NAME: the gateway says why, and
+    verify's message names the role, the field and that reason (the host is its prefix)."""
+    plan = orin_plan()
+    capabilities = orin_capabilities()
+    reason = "the gear at http://127.0.0.1:18101 serves other/model, not worker-served"
+    capabilities["roles"]["worker"].update(ready=False, reason=reason)
+    expected = advert.expected_roles(plan)
+    seen = advert.advertised_roles(capabilities, plan["origin"])
+    lines = advert.explained(expected, seen, advert.compare(expected, seen))
+    assert lines == [f"role worker, field ready: declared true, advertised false ({reason})"]
