@@ -1,15 +1,17 @@
-"""What /metrics and the access log cost the gateway: three gateways, interleaved, one run.
+"""What a change costs the gateway: three gateways, interleaved, one run.
 
-The gateway before metrics (a tree named by --base-dir, e.g. made with `git archive a4d558d
-gateway plugins/module_utils | tar -x -C /tmp/base`), this checkout's gateway with the access log
-off (metrics are always on), and the same with GATEWAY_ACCESS_LOG on (a file in the run's
-temporary directory), all in front of gateway_bench's backend and pinned to the same core. Each
-phase measures the three in interleaved rounds, so drifting load on a shared host hits them
+The gateway of a tree before the change (--base-dir, e.g. made with `git archive a4d558d
+gateway plugins/module_utils | tar -x -C /tmp/base`; --base-name labels it, "before metrics"
+by default: the run that measured /metrics and the access log), this checkout's gateway with the
+access log off (metrics are always on), and the same with GATEWAY_ACCESS_LOG on (a file in the
+run's temporary directory), all in front of gateway_bench's backend and pinned to the same core.
+Each phase measures the three in interleaved rounds, so drifting load on a shared host hits them
 alike: added p50 latency at c=1, CPU per request at c=1, c=64 and c=256, CPU per SSE chunk.
 
-    python3 bench/metrics_cost.py --base-dir /tmp/base/gateway [--rounds 7] [--docs]
+    python3 bench/metrics_cost.py --base-dir /tmp/base/gateway [--base-name NAME]
+        [--rounds 7] [--docs [--section NAME]]
 
---docs writes the table between the metrics-cost markers of docs/benchmarks.md.
+--docs writes the table between the markers of --section (metrics-cost) in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ FIGURES = (
     ("CPU per request, c=256 (us)", "c256", "cpu_per_req_us"),
     ("CPU per SSE chunk (us)", "sse", "cpu_per_event_us"),
 )
-NAMES = ("before metrics", "access log off", "access log on")
+THIS_TREE = ("access log off", "access log on")
 
 
-async def measure(cfg: bench.Settings, base_dir: Path, workdir: Path) -> dict:
+async def measure(cfg: bench.Settings, base_dir: Path, workdir: Path,
+                  names: tuple[str, ...]) -> dict:
     """Every phase against direct and the three gateways: results[phase][target]."""
     os.sched_setaffinity(0, {bench.CLIENT_CORE})
     backend = bench.start_backend(workdir)
@@ -46,7 +49,7 @@ async def measure(cfg: bench.Settings, base_dir: Path, workdir: Path) -> dict:
     try:
         targets = [bench.Target("direct", backend_port, None)]
         for name, gateway_dir, env in zip(
-            NAMES, (base_dir, here, here), ({}, {}, logged), strict=True
+            names, (base_dir, here, here), ({}, {}, logged), strict=True
         ):
             service = bench.start_gateway(backend_port, gateway_dir, workdir, extra_env=env)
             services.append(service)
@@ -69,19 +72,19 @@ async def measure(cfg: bench.Settings, base_dir: Path, workdir: Path) -> dict:
             service.stop()
 
 
-def table(results: dict, rounds: int, window_s: float) -> str:
+def table(results: dict, rounds: int, window_s: float, names: tuple[str, ...]) -> str:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"Measured {when}, {os.cpu_count()} cores, host load average "
         f"{bench.load_average()} after; medians of {rounds} interleaved rounds of "
-        f"{window_s:g} s windows (command: `python3 bench/metrics_cost.py --rounds {rounds} "
-        f"--window {window_s:g}`).",
+        f"{window_s:g} s windows (command: `python3 bench/metrics_cost.py --base-name "
+        f"'{names[0]}' --rounds {rounds} --window {window_s:g}`).",
         "",
-        f"| figure | {' | '.join(NAMES)} | off / before | on / before |",
+        f"| figure | {' | '.join(names)} | off / before | on / before |",
         "|---|---|---|---|---|---|",
     ]
     for label, phase, key in FIGURES:
-        values = [results[phase][name][key] for name in NAMES]
+        values = [results[phase][name][key] for name in names]
         if key == "p50":
             values = [value - results[phase]["direct"]["p50"] for value in values]
         cells = [f"{value:.3f}" if key == "p50" else f"{value:.0f}" for value in values]
@@ -98,6 +101,9 @@ def main(argv: list[str]) -> int:
         required=True,
         help="the gateway/ directory of the tree before metrics",
     )
+    parser.add_argument("--base-name", default="before metrics", help="the base tree's label")
+    parser.add_argument("--section", default="metrics-cost",
+                        help="the docs/benchmarks.md section --docs writes")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--window", type=float, default=2.0)
     parser.add_argument("--docs", action="store_true", help="write docs/benchmarks.md")
@@ -112,11 +118,12 @@ def main(argv: list[str]) -> int:
         write_docs=args.docs,
     )
     with tempfile.TemporaryDirectory(prefix="metrics-cost-") as tmp:
-        results = asyncio.run(measure(cfg, args.base_dir, Path(tmp)))
-    text = table(results, args.rounds, args.window)
+        names = (args.base_name, *THIS_TREE)
+        results = asyncio.run(measure(cfg, args.base_dir, Path(tmp), names))
+    text = table(results, args.rounds, args.window, names)
     print(text)
     if args.docs:
-        docs_section.write_section("metrics-cost", text)
+        docs_section.write_section(args.section, text)
     return 0
 
 
