@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import threading
 import time
 
 import pytest
 
-from tests.support.client import call, chat
+from tests.support.client import call, chat, raw_exchange
 from tests.support.fake_gear import (
     CLOSE,
     HANG,
@@ -41,18 +40,6 @@ SMUGGLED = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: ap
             b"\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
 
 
-def _via_front(port: int, request: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(request)
-        reply = b""
-        try:
-            while data := sock.recv(65536):
-                reply += data
-        except TimeoutError:
-            pass
-        return reply
-
-
 @pytest.mark.skipif(nginx_binary() is None, reason=NGINX_MISSING)
 @pytest.mark.parametrize("path", [b"/health", b"/metrics", b"/status", b"/capabilities",
                                   b"/nowhere"])
@@ -62,7 +49,7 @@ def test_a_request_hidden_in_a_body_never_passes_the_front_proxys_rules(path, fr
     assert binary is not None
     with FakeGear() as gear, start_gateway(wired_to(gear)) as gateway, \
             FrontProxy(binary, gateway.port) as front:
-        direct = _via_front(front.port, SMUGGLED.replace(b"Host: gw", b"Host: gw\r\n"
+        direct = raw_exchange(front.url, SMUGGLED.replace(b"Host: gw", b"Host: gw\r\n"
                                                          b"Connection: close"))
         assert direct.startswith(b"HTTP/1.1 403 ")  # the rule holds for a plain request
         if framing == "length":
@@ -73,8 +60,8 @@ def test_a_request_hidden_in_a_body_never_passes_the_front_proxys_rules(path, fr
                        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
                        % (len(SMUGGLED), SMUGGLED))
         for _attempt in range(3):  # over nginx's kept upstream connections
-            _via_front(front.port, carrier)
-            _via_front(front.port, b"GET /health HTTP/1.1\r\nHost: gw\r\nConnection: close"
+            raw_exchange(front.url, carrier)
+            raw_exchange(front.url, b"GET /health HTTP/1.1\r\nHost: gw\r\nConnection: close"
                                    b"\r\n\r\n")
         assert gear.posts() == []
 
