@@ -98,7 +98,8 @@ def test_a_box_without_a_gpu_on_the_real_proc_is_not_gated(tmp_path):
 def test_a_cpu_engine_gear_is_gated_against_the_real_proc_of_a_box_without_a_gpu(tmp_path):
     """vLLM's CPU build holds real memory: its share is checked against the box's own meminfo
     even where simulated gears beside it are not (no GPU, no fake /proc)."""
-    hostvars = {"fleet_hardware": "sim", "fleet_runtime": "process", "fleet_gear_port_base": 0,
+    hostvars = {"fleet_hardware": "sim", "fleet_runtime": "process",
+                "fleet_gateway_host": "127.0.0.1",
                 "fleet_roles": {"cortex": {"engine": "vllm-cpu", "checkpoint": "lobes/tiny-chat",
                                            "context": 2048, "kv_cache_gib": 80},
                                 "embedder": {}}}
