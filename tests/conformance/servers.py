@@ -130,6 +130,7 @@ def cpu_box(install: EngineInstall, port_base: int, window: int = WINDOW,
     where scripts/vllm-cpu.sh installed them."""
     hostvars = {
         "fleet_hardware": "sim", "fleet_runtime": "process", "fleet_gear_port_base": port_base,
+        "fleet_gateway_host": "127.0.0.1",  # a box of one, answering only its own machine
         "fleet_engine_dir": str(install.engine_dir), "fleet_model_dir": str(install.model_dir),
         "fleet_hf_cache": str(install.engine_dir / "hf-cache"),
         "fleet_roles": {

@@ -183,8 +183,11 @@ def test_a_dead_engine_never_ends_the_stream_as_an_answer(broken):
 
 
 def test_through_the_gateway_a_dead_engine_ends_the_stream_as_cut(broken):
+    # However the engine ends it: interrupted; or, left open and silent (stopped, its server
+    # waiting for the connection to close), stalled once GATEWAY_STREAM_STALL_S passes.
     read = broken[GATEWAY]
-    assert read.cut_by_gateway(), (read.ended, read.events[-2:])
+    assert read.cut_by_gateway() or read.cut_by_gateway("stream_stalled"), (read.ended,
+                                                                            read.events[-2:])
 
 
 def test_a_hung_engine_holds_the_stream_open_and_silent(engine: Engine):

@@ -112,3 +112,16 @@ def test_every_stream_asks_for_its_usage_and_remembers_who_asked(options, sent, 
 ])
 def test_a_json_answers_completion_tokens_are_its_last_counted_key(body, tokens):
     assert completion_tokens(body) == tokens
+
+
+def test_an_aborted_request_is_cut_and_its_abort_never_reaches_the_caller():
+    """vLLM stopping (SIGTERM) may end a stream with finish_reason "abort" and [DONE]."""
+    sink = Sink()
+    meter = StreamMeter(sink, strip_usage=True)
+    aborted = TOKEN.replace('"finish_reason":null', '"finish_reason":"abort"')
+    for each in (chunk(TOKEN), chunk(aborted), chunk("[DONE]")):
+        meter.write(each)
+    assert meter.cut and not meter.finished
+    events = [json.loads(e[6:]) for e in sink.events()]
+    assert [c["finish_reason"] for e in events for c in e["choices"]] == [None, None]
+    assert [c["delta"]["content"] for e in events for c in e["choices"]] == ["xy", "xy"]

@@ -15,6 +15,7 @@ looked at with one regex search (two until its finish came), never parsed.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -28,11 +29,14 @@ _DONE = b"data: [DONE]"
 # "completion_tokens" keys, never one quoted inside a string.
 _USAGE_KEY = b'"completion_tokens"'
 _USAGE = re.compile(_USAGE_KEY + rb'\s*:\s*(\d+)')
-# A finish_reason with a value (the content events carry null).
-_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
-# The chunks the meter must read: a usage, the end, an upstream error event.
-_NOTABLE = re.compile(rb'"usage"|data: \[DONE\]|data: \{"error"')
+# The finish_reason of a request the engine aborted (vLLM stopping): no answer's end.
+ABORTED = "abort"
+# A finish_reason with a value (the content events carry null), but an abort.
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"(?!abort")')
+# The chunks the meter must read: a usage, the end, an upstream error event, an abort.
+_NOTABLE = re.compile(rb'"usage"|data: \[DONE\]|data: \{"error"|"finish_reason"\s*:\s*"abort"')
 _UPSTREAM_ERROR = b'data: {"error"'
+_ABORT = re.compile(rb'"finish_reason"\s*:\s*"abort"')
 
 
 def asking_usage(payload: dict) -> tuple[dict, bool]:
@@ -82,41 +86,59 @@ class StreamMeter:
         self._client.write(data)
 
     def _read_notable(self, data: bytes) -> bytes:
-        """The chunks for the client of chunks that carry a usage, the end or an error: the
-        usage read (and left out when not asked for), an error or an unfinished end replaced
-        by the gateway's stream_interrupted event."""
+        """The chunks for the client of chunks that carry a usage, the end, an error or an
+        abort: the usage read (and left out when not asked for), an error or an end that is no
+        answer's left for the gateway's stream_interrupted event, an abort's finish taken off."""
         found = last_usage_count(data)
         if found is not None:
             self.usage_tokens, self.usage_data = found, data
-        if not self._strip and _DONE not in data and _UPSTREAM_ERROR not in data:
+        if (not self._strip and _DONE not in data and _UPSTREAM_ERROR not in data
+                and _ABORT.search(data) is None):
             return data  # a usage the caller asked for, passed as it came
         try:
             payload = ChunkDecoder().feed(data)
         except ValueError:
             return data
-        kept = [event for event in payload.split(b"\n\n") if event and self._keeps(event)]
+        kept = [each for event in payload.split(b"\n\n")
+                if event and (each := self._kept(event)) is not None]
         events = b"".join(event + b"\n\n" for event in kept)
         return b"%x\r\n%s\r\n" % (len(events), events) if events else b""
 
-    def _keeps(self, event: bytes) -> bool:
-        """Whether an event goes on as it is; an end that is no answer's gets the gateway's
-        error event appended in its place."""
+    def _kept(self, event: bytes) -> bytes | None:
+        """What goes on of one event: itself, without an abort's finish_reason, or nothing."""
         if event.startswith(_UPSTREAM_ERROR):
             self.upstream_error = event
-            return False
+            return None
         if event.startswith(_DONE):
             self.done = True
             if not self.finished:
                 self.cut = True
-                return False
-            return True
-        return not (self._strip and b'"usage"' in event and b'"choices":[]' in event)
+                return None
+            return event
+        if self._strip and b'"usage"' in event and b'"choices":[]' in event:
+            return None
+        if _ABORT.search(event) is not None:
+            return _without_abort(event)
+        return event
 
     async def drain(self) -> None:
         await self._client.drain()
 
     def watch_gone(self, callback: Callable[[], None] | None) -> bool:
         return self._client.watch_gone(callback)
+
+
+def _without_abort(event: bytes) -> bytes:
+    """An event whose choices the engine aborted, their finish_reason taken off (their text
+    kept): the stream is cut, and its caller is told so by the gateway's own event."""
+    try:
+        chunk = json.loads(event[5:])
+    except ValueError:
+        return event
+    for choice in chunk.get("choices") or () if isinstance(chunk, dict) else ():
+        if isinstance(choice, dict) and choice.get("finish_reason") == ABORTED:
+            choice["finish_reason"] = None
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode()
 
 
 def completion_tokens(body: bytes) -> int:

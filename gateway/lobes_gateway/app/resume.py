@@ -56,6 +56,7 @@ from ..transport.upstream import (
     finish,
     request_head,
 )
+from .meter import ABORTED
 from .relay import head_bytes, interrupted_event, is_event_stream
 from .stream_pipe import StreamPipe
 
@@ -379,7 +380,11 @@ class StreamResume:
             if content:
                 stream.pieces.append(content)
                 stream.part_tokens += 1
-            if choice.get("finish_reason") is not None:
+            if choice.get("finish_reason") == ABORTED:
+                # The engine aborted it (it is stopping): no answer's end, whatever it says.
+                choice["finish_reason"] = None
+                changed = True
+            elif choice.get("finish_reason") is not None:
                 stream.finished = True
                 if self.resumes:
                     chunk["lobes_resumed"] = {"resumes": self.resumes,
