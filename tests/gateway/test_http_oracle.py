@@ -186,6 +186,8 @@ def requests(draw) -> bytes:
 @example(data=b"POST / HTTP/1.1\r\nHost: gw\r\nAuthorization\x0b: Bearer k\r\n\r\n")
 @example(data=b"POST http://gw/x HTTP/1.1\r\nHost: gw\r\nContent-Length: 0\r\n\r\n")
 @example(data=b"POST / HTTP/1.1\r\nHost: gw\r\nContent-Length:  \r\n\r\n")
+@example(data=b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nHost: gw\r\n"
+              b"Transfer-Encoding:  \r\n\r\n0\r\n\r\n")
 def test_the_gateway_never_accepts_what_h11_refuses_and_agrees_where_both_accept(data):
     oracle = h11_parse(data)
     ours = gateway_parse(data)

@@ -153,6 +153,9 @@ def _parse_shape(head: str | bytes) -> RequestShape:
         if lowered == "content-length":  # a well-formed one is split off with the head's shape
             raise HttpError(errors.bad_request("invalid Content-Length; send a decimal number "
                                                "of bytes"))
+        if lowered == "transfer-encoding" and not _list(value):
+            raise HttpError(errors.bad_request("a Transfer-Encoding line that names no coding; "
+                                               "send chunked"))
         _add_value(headers, lowered, value)
         fields.append((name, value))
     hosts = sum(name.lower() == "host" for name, _value in fields)
