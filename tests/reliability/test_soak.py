@@ -31,8 +31,12 @@ def test_a_short_soak_loses_nothing_and_grows_nothing(tmp_path):
     growth = result["after_warmup_and_end"]
     rss_settled, rss_end = growth["rss_kib"]
     assert rss_end <= rss_settled * 1.15 + 2048, growth
-    # The upstream keep-alive pool may still reach a new high-water mark after the warm-up
-    # (bounded by the connections): a few descriptors, never a steady climb.
-    fds_settled, fds_end = growth["fds"]
-    assert fds_end <= fds_settled * 1.05 + 8, growth
+    # The upstream keep-alive pool may still reach a new high-water mark after the warm-up:
+    # each client connection has at most one request out, so each of the two gears' pools holds
+    # at most one connection per client, and the descriptors never pass the clients' and both
+    # pools' (a leak per request, tens of thousands of requests here, would pass it at once).
+    # Measured: 538 after warm-up and 592 at the end in one run, 578 and 586 in another.
+    first_sample = result["samples"][0]["fds"]
+    _fds_settled, fds_end = growth["fds"]
+    assert fds_end <= first_sample + 200 * 3 + 16, growth
     assert growth["threads"][1] <= growth["threads"][0], growth
