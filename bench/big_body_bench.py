@@ -30,8 +30,8 @@ import procs
 BIG_BYTES = 30 * 1024 * 1024
 SHAPES = {
     "one 30 MB prompt string": lambda: {"messages": [{"role": "user", "content": "x" * BIG_BYTES}]},
-    "250,000 small messages": lambda: {"messages": [{"role": "user", "content": "m" * 80}
-                                                    for _ in range(250_000)]},
+    "250,000 small messages": lambda: {
+        "messages": [{"role": "user", "content": "m" * 80}] * 250_000},
 }
 
 

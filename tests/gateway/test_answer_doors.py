@@ -133,7 +133,8 @@ def test_an_answer_that_names_another_request_is_never_relayed():
         if said == "first":
             stray.append(answer)
             return [answer]
-        return [*(stray.pop() for _ in range(len(stray))), json_answer(chat_answer(said))]
+        earlier, stray[:] = list(reversed(stray)), []
+        return [*earlier, json_answer(chat_answer(said))]
 
     with FakeGear(script) as gear, start_gateway({**wired_to(gear), **TIMEOUTS}) as gateway:
         assert content_of(ask(gateway, "first")) == "first"
@@ -240,8 +241,8 @@ def test_a_stream_that_stalls_after_its_first_events_is_cut_with_an_error_event(
     streamed = ask(gateway, "first", stream=True)
     assert streamed.text == "ab"
     assert streamed.errors and streamed.errors[-1]["code"] == "stream_stalled"
-    cut = Scrape.of(gateway.url).value("lobes_gateway_streams_cut_total", role="cortex",
-                                        reason="stalled")
+    cut = Scrape.of(gateway.url).value("lobes_gateway_streams_cut_total",
+                                       role="cortex", reason="stalled")
     assert cut == 1
     assert_each_caller_gets_its_own_answer(gateway, 2)
 
@@ -250,7 +251,7 @@ def test_a_stream_that_stalls_after_its_first_events_is_cut_with_an_error_event(
     ([b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"a\"",
       HANG], "length-larger-than-what-comes"),
     ([b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n",
-      *[step for _ in range(100) for step in (b" ", 0.25)]], "a-byte-every-quarter-second"),
+      *[b" ", 0.25] * 100], "a-byte-every-quarter-second"),
     ([b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
       b"\r\n4\r\n{\"a\"\r\n", HANG], "chunked-json-that-stops"),
 ], ids=lambda value: value if isinstance(value, str) else None)
@@ -282,7 +283,7 @@ def test_a_chunked_answer_too_large_to_hold_is_refused_not_buffered(box):
     gateway, gear = box
     piece = b"x" * (1 << 20)
     huge = [b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked"
-            b"\r\n\r\n", *[chunk(piece) for _ in range(100)], b"0\r\n\r\n"]
+            b"\r\n\r\n", *[chunk(piece)] * 100, b"0\r\n\r\n"]
     gear.script = once(lambda r: huge)
     peak_before = _peak_rss_kib(gateway.pid)
     reply = ask(gateway, "first")

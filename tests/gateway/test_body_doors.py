@@ -98,8 +98,8 @@ def test_a_byte_order_mark_never_reaches_the_gear_on_any_path(door, served):
     (BOX_KEY, -100, 0), (BOX_KEY, 7, 1), ("k-agents", -5, 1), ("k-person", -5, -1),
     ("k-person", 3, 1), ("k-agents", 0, 1),
 ])
-def test_the_body_priority_is_bounded_by_the_keys_class_as_the_header_is(door, key, priority,
-                                                                           sent):
+def test_the_body_priority_is_bounded_by_the_keys_class_as_the_header_is(
+        door, key, priority, sent):
     gateway, gear = door
     raw = b'{"model": "main", "priority": %d, ' % priority + message() + b"}"
     assert post(gateway, raw, key=key).status == 200

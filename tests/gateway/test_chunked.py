@@ -90,7 +90,7 @@ def test_a_huge_chunk_is_decoded_as_it_comes_without_holding_its_data():
     size = 8 * 1024 * 1024
     assert decoder.feed(b"%x\r\n" % size) == b""
     piece = b"x" * 65536
-    for _ in range(size // len(piece)):
+    for _piece_number in range(size // len(piece)):
         assert decoder.feed(piece) == piece  # each piece comes out at once, in one pass
     assert decoder.feed(b"\r\n0\r\n\r\n") == b"" and decoder.done and decoder.clean
 

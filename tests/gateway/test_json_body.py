@@ -128,8 +128,9 @@ def test_any_object_reads_back_as_itself_and_a_changed_model_changes_nothing_els
 @settings(max_examples=300, deadline=None)
 @given(first=_VALUES, second=_VALUES, key=_KEYS)
 def test_any_object_with_a_repeated_key_is_refused(first, second, key):
-    raw = b"{%s: %s, %s: %s}" % (json.dumps(key).encode(), json.dumps(first).encode(),
-                                json.dumps(key).encode(), json.dumps(second).encode())
+    name = json.dumps(key).encode()
+    raw = b"{%s: %s, %s: %s}" % (name, json.dumps(first).encode(),
+                                 name, json.dumps(second).encode())
     assert refused(raw).error.param == key
 
 

@@ -32,6 +32,8 @@ def chunk(*events: str) -> bytes:
 
 
 TOKEN = '{"choices":[{"index":0,"delta":{"content":"xy"},"finish_reason":null}]}'
+ENGINE_ERROR_EVENT = ('{"error":{"message":"EngineCore encountered an issue",'
+                      '"type":"InternalServerError","code":500}}')
 FINISH = '{"choices":[{"index":0,"delta":{"content":"z"},"finish_reason":"stop"}]}'
 USAGE = '{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":7,"total_tokens":16}}'
 
@@ -68,9 +70,8 @@ def test_several_events_in_one_chunk_keep_all_but_the_usage():
 
 @pytest.mark.parametrize("ending", [
     pytest.param([chunk(TOKEN), chunk("[DONE]")], id="done-after-a-content-event"),
-    pytest.param([chunk(TOKEN), chunk('{"error":{"message":"EngineCore encountered an issue",'
-                                      '"type":"InternalServerError","code":500}}'),
-                   chunk("[DONE]")], id="error-event-then-done"),
+    pytest.param([chunk(TOKEN), chunk(ENGINE_ERROR_EVENT), chunk("[DONE]")],
+                 id="error-event-then-done"),
 ])
 def test_an_engine_that_stops_ends_its_stream_cut_not_answered(ending):
     sink = Sink()

@@ -77,8 +77,8 @@ def test_extra_bytes_after_a_gears_answers_never_reach_another_caller_through_th
         answers, 200)
     assert {content: reply.json()["choices"][0]["message"]["content"]
             for content, reply in answers.items()} == {content: content for content in answers}
-    assert {reply.headers["x-lobes-proxied-by"] for reply in answers.values()} == {
-        back for back in front.env["PRIMARY_PEER_ORIGINS"].split(",")}
+    assert {reply.headers["x-lobes-proxied-by"] for reply in answers.values()} == set(
+        front.env["PRIMARY_PEER_ORIGINS"].split(","))
 
 
 def test_a_stream_that_would_freeze_its_gateway_ends_and_the_pool_goes_on(chain):

@@ -193,6 +193,7 @@ def test_a_peer_whose_answers_name_another_model_never_answers_a_caller(mesh):
     hostile.script = other_model
     wait_until(lambda: all(_selectable(r) for r in _rows(front).values()),
                message="both peers selectable (the bad one's adverts are honest)")
+
     def ask(index: int):
         return chat(front.url, {"model": "cortex", "max_tokens": 4, "messages": [
             {"role": "user", "content": f"ask-{index}"}]}, timeout=20)

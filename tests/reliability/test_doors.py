@@ -49,8 +49,8 @@ def test_a_request_hidden_in_a_body_never_passes_the_front_proxys_rules(path, fr
     assert binary is not None
     with FakeGear() as gear, start_gateway(wired_to(gear)) as gateway, \
             FrontProxy(binary, gateway.port) as front:
-        direct = raw_exchange(front.url, SMUGGLED.replace(b"Host: gw", b"Host: gw\r\n"
-                                                         b"Connection: close"))
+        plain = SMUGGLED.replace(b"Host: gw", b"Host: gw\r\nConnection: close")
+        direct = raw_exchange(front.url, plain)
         assert direct.startswith(b"HTTP/1.1 403 ")  # the rule holds for a plain request
         if framing == "length":
             carrier = (b"GET " + path + b" HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
@@ -61,8 +61,8 @@ def test_a_request_hidden_in_a_body_never_passes_the_front_proxys_rules(path, fr
                        % (len(SMUGGLED), SMUGGLED))
         for _attempt in range(3):  # over nginx's kept upstream connections
             raw_exchange(front.url, carrier)
-            raw_exchange(front.url, b"GET /health HTTP/1.1\r\nHost: gw\r\nConnection: close"
-                                   b"\r\n\r\n")
+            raw_exchange(front.url,
+                         b"GET /health HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
         assert gear.posts() == []
 
 
