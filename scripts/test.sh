@@ -1,8 +1,10 @@
 # The whole test job: lint, unit and integration tests, Ansible lint and sanity, then the
 # molecule scenarios on a real Docker engine that scripts/molecule.sh installs and starts.
-# Creates its own venv from the pinned requirements-dev.txt.
+# Creates its own venv from the pinned requirements-dev.txt and installs the Debian tools the
+# tests use (scripts/tools.sh), so a fresh machine runs everything CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/tools.sh
 . scripts/venv.sh requirements-dev.txt
 echo "== ruff"
 ruff check .

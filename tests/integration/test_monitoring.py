@@ -23,6 +23,7 @@ import pytest
 
 from tests.support.client import chat
 from tests.support.ports import free_block
+from tests.support.tools import not_installed
 from tests.support.wait import wait_until
 
 from .conftest import ROOT, supervisor
@@ -34,7 +35,7 @@ KEY = "monitoring-test-inbound-key"
 VARIABLES = {"$__rate_interval": "15s", "$box": ".*"}
 
 pytestmark = pytest.mark.skipif(not (shutil.which("promtool") and shutil.which("prometheus")),
-                                reason="Prometheus is not installed (apt-get install prometheus)")
+                                reason=not_installed("Prometheus", "prometheus"))
 
 
 class Monitored(LocalMesh):

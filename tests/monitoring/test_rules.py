@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.metrics import PROMTOOL_MISSING
+
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "roles" / "monitoring" / "files" / "lobes-fleet.rules.yml"
 RULES_TEST = Path(__file__).with_name("rules.test.yml")
@@ -19,7 +21,7 @@ DASHBOARD = ROOT / "roles" / "monitoring" / "files" / "lobes-fleet-dashboard.jso
 PROMTOOL = shutil.which("promtool")
 
 needs_promtool = pytest.mark.skipif(PROMTOOL is None,
-                                    reason="promtool is not installed (apt-get install prometheus)")
+                                    reason=PROMTOOL_MISSING)
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess:

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.client import call
+from tests.support.tools import not_installed
 
 PROMTOOL = shutil.which("promtool")
-PROMTOOL_MISSING = ("promtool is not installed (Debian: apt-get install prometheus; "
-                    "scripts/test.sh installs it)")
+PROMTOOL_MISSING = not_installed("promtool", "prometheus")
 
 
 @dataclass

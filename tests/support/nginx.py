@@ -11,9 +11,10 @@ import tempfile
 from pathlib import Path
 
 from tests.support.ports import free_port
+from tests.support.tools import not_installed
 from tests.support.wait import http_ok, wait_until
 
-NGINX_MISSING = ("nginx is not installed (Debian: apt-get install nginx; .ci/run installs it)")
+NGINX_MISSING = not_installed("nginx", "nginx")
 
 _CONF = """\
 {user}worker_processes 1;

@@ -12,6 +12,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.mesh_picture import me
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from ansible_collections.lobes.fleet.plugins.modules.mesh_status import box_line
 
+from tests.support.tools import not_installed
 from tests.unit.mesh import SPARK, THOR, seed_mesh
 
 
@@ -63,7 +64,7 @@ def test_a_box_that_does_not_answer_is_drawn_unreachable(plan):
     assert edges(dot)["orin", "spark", "senses: proxies"][1] == "red3"
 
 
-@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz missing (Debian's graphviz)")
+@pytest.mark.skipif(shutil.which("dot") is None, reason=not_installed("Graphviz", "graphviz"))
 def test_graphviz_draws_it(plan, tmp_path):
     (tmp_path / "mesh.dot").write_text(mesh_dot(plan, live_mesh()))
     drawn = subprocess.run(["dot", "-Tsvg", str(tmp_path / "mesh.dot")], capture_output=True,

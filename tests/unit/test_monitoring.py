@@ -13,6 +13,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils import monitoring
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from ansible_collections.lobes.fleet.plugins.modules import prometheus_config
 
+from tests.support.metrics import PROMTOOL_MISSING
 from tests.unit.mesh import seed_mesh
 from tests.unit.modules import run_module
 
@@ -124,7 +125,7 @@ def test_a_listen_address_without_a_port_is_refused() -> None:
 # ---------------------------------------------------------------- the module
 
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None,
-                                    reason="promtool is not installed (apt-get install prometheus)")
+                                    reason=PROMTOOL_MISSING)
 
 
 def _args(dest: Path, rules: str | None = None) -> dict:

@@ -16,6 +16,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.systemd import (
 )
 from ansible_collections.lobes.fleet.plugins.modules import systemd_units
 
+from tests.support.tools import not_installed
 from tests.unit.modules import run_module
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden" / "systemd"
@@ -105,7 +106,7 @@ def test_unknown_service_name_fails_naming_the_known_ones() -> None:
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None,
-                    reason="systemd-analyze missing (Debian package systemd)")
+                    reason=not_installed("systemd-analyze", "systemd"))
 def test_systemd_analyze_verifies_the_rendered_units(box: Path) -> None:
     units = render_units(_golden_document(), _layout(box))
     (box / "units").mkdir()
