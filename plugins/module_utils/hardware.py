@@ -31,6 +31,7 @@ class HardwareProfile:
     mtp_kernel: bool
     gear_image: str
     has_gpu: bool = True
+    simulates: str = ""  # the profile whose budget simulated gears are planned against
 
     @property
     def gear_budget_gib(self) -> float:
@@ -53,6 +54,7 @@ class HardwareProfile:
             "mtp_kernel": self.mtp_kernel,
             "gear_image": self.gear_image,
             "has_gpu": self.has_gpu,
+            "simulates": PROFILES[self.simulates].description if self.simulates else None,
         }
 
 
@@ -84,7 +86,7 @@ PROFILES: dict = {
             # local inventory that fits here fits a real one.
             name="sim", description="No GPU: lobes_sim gears standing in for a Spark",
             arch="none", memory_gib=128.0, usable_gib=121.7, headroom_gib=20.0,
-            mtp_kernel=True, gear_image="", has_gpu=False,
+            mtp_kernel=True, gear_image="", has_gpu=False, simulates="gb10",
         ),
     )
 }

@@ -54,12 +54,17 @@ def refusal(host: str, reading: MemoryReading, to_start: dict[str, float]) -> st
             "page cache first")
 
 
-def headroom(reading: MemoryReading, gears: list) -> str:
+def headroom(reading: MemoryReading, gears: list, stands_for: str | None = None) -> str:
     """One line for status and verify: free memory against the gears' shares (name, GiB,
-    running)."""
+    running). `stands_for` names the box simulated gears are budgeted for: their shares are
+    that box's figures and hold none of this machine's memory, which the line then says."""
     shares = sum(share for _name, share, _running in gears)
     listed = ", ".join(f"{name} {share:.1f} {'running' if running else 'stopped'}"
                        for name, share, running in gears) or "none"
-    return (f"{reading.available_gib:.1f} of {reading.total_gib:.1f} GiB available (page cache "
+    line = (f"{reading.available_gib:.1f} of {reading.total_gib:.1f} GiB available (page cache "
             f"{reading.page_cache_gib:.1f}, swap free {reading.swap_free_gib:.1f}); gears' "
             f"shares {shares:.1f} GiB: {listed}")
+    if stands_for:
+        line += (f" (simulated gears: the shares are budgeted for {stands_for} and hold none of "
+                 f"this machine's {reading.total_gib:.1f} GiB)")
+    return line

@@ -176,6 +176,14 @@ def _drop_caches(module, proc_root):
     return True
 
 
+def _stands_for(plan, gated):
+    """The box simulated gears are budgeted for, where they hold none of this one's memory."""
+    if gated:
+        return None
+    simulated = plan.get("hardware", {}).get("simulates")
+    return f"the {simulated} they stand in for" if simulated else None
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -202,7 +210,7 @@ def main():
     result = dict(
         changed=dropped, gated=gated, memory=reading.as_dict(), to_start=sorted(to_start),
         need_gib=round(sum(to_start.values()), 2), refusal=problem,
-        headroom=headroom(reading, [gear[:3] for gear in gears]),
+        headroom=headroom(reading, [gear[:3] for gear in gears], _stands_for(plan, gated)),
         gears=[dict(name=name, share_gib=share, running=running)
                for name, share, running, _real in gears],
     )

@@ -66,7 +66,8 @@ plan:
   description:
     - The mesh plan. C(boxes) maps each inventory hostname to its box plan.
     - "A box plan has: C(host); C(hardware) (name, arch, memory_gib, usable_gib, headroom_gib,
-      mtp_kernel, gear_image, has_gpu); C(runtime) (compose or process); C(origin);
+      mtp_kernel, gear_image, has_gpu, simulates: the hardware simulated gears are budgeted
+      for, or null); C(runtime) (compose or process); C(origin);
       C(proc_root) (a fake /proc the box's simulated gears hold memory in, or null);
       C(gateway) (host, port, auth, fleet_key, default_model, aliases, force_strict_tools,
       tuning, client_keys (name, class, inflight_limit; never the key));

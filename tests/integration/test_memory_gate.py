@@ -93,6 +93,17 @@ def test_a_box_without_a_gpu_on_the_real_proc_is_not_gated(tmp_path):
                                 "fleet_roles": {"cortex": {}}}})["boxes"]["local"]
     result = gate(plan, tmp_path)
     assert result.get("failed") is not True and result["gated"] is False
+    # The shares are the Spark's budget, not this machine's memory: the line says so.
+    assert result["headroom"].endswith(
+        "(simulated gears: the shares are budgeted for the NVIDIA DGX Spark (GB10, 128 GB "
+        f"unified) they stand in for and hold none of this machine's "
+        f"{result['memory']['total_gib']:.1f} GiB)"), result["headroom"]
+
+
+def test_a_box_with_a_gpu_says_nothing_of_simulated_gears(box):
+    proc, plan, deploy = box
+    write_meminfo(proc, 100.0)
+    assert "simulated" not in gate(plan, deploy)["headroom"]
 
 
 def test_a_cpu_engine_gear_is_gated_against_the_real_proc_of_a_box_without_a_gpu(tmp_path):

@@ -44,3 +44,11 @@ def test_headroom_names_each_gear_its_share_and_whether_it_runs():
                                              ("vllm-senses", 17.92, False)])
     assert line == ("50.0 of 120.0 GiB available (page cache 31.0, swap free 15.0); gears' "
                     "shares 56.3 GiB: vllm-cortex 38.4 running, vllm-senses 17.9 stopped")
+
+
+def test_headroom_of_simulated_gears_says_whose_budget_the_shares_are():
+    line = headroom(parse_meminfo(MEMINFO), [("sim-cortex", 71.7, True)],
+                    "the NVIDIA DGX Spark (GB10, 128 GB unified) they stand in for")
+    assert line.endswith("gears' shares 71.7 GiB: sim-cortex 71.7 running (simulated gears: the "
+                         "shares are budgeted for the NVIDIA DGX Spark (GB10, 128 GB unified) "
+                         "they stand in for and hold none of this machine's 120.0 GiB)")
