@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from tests.support.client import call, chat
 from tests.support.gateway_proc import start_gateway
 from tests.support.metrics import PROMTOOL, PROMTOOL_MISSING, Scrape
-from tests.support.promql import KEYWORDS, metric_names
+from tests.support.promql import KEYWORDS, label_names, metric_names
 from tests.support.sim_proc import start_sim
 from tests.support.wait import wait_until
 
@@ -39,6 +39,9 @@ SERVED = "served-cortex"
 # Series Prometheus itself adds to every target it scrapes, beside what the target exports.
 PROMETHEUS_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped",
                                "scrape_samples_post_metric_relabeling", "scrape_series_added"})
+# The labels the monitoring role's scrape configuration gives each target's series.
+GATEWAY_TARGET_LABELS = frozenset({"job", "instance", "box"})
+GEAR_TARGET_LABELS = GATEWAY_TARGET_LABELS | {"role"}
 SDK_MODULE = "grafana_foundation_sdk."
 
 plugins.register_default_plugins()
@@ -261,28 +264,73 @@ def scrapes(mesh_box) -> dict[str, Scrape]:
 @pytest.fixture(scope="module")
 def exported(scrapes) -> set[str]:
     """Every series name Prometheus holds of a box: its scrapes' and its own per target."""
-    return {name for scrape in scrapes.values() for name, _, _ in scrape.samples} \
+    return {sample[0] for scrape in scrapes.values() for sample in scrape.samples} \
         | PROMETHEUS_SERIES
+
+
+@pytest.fixture(scope="module")
+def labelled(scrapes) -> dict[str, set[str]]:
+    """Per series name, the label names Prometheus holds it with: exported and the target's."""
+    labels: dict[str, set[str]] = {name: set(GEAR_TARGET_LABELS) for name in PROMETHEUS_SERIES}
+    for source, scrape in scrapes.items():
+        target = GATEWAY_TARGET_LABELS if source == "gateway" else GEAR_TARGET_LABELS
+        for name, exported_labels, _value in scrape.samples:
+            labels.setdefault(name, set(target)).update(exported_labels)
+    return labels
+
+
+def unknown_labels(queries: list[tuple[str, str]],
+                   labelled: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Per query, the label names it matches or groups on that its series do not carry."""
+    unknown = {}
+    for where, expr in queries:
+        matched, grouped = label_names(expr)
+        carried = set().union(*(labelled.get(name, set()) for name in metric_names(expr)))
+        missing = {f"{name}{{{label}}}" for name, labels in matched.items()
+                   for label in labels - labelled.get(name, set())}
+        missing |= {f"by {label}" for label in grouped - carried}
+        if missing:
+            unknown[where] = missing
+    return unknown
 
 
 def test_the_scrapes_hold_gateway_and_gear_series(scrapes, exported):
     assert "lobes_gateway_upstream_failovers_total" in exported
     assert "lobes_gateway_pool_replica_ready" in exported
     assert {"vllm:num_requests_running", "vllm:num_requests_waiting"} <= \
-        {name for name, _, _ in scrapes["cortex"].samples}
+        {sample[0] for sample in scrapes["cortex"].samples}
     if PROMTOOL is None:
         pytest.skip(PROMTOOL_MISSING)
     assert scrapes["gateway"].promtool_problems() == ""
 
 
 def test_every_dashboard_query_selects_exported_metrics(board, exported):
-    _, recorded = rule_queries()
+    recorded = rule_queries()[1]
     assert unknown_metrics(dashboard_queries(board), exported | recorded) == {}
 
 
 def test_every_rule_selects_exported_metrics(exported):
     queries, recorded = rule_queries()
     assert unknown_metrics(queries, exported | recorded) == {}
+
+
+def test_every_dashboard_query_matches_and_groups_on_labels_its_series_carry(board, labelled):
+    assert unknown_labels(dashboard_queries(board), labelled) == {}
+
+
+def test_every_rule_matches_and_groups_on_labels_its_series_carry(labelled):
+    queries = rule_queries()[0]
+    assert unknown_labels(queries, labelled) == {}
+
+
+def test_a_dashboard_with_a_renamed_label_is_refused(board, labelled):
+    renamed = json.loads(DASHBOARD.read_text().replace('outcome=\\"answered\\"',
+                                                       'result=\\"answered\\"')
+                         .replace("route_reason)", "reason_of_route)"))
+    assert unknown_labels(dashboard_queries(renamed), labelled) == {
+        "panel 'Placement split: answers by target' A":
+            {"lobes_gateway_upstream_attempts_total{result}"},
+        "panel 'Placement split: requests by role and route reason' A": {"by reason_of_route"}}
 
 
 def test_a_dashboard_with_a_renamed_metric_is_refused(board, exported):
@@ -314,7 +362,7 @@ def test_prometheus_parses_every_dashboard_query(board, tmp_path):
     queries = dashboard_queries(board)
     rules = {"groups": [{"name": "dashboard", "rules": [
         {"record": f"dashboard:query_{index}", "expr": as_prometheus(query)}
-        for index, (_, query) in enumerate(queries)]}]}
+        for index, (_where, query) in enumerate(queries)]}]}
     path = tmp_path / "dashboard.rules.yml"
     path.write_text(yaml.safe_dump(rules))
     done = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True,
@@ -370,6 +418,6 @@ def selectors(draw) -> tuple[str, str]:
        st.sampled_from([" + ", " / on(box) ", " and ", " unless ignoring(x) ", " > bool "]))
 def test_the_extractor_finds_exactly_the_selected_metrics(picked, labels, aggregation,
                                                             grouping, operator):
-    parts = [f"{aggregation} {grouping} ({', '.join(labels)}) ({text})" for text, _ in picked]
+    parts = [f"{aggregation} {grouping} ({', '.join(labels)}) ({text})" for text, _name in picked]
     expr = operator.join(parts)
-    assert metric_names(expr) == {name for _, name in picked}
+    assert metric_names(expr) == {name for _text, name in picked}

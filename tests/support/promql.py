@@ -27,13 +27,19 @@ _VARIABLE = re.compile(r"\$\{[^}]*\}|\$\w+|\[\[\w+\]\]")
 _TOKEN = re.compile(r"\d[\w.]*|[A-Za-z_:][\w:]*(?=(\s*\()?)")
 _NAME_MATCHER = re.compile(r'__name__\s*=\s*"((?:[^"\\]|\\.)*)"')
 _LABEL_VALUES = re.compile(r"^\s*label_values\((.*),\s*\w+\s*\)\s*$", re.DOTALL)
+_SELECTOR = re.compile(r"(?<![\w:])([A-Za-z_:][\w:]*)?\s*\{([^{}]*)\}")
+_MATCHER_LABEL = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)")
+
+
+def _promql(expr: str) -> str:
+    """The PromQL of a Grafana query: label_values(selector, label) is its selector."""
+    query = _LABEL_VALUES.match(expr)
+    return query.group(1) if query else expr
 
 
 def metric_names(expr: str) -> set[str]:
     """Every metric name `expr` selects (a Grafana label_values(selector, label) query too)."""
-    query = _LABEL_VALUES.match(expr)
-    if query:
-        expr = query.group(1)
+    expr = _promql(expr)
     names = set(_NAME_MATCHER.findall(expr))
     blanked = _STRING.sub('""', expr)
     blanked = _VARIABLE.sub(" ", blanked)
@@ -47,3 +53,18 @@ def metric_names(expr: str) -> set[str]:
         names.add(token)
     return names
 
+
+
+def label_names(expr: str) -> tuple[dict[str, set[str]], set[str]]:
+    """The label names `expr` matches on, per metric name, and those it groups or joins by."""
+    blanked = _VARIABLE.sub(" ", _STRING.sub('""', _promql(expr)))
+    matched: dict[str, set[str]] = {}
+    for name, body in _SELECTOR.findall(blanked):
+        labels = set(_MATCHER_LABEL.findall(body)) - {"__name__"}
+        if name and name.lower() not in KEYWORDS:
+            matched.setdefault(name, set()).update(labels)
+    grouped = set()
+    for match in _GROUP_LIST.finditer(_MATCHERS.sub(" ", blanked)):
+        inside = match.group(0)[match.group(0).index("(") + 1:-1]
+        grouped.update(label.strip() for label in inside.split(",") if label.strip())
+    return matched, grouped
