@@ -228,6 +228,9 @@ def mesh_box():
 
 def drive_traffic(gateway, gears) -> None:
     """What makes lazily created series appear: chats, a stream, an embedding, a failover."""
+    wait_until(lambda: Scrape.of(gateway.url).value("lobes_gateway_pool_replica_ready",
+                                                    role="cortex") == 2,
+               message="both cortex replicas probed ready")
     assert chat(gateway.url, {"model": "main"}).status == 200
     stream = chat(gateway.url, {"model": "main", "stream": True,
                                 "stream_options": {"include_usage": True}})
@@ -416,8 +419,8 @@ def selectors(draw) -> tuple[str, str]:
        st.sampled_from(["sum", "max", "count", "avg"]),
        st.sampled_from(["by", "without"]),
        st.sampled_from([" + ", " / on(box) ", " and ", " unless ignoring(x) ", " > bool "]))
-def test_the_extractor_finds_exactly_the_selected_metrics(picked, labels, aggregation,
-                                                            grouping, operator):
+def test_the_extractor_finds_exactly_the_selected_metrics(
+        picked, labels, aggregation, grouping, operator):
     parts = [f"{aggregation} {grouping} ({', '.join(labels)}) ({text})" for text, _name in picked]
     expr = operator.join(parts)
     assert metric_names(expr) == {name for _text, name in picked}

@@ -54,7 +54,6 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
-
 def label_names(expr: str) -> tuple[dict[str, set[str]], set[str]]:
     """The label names `expr` matches on, per metric name, and those it groups or joins by."""
     blanked = _VARIABLE.sub(" ", _STRING.sub('""', _promql(expr)))
