@@ -32,10 +32,14 @@ class Scrape:
     def of(cls, url: str) -> Scrape:
         reply = call(url, "GET", "/metrics")
         assert reply.status == 200, reply.body
-        text = reply.body.decode()
+        return cls.from_text(reply.body.decode(), reply.headers["content-type"])
+
+    @classmethod
+    def from_text(cls, text: str, content_type: str) -> Scrape:
+        """One scrape's exposition text, parsed (a gear's /metrics as its gateway relays it)."""
         samples = [(s.name, dict(s.labels), s.value)
                    for family in text_string_to_metric_families(text) for s in family.samples]
-        return cls(text, samples, reply.headers["content-type"])
+        return cls(text, samples, content_type)
 
     def value(self, name: str, **labels: str) -> float:
         """The sum of `name`'s samples whose labels include `labels` (0 when none)."""
