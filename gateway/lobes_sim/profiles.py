@@ -68,8 +68,9 @@ class Profile:
                        prefill_s_per_token=self.prefill_s_per_token * scale)
 
 
-# Seed 000: Spark serves cortex at 48.9 tok/s single stream (154 tok in 3.149 s) and two
-# streams at ~44 tok/s each (155 tok in ~3.5 s), so a 2-slot box makes ~88 tok/s aggregate.
+# Measured in an acceptance run: Spark serves cortex at 48.9 tok/s single stream (154 tok in
+# 3.149 s) and two streams at ~44 tok/s each (155 tok in ~3.5 s), so a 2-slot box makes
+# ~88 tok/s aggregate.
 # Prefill: 0.37 ms per token puts a 4,096-token uncached prompt at 1.58 s, the 2,575 prefill
 # tok/s published for a 27B NVFP4 checkpoint on vLLM on one GB10 (docs/simulator.md).
 SPARK_CORTEX = Profile(
@@ -87,8 +88,8 @@ SPARK_CORTEX = Profile(
     quantization="modelopt_fp4",
 )
 
-# Seed 000: Thor serves the same checkpoint at 11.0 tok/s single stream (155 tok in 14.1 s)
-# and holds ~11 tok/s per stream with two running (155 tok in 14.0-14.4 s).
+# Measured in the same run: Thor serves the same checkpoint at 11.0 tok/s single stream (155
+# tok in 14.1 s) and holds ~11 tok/s per stream with two running (155 tok in 14.0-14.4 s).
 THOR_CORTEX = Profile(
     name="thor-cortex",
     task=GENERATE,

@@ -16,7 +16,7 @@ from .state import ClientGone, SimState
 from .views import metrics_text, models_listing
 
 LISTEN_BACKLOG = 4096
-# The engine build the fleet's gears pin (seed 004: one nightly digest, fleet-wide).
+# The engine build the fleet's gears pin (one nightly digest, fleet-wide).
 VLLM_VERSION = "0.23.1rc1.dev672"
 log = logging.getLogger("lobes_sim")
 

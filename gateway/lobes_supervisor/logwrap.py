@@ -2,8 +2,9 @@
 
 Runs COMMAND with its output copied to stdout (docker logs) and appended to LOG, a file on a
 host volume, so a gear's or the gateway's output, crash traces included, outlives the container
-(seed 004's durable logs). Each start and exit is marked in LOG, so boots stay apart; the log
-rotates like the supervisor's. Signals are passed on, and the exit status is the command's.
+(what a crashed service printed is kept). Each start and exit is marked in LOG, so boots stay
+apart; the log rotates like the supervisor's. Signals are passed on, and the exit status is
+the command's.
 """
 
 from __future__ import annotations

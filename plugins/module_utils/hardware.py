@@ -1,7 +1,7 @@
 """Hardware profiles: what a box of each group can hold and run.
 
 vLLM's --gpu-memory-utilization is a fraction of the device's total memory, taken by each
-gear independently (seed 004 "Memory"), so a box's budget is the sum of its gears' fractions
+gear independently (vLLM documents it so), so a box's budget is the sum of its gears' fractions
 times that total, plus a headroom for the OS and co-resident services, against the memory
 the box can actually give to GPU work.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The vLLM nightly every default gear runs on the Spark (seed 004 "Engine").
+# The vLLM nightly every default gear runs on the Spark: one digest, fleet-wide.
 VLLM_NIGHTLY = (
     "vllm/vllm-openai@sha256:7c5a10e9a8b3c8642f4d0463a41215176c0dd834b4f0967287c7e3e517cf1be9"
 )
@@ -62,8 +62,8 @@ PROFILES: dict = {
     profile.name: profile
     for profile in (
         HardwareProfile(
-            # Seed 004: "128 GB unified", "the 121.7 GiB unified pool"; the util table's
-            # GiB column is util x 128. Headroom: a shared Spark carried 12-20 GiB of other
+            # 128 GB unified, of which 121.7 GiB is the pool CUDA reports; a gear's GiB
+            # is its utilization x 128. Headroom: a shared Spark carried 12-20 GiB of other
             # services in the seed's validation run.
             name="gb10", description="NVIDIA DGX Spark (GB10, 128 GB unified)", arch="sm_121",
             memory_gib=128.0, usable_gib=121.7, headroom_gib=20.0, mtp_kernel=True,
@@ -76,7 +76,7 @@ PROFILES: dict = {
             gear_image=VLLM_JETSON,
         ),
         HardwareProfile(
-            # Seed 000: "no sm_110 kernel image for this checkpoint's MTP variant".
+            # The checkpoint's MTP variant has no sm_110 kernel image: no MTP here.
             name="thor", description="NVIDIA Jetson AGX Thor 128 GB", arch="sm_110",
             memory_gib=128.0, usable_gib=122.0, headroom_gib=16.0, mtp_kernel=False,
             gear_image=VLLM_JETSON,

@@ -274,7 +274,8 @@ def _default_sim_profile(box: BoxDecl, role: str) -> str:
 # ---------------------------------------------------------------- mesh checks
 
 def budget(box: BoxDecl, local: dict) -> dict:
-    """Seed 004 "Memory": sum of the gears' utilization fractions against usable memory."""
+    """The sum of the gears' utilization fractions, each of the whole memory, against the
+    usable memory less the headroom."""
     hardware = box_hardware(box)
     gears = {role: gear["gpu_memory_utilization"] for role, gear in local.items()
              if "gpu_memory_utilization" in gear}

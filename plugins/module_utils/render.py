@@ -384,7 +384,7 @@ def _vllm_service(plan: dict, role: dict) -> dict:
         "healthcheck": {
             "test": ["CMD", "curl", "-fsS", f"http://127.0.0.1:{GEAR_PORT}/health"],
             "interval": "30s", "timeout": "5s", "retries": 3,
-            # Seed 004: a 27B gear takes about 7 minutes from start to /health.
+            # A 27B gear takes about 7 minutes from start to /health on a Spark.
             "start_period": "15m",
         },
     }

@@ -90,8 +90,8 @@ class Service:
     pidfile: str = ""
     log: str = ""
     watch: tuple[str, ...] = ()
-    # Start order on unified-memory boxes (issue 15): the services that must be healthy before
-    # this one starts, and the URL that says this one is (its start-up peak is over).
+    # Start order on unified-memory boxes, one start-up peak at a time: the services that must
+    # be healthy before this one starts, and the URL that says this one is (its peak is over).
     after: tuple[str, ...] = ()
     health: str = ""
     health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S

@@ -40,7 +40,7 @@ options:
     type: list
     elements: str
 notes:
-  - The budget rule is seed 004's. The sum of a box's C(--gpu-memory-utilization) fractions
+  - The budget rule. The sum of a box's C(--gpu-memory-utilization) fractions
     times the device memory, plus the hardware headroom, must fit the usable memory.
 """
 

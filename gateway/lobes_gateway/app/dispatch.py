@@ -12,8 +12,8 @@ Rules for moving on to the next attempt:
   LOCAL    a transport error, or a 5xx when another local target follows (primary, fallback)
   LAST     a transport error only: the last local target's 5xx is the answer
   PEER     the one proxied peer: a transport error or a 5xx other than 508 means the peer is
-           down; its 404 role_infeasible is a decline, terminal (seed 004)
-  OWNER    owners (seed 003): a transport error, a 5xx or a 401/403/404; any other status is
+           down; its 404 role_infeasible is a decline, terminal (it named no box)
+  OWNER    owners: a transport error, a 5xx or a 401/403/404; any other status is
            the owner's own answer
   REPLICA  pool replicas: as OWNER, and a 429 (the replica's box sheds the tier, or the key is
            at its limit there): the request never started, another replica may take it
@@ -559,7 +559,7 @@ class Dispatcher:
         """Place on a selectable replica (`placed`: where admission placed it, pricing
         `shape`), then the next untried one after each failure."""
         role = self._peers.pooled[route.role]
-        # Placed here by a pooling box, or forwarded here by an entry box (seed 003): either
+        # Placed here by a pooling box, or forwarded here by an entry box: either
         # way answered here, never placed on another replica.
         arrived = req.headers.get("x-lobes-proxied") or req.headers.get("x-lobes-forwarded-by")
         if arrived is not None:
@@ -666,7 +666,7 @@ class Dispatcher:
         yield from self.plan(req, route.fall_through, requested_tier, payload, [], placement)
 
     def _owners(self, req: Request, route: OwnerRoute, payload: dict | None) -> Plan:
-        """Seed 003: the owners in routing order under the fleet key; a marked arrival is
+        """The owners in routing order under the fleet key; a marked arrival is
         answered where it lands (the route's refusal here), never forwarded again."""
         if any(marker in req.headers for marker in _MARKERS):
             yield Answer(route.refusal.error)

@@ -1,7 +1,7 @@
 """The context window each local backend really serves, read from its own /v1/models.
 
 P_MAX_MODEL_LEN is a mirror of what the box was configured to start with; the backend may
-serve another window (seed 000: a 1048576 mirror in front of a 262144 backend). What this
+serve another window (a 1048576 mirror has been seen in front of a 262144 backend). What this
 gateway advertises (/capabilities context, /v1/models max_model_len) comes from here, so
 pooling peers build their fingerprints from the window that is actually served. Probed in
 the background, never on the request path; null until the backend has answered once.

@@ -95,7 +95,7 @@ class PoolRoute:
 
 @dataclass(frozen=True)
 class OwnerRoute:
-    """Forward to the owners of a model in routing order (P_ROUTE=owners, seed 003)."""
+    """Forward to the owners of a model in routing order (P_ROUTE=owners)."""
 
     role: str
     owners: tuple[str, ...]
