@@ -210,7 +210,8 @@ def main():
     result = dict(
         changed=dropped, gated=gated, memory=reading.as_dict(), to_start=sorted(to_start),
         need_gib=round(sum(to_start.values()), 2), refusal=problem,
-        headroom=headroom(reading, [gear[:3] for gear in gears], _stands_for(plan, gated)),
+        headroom=headroom(reading, [gear[:3] for gear in gears],
+                          _stands_for(plan, gated) if gears else None),
         gears=[dict(name=name, share_gib=share, running=running)
                for name, share, running, _real in gears],
     )
