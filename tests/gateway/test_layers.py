@@ -57,3 +57,41 @@ def test_the_gateway_imports_only_the_standard_library_itself_and_the_contract(p
     allowed = set(sys.stdlib_module_names) | {"__future__", "lobes_gateway", "lobes_contract"}
     foreign = [module for module, _line in _imported(path) if module.split(".")[0] not in allowed]
     assert foreign == []
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(["lobes_gateway", *path.relative_to(PACKAGE).with_suffix("").parts])
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (type-only imports too: a circle through
+    them still ties two modules into one)."""
+    names = {_module_name(path) for path in MODULES}
+    return {_module_name(path): {module for module, _line in _imported(path) if module in names}
+            for path in MODULES}
+
+
+def _circle_through(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """A path of imports from `start` back to itself, or None."""
+    stack, seen = [(start, [start])], set()
+    while stack:
+        module, path = stack.pop()
+        for imported in graph[module]:
+            if imported == start:
+                return [*path, start]
+            if imported not in seen:
+                seen.add(imported)
+                stack.append((imported, [*path, imported]))
+    return None
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+    graph = _import_graph()
+    circles = [circle for module in sorted(graph) if (circle := _circle_through(graph, module))]
+    assert circles == []
+
+
+def test_the_circle_finder_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _circle_through(graph, "a") == ["a", "b", "c", "a"]
+    assert _circle_through(graph, "d") is None

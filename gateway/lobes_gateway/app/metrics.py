@@ -91,7 +91,7 @@ class Metrics:
         self.failovers: defaultdict[tuple[str, str], int] = defaultdict(int)
         # Pooled streams that broke off, by role and how (app/resume.py RESUMED and others).
         self.resumes: defaultdict[tuple[str, str], int] = defaultdict(int)
-        # Streams relayed whole to no end of their own: by role and why (app/relay.py BROKEN,
+        # Streams relayed whole to no end of their own: by role and why (app/framing.py BROKEN,
         # STALLED).
         self.streams_cut: defaultdict[tuple[str, str], int] = defaultdict(int)
         # Origins whose connections stopped being pooled (bytes nobody asked for), by origin:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections import Counter
@@ -15,7 +14,7 @@ from ..policy.tokens import reported_prompt_tokens
 from ..transport import errors
 from ..transport.channel import Channel
 from ..transport.chunked import ChunkDecoder, scan_chunks, unfinished_chunk
-from ..transport.http import error_bytes, status_line
+from ..transport.http import error_bytes
 from ..transport.upstream import (
     BodyReader,
     BodyTimeouts,
@@ -25,10 +24,11 @@ from ..transport.upstream import (
     finish,
     read_body,
 )
+from .framing import BROKEN, STALLED, head_bytes, interrupted_event, is_event_stream
 from .meter import StreamMeter, completion_tokens
 from .stream_pipe import HIGH_WATER, StreamPipe
 
-if TYPE_CHECKING:  # resume.py relays through this module's helpers
+if TYPE_CHECKING:
     from .resume import StreamResume
 
 _BODY_IN_ONE_READ = 256 * 1024
@@ -40,25 +40,6 @@ _STREAM_END = b"0\r\n\r\n"
 # A chunk up to this size that arrives in pieces is held and passed on whole, as it came; a
 # larger one is passed on as its pieces come, framed anew.
 _HELD_CHUNK = 64 * 1024
-_CLOSE = b"Connection: close"
-# Why a stream ended without its own end (lobes_gateway_streams_cut_total{reason}): its backend
-# broke it off (closed, reset, or broke its framing), or sent nothing for GATEWAY_STREAM_STALL_S.
-BROKEN, STALLED = "broken", "stalled"
-_CUT_MESSAGES = {
-    BROKEN: ("stream_interrupted", "the backend broke the stream off mid-response; retry the "
-                                   "request"),
-    STALLED: ("stream_stalled", "the backend sent nothing for GATEWAY_STREAM_STALL_S seconds "
-                                "mid-response and was cut off; retry the request"),
-}
-
-
-def interrupted_event(reason: str = BROKEN) -> bytes:
-    """The SSE event that ends a stream its backend broke off (or stalled)."""
-    code, message = _CUT_MESSAGES[reason]
-    error = {"message": message, "type": "upstream_unavailable", "param": None, "code": code}
-    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
-
-
 class Outcome:
     """The answer a dispatch ended in, relayed by the connection's top frame.
 
@@ -208,12 +189,6 @@ async def _relay_metered_stream(connections: Connections, outcome: Outcome, clie
     return kept
 
 
-def head_bytes(response: Response, extra: list[bytes], framing: bytes, keep_alive: bool) -> bytes:
-    """Status line, upstream headers minus hop-by-hop ones, the gateway's headers, framing."""
-    lines = [*extra, framing, b"\r\n"] if keep_alive else [*extra, framing, _CLOSE, b"\r\n"]
-    return status_line(response.status) + response.relayed + b"\r\n".join(lines)
-
-
 async def pass_through(connections: Connections, outcome: Outcome, client: Channel,
                        keep_alive: bool, meter: Outcome | None = None) -> bool:
     """Relay the outcome's response to `client` as it comes; returns whether the client
@@ -244,10 +219,6 @@ async def pass_through(connections: Connections, outcome: Outcome, client: Chann
     if meter is not None:
         meter.learn(completion_tokens(body), body)
     return _write_read(response, body, extra, client, keep_alive)
-
-
-def is_event_stream(response: Response) -> bool:
-    return response.headers.get(b"content-type", b"").startswith(b"text/event-stream")
 
 
 async def _relay_large(connections: Connections, response: Response, client: Channel,

@@ -56,8 +56,8 @@ from ..transport.upstream import (
     finish,
     request_head,
 )
+from .framing import head_bytes, interrupted_event, is_event_stream
 from .meter import ABORTED
-from .relay import head_bytes, interrupted_event, is_event_stream
 from .stream_pipe import StreamPipe
 
 # How a broken-off stream ended, as lobes_gateway_stream_resumes_total counts it.

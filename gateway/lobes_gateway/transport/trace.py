@@ -12,8 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-
-from .http import Request
+from typing import Protocol
 
 # A caller's X-Request-Id is kept only when it is short and made of these characters.
 _SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -22,6 +21,16 @@ _CONTINUE = 100
 # Nothing was answered: the client left, or the connection broke first (nginx's convention).
 CLIENT_CLOSED = 499
 UNROUTED = "none"
+
+
+class NamedRequest(Protocol):
+    """What a trace reads of a request to name it (transport/http.py's Request), so the
+    request's module may hold its trace without the two importing each other."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    request_id: str | None
 
 
 class Trace:
@@ -50,7 +59,7 @@ class Trace:
         self.started = self.ended = started
         self.request_id = request_id
 
-    def identify(self, req: Request, lane: str) -> None:
+    def identify(self, req: NamedRequest, lane: str) -> None:
         """Name the request: method, path, lane, and its id: the caller's when it is short and
         safe, else this trace's own, which is then what every upstream hop is sent."""
         self.method, self.path, self.lane = req.method, req.path[:256], lane
