@@ -123,9 +123,9 @@ class Scenario:
     # files): 0 for none. Only the replica that served the session holds it.
     own_context_chars: int = 0
     # Reference rows: (--pair name, sessions placed whole on the second replica); see
-    # STATIC_SPLIT. The seed pair's counts come from a sweep over 2-6 (docs/benchmarks.md): the
-    # best time to first token at no loss of throughput, and for tool outputs also the best
-    # time to first token at any throughput.
+    # STATIC_SPLIT. The seed pair's counts come from a sweep over 2-6
+    # (changelogs/benchmark-runs.md): the best time to first token at no loss of throughput,
+    # and for tool outputs also the best time to first token at any throughput.
     static_splits: tuple[tuple[str, int], ...] = ()
 
     def session_count(self, args: argparse.Namespace) -> int:

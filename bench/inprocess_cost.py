@@ -1,14 +1,15 @@
 """The gateway's own work per request, without sockets: the real Gateway, in-memory transports.
 
-The socket benchmark's CPU per request moves 15-30% with the host (docs/benchmarks.md), more
-than most single cuts to the hot path save. This harness takes the kernel, the event loop and
-the host out: a client Channel is handed each request's bytes by a call, and the upstream's
-answer (fast_backend's) is handed to the upstream Channel once the gateway waits for it, so a
-request is the gateway's Python from head to answer, its two waits resumed as on a socket. It
-prints the process CPU per request over --requests (after --warmup), the median of --rounds,
-and with --valgrind also the instructions per request under cachegrind: the difference between
-two runs of different lengths over the difference in requests, so start-up drops out.
-Instructions are the stable measure of a change; the microseconds are this host's.
+The socket benchmark's CPU per request moves 15-30% with the host
+(changelogs/benchmark-runs.md), more than most single cuts to the hot path save. This harness
+takes the kernel, the event loop and the host out: a client Channel is handed each request's
+bytes by a call, and the upstream's answer (fast_backend's) is handed to the upstream Channel
+once the gateway waits for it, so a request is the gateway's Python from head to answer, its
+two waits resumed as on a socket. It prints the process CPU per request over --requests (after
+--warmup), the median of --rounds, and with --valgrind also the instructions per request under
+cachegrind: the difference between two runs of different lengths over the difference in
+requests, so start-up drops out. Instructions are the stable measure of a change; the
+microseconds are this host's.
 
     python3 bench/inprocess_cost.py                  # CPU per request, access log off
     python3 bench/inprocess_cost.py --access-log     # with the JSON access log on (a file)

@@ -212,7 +212,7 @@ def test_a_request_queued_behind_loose_budgets_teaches_the_replica_its_true_rate
     # One slot; every request asks max_tokens 4,096 and answers 155 tokens in 3.2 s. Priced
     # at its budget, the request ahead looked 84 s long, so the second request's 6.3 s looked
     # all wait and taught a decode rate twice the true one: the fast replica looked faster
-    # still, and seed 000's Thor was left idle (docs/benchmarks.md, loose max_tokens).
+    # still, and seed 000's Thor was left idle (changelogs/benchmark-runs.md, mixed request sizes).
     clock = Clock()
     p = placer(priors={A: 48.9, B: 11.0}, clock=clock)
     answer_s = 155 / 48.9

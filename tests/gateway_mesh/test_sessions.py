@@ -61,7 +61,7 @@ def test_sessions_joined_by_their_cost_split_seed_000s_pair_as_the_measured_swee
     # Tool-output turns (2,000 new tokens, 64-token answers, 10 s tool calls) on seed 000's
     # Spark (prefill 2,575 tok/s, 48.9 tok/s a stream) and Thor (1,000, 11.0), two slots
     # each. Static splits measured 12.05 s p50 with none on the Thor, 5.97 s with four at
-    # 1.24x the throughput, 5.14 s with five at 0.95x (docs/benchmarks.md).
+    # 1.24x the throughput, 5.14 s with five at 0.95x (changelogs/benchmark-runs.md).
     def turn(prefill_rate: float, rate: float) -> TurnCost:
         decode_s = 64 / rate
         return TurnCost(2000 / prefill_rate + decode_s / 2, decode_s / 2)
