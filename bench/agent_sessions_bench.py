@@ -118,7 +118,7 @@ class Scenario:
     turn_chars: int  # the user message of each turn (the question, or a tool's output)
     think_s: float  # seed seconds between an answer and the next turn
     policies: tuple[str, ...]
-    sessions: int | None = None  # None: --sessions (issue 13's 16)
+    sessions: int | None = None  # None: --sessions (16 unless told)
     # Characters of the session's own context after the shared system prompt (a coding agent's
     # files): 0 for none. Only the replica that served the session holds it.
     own_context_chars: int = 0
@@ -140,20 +140,20 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario("issue 13's example: ~220-token turns, 2 s tool calls", 920, 2.0,
+    Scenario("the goal's example: ~220-token turns, 2 s tool calls", 920, 2.0,
              (*POLICIES, PREFILL_FREE), static_splits=(("seed", 3), ("homogeneous", 8))),
     Scenario("tool outputs: ~2,000-token turns, 10 s tool calls", 8000, 10.0,
              ("rate", "prefix", PREFILL_FREE),
              static_splits=(("seed", 4), ("seed", 5), ("homogeneous", 8))),
-    # Not issue 13's example: as many sessions as the pair has slots, so a turn rarely queues
+    # Beside the goal's example: as many sessions as the pair has slots, so a turn rarely queues
     # and its time to first token is its prefill, which is what affinity saves.
-    Scenario("added scenario, not the issue's: 4 sessions (the pair not saturated), "
-             "issue 13's turns", 920, 2.0, ("rate", "prefix"), sessions=4),
-    # Not issue 13's example: where prefill is most of a turn's work. Each session carries
+    Scenario("added scenario: 4 sessions (the pair not saturated), the example's turns",
+             920, 2.0, ("rate", "prefix"), sessions=4),
+    # Beside the goal's example: where prefill is most of a turn's work. Each session carries
     # its own ~23k-token context (a coding agent's files) after the shared prompt, so a turn
     # placed away from its session's replica prefills all of it again.
-    Scenario("added scenario, not the issue's: each session's own ~23k-token context, "
-             "issue 13's turns", 920, 2.0, ("rate", "prefix"), own_context_chars=96_000),
+    Scenario("added scenario: each session's own ~23k-token context, the example's turns",
+             920, 2.0, ("rate", "prefix"), own_context_chars=96_000),
 )
 
 

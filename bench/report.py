@@ -10,10 +10,10 @@ GATEWAYS = ("gateway", "logged")
 # The floor: bench/bare_relay.py, the cheapest stdlib asyncio relay.
 FLOOR = "relay"
 
-# The bar from issue 2, checked against the gateway's figures of the same run.
+# The gateway's bars, checked against its figures of the same run.
 MAX_ADDED_P50_MS_C1 = 0.35
 MAX_CPU_PER_REQUEST_X_NGINX = 3.0
-# Issue 13's bar at high concurrency, with issue 2's still holding.
+# The same CPU bar at c=256.
 MAX_CPU_PER_REQUEST_X_NGINX_C256 = 3.0
 MAX_CPU_PER_CHUNK_X_NGINX = 2.5
 MAX_KIB_PER_STREAM = 16.0
@@ -158,7 +158,7 @@ def _with_rounds(ratio: float | None, rounds: list[float]) -> str:
 
 
 def targets(results: dict, streams: int, target: str = "gateway") -> list[tuple[str, str, bool]]:
-    """(bar, measured, met) for each of issue 2's bars and issue 13's c=256 one, for `target`
+    """(bar, measured, met) for each of the gateway's bars, c=256's included, for `target`
     (the gateway with its access log off, or on)."""
     added_p50 = _added(results, "c1", target, "p50")
     req_x = _cpu_per_request_x_nginx(results, target, 64)
@@ -183,7 +183,7 @@ def targets(results: dict, streams: int, target: str = "gateway") -> list[tuple[
             req_x is not None and req_x <= MAX_CPU_PER_REQUEST_X_NGINX,
         ),
         (
-            f"CPU per request (c=256) <= {MAX_CPU_PER_REQUEST_X_NGINX_C256:g}x nginx (issue 13)",
+            f"CPU per request (c=256) <= {MAX_CPU_PER_REQUEST_X_NGINX_C256:g}x nginx",
             _with_rounds(req_x_256, round_ratios(results, target, 256)),
             req_x_256 is not None and req_x_256 <= MAX_CPU_PER_REQUEST_X_NGINX_C256,
         ),
@@ -305,7 +305,7 @@ def render(results: dict, info: dict) -> str:
         "",
         *_floor_rows(results, concurrencies),
         "",
-        "| target (issues 2, 12, 13) | gateway | gateway, access log on |",
+        "| target | gateway | gateway, access log on |",
         "|---|---|---|",
         *_target_rows(results, cfg.streams),
         "",
