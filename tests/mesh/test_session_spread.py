@@ -1,4 +1,4 @@
-"""Agent sessions spread over a pool of identical replicas (issue 13, the added scenario of
+"""Agent sessions spread over a pool of identical replicas (the added scenario of
 bench/agent_sessions_bench.py): a pooling gateway (default policy, prefix) in front of two
 peer gateways, each fronting a 2-slot spark-cortex simulator. Four sessions over one shared
 system prompt start at once; affinity must not stack three of them on two slots."""
