@@ -17,10 +17,10 @@ from lobes_service_files import (
     EnvFileError,
     Service,
     ServicesError,
+    env_file_conflict,
     fingerprint,
     log_quote,
     masked_tail,
-    read_env_file,
     select,
     service_secrets,
 )
@@ -99,12 +99,14 @@ def status(layout: Layout, specs: Iterable[Service] = ()) -> list[ServiceStatus]
 
 
 def _check_env_file(spec: Service) -> None:
-    """Refuse a service whose .env cannot be parsed before its monitor starts."""
-    if spec.env_path is not None and os.path.exists(spec.env_path):
-        try:
-            read_env_file(spec.env_path)
-        except EnvFileError as exc:
-            raise ServicesError(f"service {spec.name!r}: field 'env_file': {exc}") from exc
+    """Refuse a service whose .env cannot be parsed, or sets a name its own env sets, before
+    its monitor starts."""
+    try:
+        conflict = env_file_conflict(spec.env_path, spec.env)
+    except EnvFileError as exc:
+        raise ServicesError(f"service {spec.name!r}: field 'env_file': {exc}") from exc
+    if conflict:
+        raise ServicesError(f"service {spec.name!r}: field 'env_file': {conflict}")
 
 
 def _start(spec: Service, layout: Layout, services_file: Path, watch: tuple[str, ...]) -> None:

@@ -65,6 +65,20 @@ def read_env_file(path: str) -> dict[str, str]:
         raise EnvFileError(f"{path}, {exc}") from exc
 
 
+def env_file_conflict(env_path: str | None, env: Mapping[str, str]) -> str | None:
+    """Why a service's env_file and its own env cannot both be used, or None (also while the
+    file is not there yet): a name set in both. The runtimes disagree on which wins (systemd's
+    EnvironmentFile= beats Environment=, Compose and the supervisor let env win), so a name is
+    set in one place only and the box runs the same under each. Parse errors raise."""
+    if env_path is None or not os.path.exists(env_path):
+        return None
+    both = sorted(set(read_env_file(env_path)) & set(env))
+    if not both:
+        return None
+    return (f"{env_path} sets {', '.join(both)}, which the service's env sets too; set each "
+            "name in one place (remove it from the file, or render the service again)")
+
+
 # ---------------------------------------------------------------- services.json
 
 _SERVICE_NAME = re.compile(r"[a-z0-9_.-]+")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ansible_collections.lobes.fleet.plugins.module_utils.service_files import (
     Service,
+    env_file_conflict,
     inputs_fingerprint,
     parse_services,
     select,
@@ -131,8 +132,12 @@ def render_unit(service: Service, layout: UnitLayout, fingerprint: str) -> str:
 def render_units(document: dict, layout: UnitLayout, names: list = (), exclude: list = (),
                  extra_watch: tuple = ()) -> dict:
     """Unit name -> unit text for the selected services of a services.json document."""
-    services = parse_services(document, layout.base_dir).services
+    services = select(parse_services(document, layout.base_dir).services, names, exclude)
+    for service in services:
+        conflict = env_file_conflict(service.env_path, service.env)
+        if conflict:
+            raise ValueError(f"service {service.name!r}: field 'env_file': {conflict}")
     return {
         unit_name(layout.prefix, s.name): render_unit(s, layout, inputs_fingerprint(s, extra_watch))
-        for s in select(services, names, exclude)
+        for s in services
     }

@@ -125,6 +125,21 @@ def test_an_env_file_that_does_not_parse_is_refused_naming_its_line(tmp_path, st
     assert _status(state_dir) == {}
 
 
+def test_an_env_file_setting_a_name_of_the_services_env_is_refused(tmp_path, state_dir):
+    """systemd lets the file win, Compose and the supervisor the env: a name in both would run
+    differently under each runtime, so it is refused, naming it."""
+    (tmp_path / "box.env").write_text("A=1\nPYTHONPATH=/elsewhere\n")
+    services = _write_services(tmp_path, [_service("sleeper", SLEEPER, env_file="box.env",
+                                                   env={"PYTHONPATH": "/srv/lobes/gateway"})])
+
+    answer = supervisor(state_dir, "up", services=services)
+
+    assert answer["failed"] is True
+    assert "service 'sleeper': field 'env_file'" in answer["msg"]
+    assert "box.env sets PYTHONPATH, which the service's env sets too" in answer["msg"]
+    assert _status(state_dir) == {}
+
+
 def test_a_service_no_longer_listed_is_stopped(tmp_path, state_dir):
     services = _write_services(tmp_path, [_service("keep", SLEEPER), _service("drop", SLEEPER)])
     supervisor(state_dir, "up", services=services)

@@ -79,6 +79,18 @@ def test_new_env_or_source_changes_the_unit_but_bytecode_does_not(box: Path) -> 
     assert gateway_unit() == after_source
 
 
+def test_an_env_file_setting_a_name_of_the_services_env_is_refused(box: Path) -> None:
+    """systemd lets EnvironmentFile= win over Environment=, the supervisor and Compose the
+    reverse: a name in both would run differently per runtime, so no unit is written for it."""
+    (box / ".env").write_text("LOBES_PORT=8000\nPYTHONPATH=/elsewhere\n")
+    with pytest.raises(ValueError, match=r"service 'gateway': field 'env_file': .*\.env sets "
+                                         r"PYTHONPATH, which the service's env sets too"):
+        render_units(_golden_document(), _layout(box))
+    result = run_module(systemd_units.main, _module_args(box))
+    assert result["failed"] is True and "PYTHONPATH" in result["msg"]
+    assert not (box / "units").exists()
+
+
 def test_a_gear_unit_starts_after_the_one_before_is_healthy() -> None:
     units = render_units(_golden_document(), _layout(GOLDEN_BASE))
     senses = units["lobes-spark1-gear-senses.service"].splitlines()
