@@ -71,6 +71,7 @@
       document.getElementById("key-form").hidden = true;
       failing = false;
       render(status, caps);
+      if (!performance.getEntriesByName("lobes-first-data").length) performance.mark("lobes-first-data");
       showState("live", "");
     } catch (error) {
       failing = true;
@@ -122,10 +123,17 @@
   function renderRoles(caps) {
     const rows = Object.entries(caps.roles || {}).map(([role, c]) => [
       [role, c.route || "", c.served_name || "", c.ready ? "ready" : "not ready",
-        c.served_by || c.hosted_by || (c.proxied ? "peers" : ""), c.reason || ""],
+        c.served_by || c.hosted_by || (c.proxied ? "peers" : ""), whyNot(c)],
       { "data-role": role, "data-ready": c.ready ? "true" : "false", class: c.ready ? "" : "down" },
     ]);
     fill(document.querySelector("#roles tbody"), rows);
+  }
+
+  function whyNot(c) {
+    if (c.ready) return "";
+    if (c.reason) return c.reason;
+    const peers = c.peer ? [c.peer] : c.replicas || c.owners || [];
+    return peers.filter((p) => !p.ready || !p.compatible).map((p) => p.origin + ": " + p.reason).join("; ");
   }
 
   function renderGears(status) {
