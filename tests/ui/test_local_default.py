@@ -5,6 +5,7 @@ plan ready, with no console error and no request off the gateway's origin."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ from tests.integration.test_playbooks import LocalMesh
 from tests.support import browser as ui
 
 SCREENSHOTS = os.environ.get("LOBES_UI_SCREENSHOTS")
+# The traffic sent before a screenshot: one answer every 1.5 s for half a minute.
+TRAFFIC_REQUESTS, TRAFFIC_EVERY_S = 20, 1.5
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,7 @@ def local_default(tmp_path_factory):
 def test_the_local_default_shows_every_role_of_its_plan_ready(local_default):
     planned = yaml.safe_load(local_default.host_vars.read_text())["fleet_roles"]
     url = f"http://127.0.0.1:{local_default.port}"
-    with ui.browser(height=1900) as driver:  # the whole page in one screenshot
+    with ui.browser(height=1700) as driver:  # the whole page in one screenshot
         driver.get(url + "/ui")
         ui.wait_live(driver, timeout=60)
 
@@ -47,5 +50,11 @@ def test_the_local_default_shows_every_role_of_its_plan_ready(local_default):
         assert {name for name, row in gears.items() if row["ready"] == "true"} >= set(planned)
         assert ui.console_errors(driver) == []
         assert ui.foreign(ui.requested_urls(driver), url) == []
-        if SCREENSHOTS:
+        if SCREENSHOTS:  # a few answers first, so the picture has rates and a chart to show
+            for _ in range(TRAFFIC_REQUESTS):
+                local_default.chat("main")
+                time.sleep(TRAFFIC_EVERY_S)
+            ui.wait_for(driver, lambda d: len(ui.rows(d, "ttft", "data-role")) > 0,
+                        "the TTFT of the answers shown")
+            time.sleep(TRAFFIC_EVERY_S)
             driver.save_screenshot(str(Path(SCREENSHOTS) / "live-page-local.png"))

@@ -122,7 +122,8 @@ class Gateway:
                                      self.metrics)
         self.views = Views(config, self.router, self.connections, self.pressure,
                            self.peers.view, self.dispatcher.peer_in_flight,
-                           self.admission.status, Live(self.metrics, self.peers))
+                           self.admission.status,
+                           Live(self.metrics, self.peers, frozenset(config.roles)))
         self.page = load_assets()
         self._background: list[asyncio.Task] = []
         # Open client connections, ended at shutdown.

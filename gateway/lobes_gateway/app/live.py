@@ -80,6 +80,7 @@ class Live:
 
     metrics: Metrics
     peers: PeerWatch
+    roles: frozenset[str] = frozenset()  # the catalog's: the only roles TTFT is reported for
     _counters: dict[str, _Counters] = field(default_factory=dict)
     _versions: dict[str, str] = field(default_factory=dict)
     _snapshots: deque[tuple[float, dict[str, list[int]]]] = field(
@@ -122,7 +123,7 @@ class Live:
         """Per role, the p50/p95 time to first byte of the requests of the recent window."""
         current: dict[str, list[int]] = {}
         for (role, _lane), latency in self.metrics.latency.items():
-            if role:
+            if role in self.roles:
                 summed = current.setdefault(role, [0] * (len(BUCKETS) + 1))
                 for index, count in enumerate(latency.first_byte.counts):
                     summed[index] += count

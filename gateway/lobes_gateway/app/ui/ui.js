@@ -5,7 +5,7 @@
 (() => {
   const POLL_MS = 3000;
   const STALE_MS = 10000;
-  const HISTORY = 100; // samples kept per role for the charts: five minutes at POLL_MS
+  const HISTORY = 40; // samples kept per role for the charts: two minutes at POLL_MS
   const KEY = "lobes.gateway.key"; // sessionStorage: this tab only, never in the URL
   const SVG = "http://www.w3.org/2000/svg";
   const STATES = ["ready", "incompatible", "refused", "unreachable"]; // best to worst
@@ -242,25 +242,28 @@
     const roles = Object.entries(caps.roles || {});
     const here = roles.filter(([, c]) => c.feasible && !c.proxied);
     const nodes = [];
-    const selfNode = drawBox(20, 40, 300, 280, "self", [
-      box.name || "this gateway", (box.origin || "") + "", hardware(box),
-    ], here.map(([role, c]) => [role + " · " + c.route + (c.ready ? "" : " (not ready)"), c.ready ? "ready" : "unreachable"]),
-    { "data-box": box.name || "self", "data-state": "ready" });
-    nodes.push(selfNode);
+    const heading = [box.name || "this gateway", box.origin || "", hardware(box)].filter(Boolean);
+    const items = here.map(([role, c]) => [role + " · " + c.route + (c.ready ? "" : " (not ready)"),
+      c.ready ? "ready" : "unreachable"]);
+    const selfHeight = 16 + 17 * heading.length + 16 * items.length;
     const count = peers.size;
-    const height = Math.max(340, count * 110 + 20);
+    const height = Math.max(selfHeight + 20, count * 110 + 10, 120);
+    const selfTop = (height - selfHeight) / 2;
+    const middle = selfTop + selfHeight / 2;
+    nodes.push(drawBox(20, selfTop, 300, selfHeight, "self", heading, items,
+      { "data-box": box.name || "self", "data-state": "ready" }));
     mesh.setAttribute("viewBox", "0 0 900 " + height);
     let index = 0;
     const lines = [];
     for (const [origin, links] of peers) {
-      const top = 20 + index * 110;
+      const top = 10 + index * 110;
       const state = worst(links.map((l) => l.state));
       nodes.push(drawBox(600, top, 290, 95, "peer", [origin],
         links.map((l) => [l.role + " (" + l.kind + "): " + l.state, l.state]),
         { "data-origin": origin, "data-state": state }));
       links.forEach((l, i) => {
         const offset = (i - (links.length - 1) / 2) * 8;
-        const edge = svg("line", { x1: 320, y1: 180 + offset, x2: 600, y2: top + 47 + offset,
+        const edge = svg("line", { x1: 320, y1: middle + offset, x2: 600, y2: top + 47 + offset,
           class: l.state, "data-role": l.role, "data-origin": origin, "data-state": l.state });
         edge.append(svg("title", {}, l.role + " → " + origin + ": " + l.state + " (" + l.reason + ")"));
         lines.push(edge);
@@ -268,7 +271,7 @@
       index += 1;
     }
     if (count === 0) {
-      nodes.push(svg("text", { x: 600, y: 60, class: "small" }, "no peer links: this box answers alone"));
+      nodes.push(svg("text", { x: 400, y: middle, class: "small" }, "no peer links: this box answers alone"));
     }
     mesh.replaceChildren(...lines, ...nodes);
   }
@@ -285,7 +288,7 @@
     group.append(svg("rect", { x, y, width: w, height: h, rx: 6,
       class: "box " + kind, "data-state": attrs["data-state"] }));
     let row = y + 20;
-    heading.filter(Boolean).forEach((text, i) => {
+    heading.forEach((text, i) => {
       group.append(svg("text", { x: x + 10, y: row, class: i ? "small" : "" }, text));
       row += 17;
     });
