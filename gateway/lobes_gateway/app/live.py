@@ -114,7 +114,7 @@ class Live:
         row["last_error_s_ago"] = None if failed_at is None else round(now - failed_at, 1)
         return row
 
-    def forget(self, name: str) -> None:
+    def gear_down(self, name: str) -> None:
         """A gear that did not answer: its next rate starts from its next reading."""
         self._counters.pop(name, None)
         self.metrics.failed_at[name] = time.monotonic()
@@ -138,7 +138,7 @@ class Live:
             recent = [a - b for a, b in zip(counts, old, strict=True)]
             p50, p95 = quantile(recent, 0.5), quantile(recent, 0.95)
             block[role] = {"requests": sum(recent), "window_s": window,
-                           "p50_s": _ms_round(p50), "p95_s": _ms_round(p95)}
+                           "p50_s": _rounded_s(p50), "p95_s": _rounded_s(p95)}
         return block
 
     def links(self) -> list[dict[str, object]]:
@@ -169,7 +169,7 @@ def _hit_rate(current: _Counters, previous: _Counters | None) -> float | None:
     return None
 
 
-def _ms_round(seconds: float | None) -> float | None:
+def _rounded_s(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 4)
 
 

@@ -265,7 +265,7 @@ class Views:
         name, metrics = row["name"], row["metrics"]
         if row["health"] != "ok":
             row["ready"], row["reason"] = False, f"/health: {row['health']}"
-            self._live.forget(name)
+            self._live.gear_down(name)
         else:
             row["ready"], row["reason"] = True, None
             rc = self._config.roles.get(name)
