@@ -115,8 +115,10 @@ class Live:
         return row
 
     def gear_down(self, name: str) -> None:
-        """A gear that did not answer: its next rate starts from its next reading."""
+        """A gear that did not answer: its next rate starts from its next reading, and its
+        version is asked again (it may come back as another engine)."""
         self._counters.pop(name, None)
+        self._versions.pop(name, None)
         self.metrics.failed_at[name] = time.monotonic()
 
     def ttft(self, now: float) -> dict[str, dict[str, object]]:
