@@ -4,6 +4,7 @@
 #   dot (graphviz)   draws status.yml's picture of the mesh
 #   nginx            the front proxy the smuggling test puts in front of the gateway
 #   promtool, prometheus  check /metrics, unit-test the alert rules, run the monitoring tests
+#   chromium, chromedriver  the live page's browser tests
 # The packages' own daemons are not wanted: stopped where an install started them. Needs root
 # (or password-less sudo); without it, says what is missing and the tests needing it skip,
 # naming it.
@@ -14,6 +15,9 @@ missing=()
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 command -v dot >/dev/null || missing+=(graphviz)
 [ -x /usr/sbin/nginx ] || missing+=(nginx)
+# Headless Chromium and its driver: the live page's browser tests (tests/ui) drive them.
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 # Prometheus without its recommends (exporters and their daemons).
 lean=()
 command -v promtool >/dev/null || lean+=(prometheus)

@@ -120,6 +120,7 @@ class BoxDecl:
     roles: tuple = ()  # RoleDecl, in catalog order
     aliases: tuple = ()  # ((alias, target), ...)
     force_strict_tools: bool = False
+    private_status: bool = False  # GATEWAY_PRIVATE_STATUS: /status and /capabilities need a key
     tuning: tuple = ()  # ((ENV_NAME, value), ...)
     default_model: str | None = None
     headroom_gib: float | None = None
@@ -225,6 +226,7 @@ def _box(host, values, roles, client_keys, aliases, tuning, damaged, damaged_rol
         roles=roles,
         aliases=aliases,
         force_strict_tools=get("fleet_gateway_force_strict_tools", False),
+        private_status=get("fleet_gateway_private_status", False),
         tuning=tuning,
         default_model=get("fleet_default_model"),
         headroom_gib=get("fleet_memory_headroom_gib"),

@@ -579,6 +579,7 @@ def _box_plan(box: BoxDecl, boxes: dict, local: dict) -> dict:
                 roles, gateway_model_names(box, local[box.host])),
             "aliases": dict(box.aliases),
             "force_strict_tools": box.force_strict_tools,
+            "private_status": box.private_status,
             "tuning": dict(box.tuning),
             "pool_policy": box.pool_policy,
             "client_keys": [{"name": k.name, "class": k.priority,

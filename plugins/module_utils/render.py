@@ -88,6 +88,8 @@ def _global_env(plan: dict, secrets: dict) -> list:
         env.append(("GATEWAY_FORCE_STRICT_TOOLS", "true"))
     if gateway["pool_policy"]:
         env.append(("GATEWAY_POOL_POLICY", gateway["pool_policy"]))
+    if gateway["private_status"]:
+        env.append(("GATEWAY_PRIVATE_STATUS", "true"))
     audio = _local_audio_url(plan)
     if audio:
         env.append(("AUDIO_URL", audio))

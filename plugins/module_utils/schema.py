@@ -455,6 +455,9 @@ BOX_SECTIONS: tuple = (
               "`GATEWAY_DEFAULT_MODEL`: the model of a request that names none or an unknown one"),
         Field("fleet_gateway_force_strict_tools", Boolean(), "`false`",
               "`GATEWAY_FORCE_STRICT_TOOLS`"),
+        Field("fleet_gateway_private_status", Boolean(), "`false`",
+              "`GATEWAY_PRIVATE_STATUS`: `/status` and `/capabilities` (the live page's data) "
+              "answer only a caller with a key this gateway accepts"),
         Field("fleet_gateway_pool_policy", POOL_POLICY, "unset (`prefix`)",
               "`GATEWAY_POOL_POLICY`: how this box's pools place a request on their replicas"),
         Field("fleet_gateway_tuning", Table("gateway variable -> number (below)"), "`{}`",

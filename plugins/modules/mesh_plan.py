@@ -70,7 +70,7 @@ plan:
       for, or null); C(runtime) (compose or process); C(origin);
       C(proc_root) (a fake /proc the box's simulated gears hold memory in, or null);
       C(gateway) (host, port, auth, fleet_key, default_model, aliases, force_strict_tools,
-      tuning, client_keys (name, class, inflight_limit; never the key));
+      private_status, tuning, client_keys (name, class, inflight_limit; never the key));
       C(gears) (image, port_base, sim_time_scale, python, hf_cache, audio_image,
       gateway_image, sim_image);
       C(budget) (gears, utilization, reserved_gib, headroom_gib, usable_gib, max_utilization,

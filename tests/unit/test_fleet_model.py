@@ -409,9 +409,11 @@ def test_collection_version_equals_galaxy_yml():
 def test_extra_vars_written_as_text_are_read_as_numbers_and_booleans():
     mesh = seed_mesh()
     mesh["spark"].update(fleet_gateway_port="18555", fleet_gateway_force_strict_tools="true",
-                         fleet_memory_headroom_gib="24.5")
+                         fleet_gateway_private_status="yes", fleet_memory_headroom_gib="24.5")
     spark = plan_mesh(mesh)["boxes"]["spark"]
     assert spark["gateway"]["port"] == 18555 and spark["gateway"]["force_strict_tools"] is True
+    assert spark["gateway"]["private_status"] is True
+    assert plan_mesh(seed_mesh())["boxes"]["spark"]["gateway"]["private_status"] is False
     assert spark["budget"]["headroom_gib"] == 24.5
     mesh["orin"]["fleet_roles"]["cortex"]["rates"] = {"spark": "48.9", "thor": "11"}
     cortex = plan_mesh(mesh)["boxes"]["orin"]["roles"]["cortex"]

@@ -395,6 +395,7 @@ class Dispatcher:
         """Count a failed attempt, and a failover when the plan goes on to another one."""
         key = (failure.name, failure.outcome)
         self._metrics.attempts[key] += 1
+        self._metrics.failed_at[failure.name] = time.monotonic()
         step = plan.send(failure)
         if isinstance(step, Attempt):
             self._metrics.failovers[key] += 1

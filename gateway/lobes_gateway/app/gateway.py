@@ -53,8 +53,10 @@ from .admission_gate import DEADLINE_HEADER, AdmissionGate, requested_class
 from .dispatch import Dispatcher
 from .exposition import CONTENT_TYPE, process_start_time
 from .exposition import render as render_metrics
+from .live import Live
 from .meter import asking_usage
 from .metrics import SHED_KEY_LIMIT, Metrics
+from .page import PAGE_PATHS, load_assets
 from .realtime import tunnel
 from .relay import Outcome, relay
 from .views import Views
@@ -72,8 +74,11 @@ _JSON_LANES = GENERATE_LANES | {EMBEDDINGS, RERANKING}
 # The lane label of every path the gateway answers (metrics, access log); any other is "other".
 LANES = {**POST_LANES, "/v1/models": "models", "/v1/models/supported": "models",
          "/v1/realtime": REALTIME, "/health": "health", "/status": "status",
-         "/capabilities": "capabilities", "/metrics": "metrics"}
+         "/capabilities": "capabilities", "/metrics": "metrics",
+         **dict.fromkeys(PAGE_PATHS, "ui")}
 _KEYLESS = ("/health", "/status", "/capabilities", "/metrics")
+# What GATEWAY_PRIVATE_STATUS puts behind a key: the live page's data (the page loads keyless).
+_PRIVATE = ("/status", "/capabilities")
 # Keyless like /metrics: GEAR_METRICS + <role> relays the box's own gear's /metrics (vLLM serves
 # its own keyless too), so a Prometheus elsewhere scrapes gears that listen only inside the box.
 GEAR_METRICS = "/metrics/gears/"
@@ -117,7 +122,9 @@ class Gateway:
                                      self.metrics)
         self.views = Views(config, self.router, self.connections, self.pressure,
                            self.peers.view, self.dispatcher.peer_in_flight,
-                           self.admission.status)
+                           self.admission.status,
+                           Live(self.metrics, self.peers, frozenset(config.roles)))
+        self.page = load_assets()
         self._background: list[asyncio.Task] = []
         # Open client connections, ended at shutdown.
         self._clients: set[Channel] = set()
@@ -190,7 +197,15 @@ class Gateway:
             # is never read as another request.
             req.keep_alive = False
         if method == "GET" and path in _KEYLESS:
+            if (path in _PRIVATE and self.config.private_status
+                    and self.gate.identify(req.headers.get("authorization")) is None):
+                return self._refuse(req, client, errors.invalid_api_key())
             return await self._keyless(req, client)
+        if method == "GET" and path in self.page:
+            asset = self.page[path]
+            client.write(response_bytes(200, asset.body, content_type=asset.content_type,
+                                        headers=asset.headers, keep_alive=req.keep_alive))
+            return req.keep_alive
         if method == "GET" and path.startswith(GEAR_METRICS):
             return await self._gear_metrics(req, client)
         caller = self.gate.identify(req.headers.get("authorization"))

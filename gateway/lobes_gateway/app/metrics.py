@@ -100,6 +100,9 @@ class Metrics:
         # Every reason from zero: an alert on rate() sees the first shed too.
         self.shed: dict[str, int] = dict.fromkeys(SHED_REASONS, 0)
         self.live: set[Trace] = set()
+        # When each target last failed (monotonic): an attempt that moved on, or a /status
+        # fan-out it did not answer. Written on failures only, read by /status.
+        self.failed_at: dict[str, float] = {}
         self.access_log = access_log
         # Request ids: unique per process run without a random read per request.
         self._ids = itertools.count(1)

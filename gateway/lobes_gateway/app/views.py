@@ -25,6 +25,7 @@ from ..policy.routing import (
     Router,
 )
 from ..transport.upstream import Connections, Origin, UpstreamError, fetch
+from .live import Live, box_block
 
 _METRICS = {
     "vllm:num_requests_running": "running",
@@ -34,10 +35,24 @@ _METRICS = {
     "vllm:prompt_tokens_total": "prompt_tokens_total",
     "vllm:generation_tokens_total": "generation_tokens_total",
     "vllm:request_success_total": "request_success_total",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits_total",
 }
 
+# An engine's version string longer than this is cut: it is shown, never parsed.
+MAX_VERSION_CHARS = 64
 
 PeerViews = Callable[[str], PeerView | None]
+
+
+def engine_version(body: bytes) -> str | None:
+    """The "version" string of an engine's /version answer; None for anything else."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return None
+    version = answer.get("version") if isinstance(answer, dict) else None
+    return version[:MAX_VERSION_CHARS] if isinstance(version, str) else None
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -82,8 +97,9 @@ class Views:
     def __init__(self, config: GatewayConfig, router: Router, connections: Connections,
                  pressure: PressureMonitor, peer_views: PeerViews,
                  peer_in_flight: Mapping[str, int],
-                 admission: Callable[[], dict[str, dict[str, object]]]) -> None:
+                 admission: Callable[[], dict[str, dict[str, object]]], live: Live) -> None:
         self._config = config
+        self._live = live
         self._admission = admission
         self._peer_in_flight = peer_in_flight
         self._router = router
@@ -223,8 +239,12 @@ class Views:
         return entry
 
     async def status(self) -> bytes:
-        """/status: fan out to each backend's /health and /metrics (keyless)."""
+        """/status: fan out to each backend's /health, /metrics and /version, and add what the
+        live page shows (rates since the last call, recent TTFT, peer links, the box)."""
         rows = await asyncio.gather(*(self._backend_status(b) for b in self._backends))
+        now = time.monotonic()
+        for row in rows:
+            self._add_live(row, now)
         running = sum(row["metrics"].get("running", 0) for row in rows)
         waiting = sum(row["metrics"].get("waiting", 0) for row in rows)
         default_rc = self._config.roles[self._router.default_role]
@@ -235,7 +255,27 @@ class Views:
             "backends": rows, "endpoints": self.endpoints(),
             "pressure": self._pressure.block(self._floor_model()),
             "admission": self._admission(),
+            "ttft": self._live.ttft(now),
+            "links": self._live.links(),
+            "box": box_block(self._config.self_origin, self._config.pressure.proc_root),
         }).encode()
+
+    def _add_live(self, row: dict, now: float) -> None:
+        """A backend row's ready verdict, its engine's counters as rates, its last error."""
+        name, metrics = row["name"], row["metrics"]
+        if row["health"] != "ok":
+            row["ready"], row["reason"] = False, f"/health: {row['health']}"
+            self._live.gear_down(name)
+        else:
+            row["ready"], row["reason"] = True, None
+            rc = self._config.roles.get(name)
+            if rc is not None and rc.base_url is not None and rc.role.task not in AUDIO_TASKS:
+                unserved = self.windows.not_serving(rc.base_url, rc.served_name)
+                if unserved is not None:
+                    row["ready"], row["reason"] = False, unserved
+        for key in ("running", "waiting", "kv_cache_usage_perc"):
+            row[key] = metrics.get(key)
+        row.update(self._live.gear(name, metrics, now))
 
     def _floor_model(self) -> str | None:
         """The served name a minor request reaches (its own gear, or the primary it falls to)."""
@@ -246,7 +286,7 @@ class Views:
         timeout = self._config.limits.probe_timeout_s
         row: dict = {"name": backend.name, "task": backend.task,
                      "served_name": backend.served_name, "url": backend.origin.url,
-                     "health": "down", "metrics": {}}
+                     "health": "down", "metrics": {}, "engine_version": None}
         try:
             status, _ = await fetch(self._connections, backend.origin, "/health", [], timeout)
             row["health"] = "ok" if status == 200 else f"http {status}"
@@ -255,9 +295,24 @@ class Views:
                                            timeout)
                 if status == 200:
                     row["metrics"] = parse_metrics(body.decode("utf-8", "replace"))
+                row["engine_version"] = await self._engine_version(backend, row["health"])
         except UpstreamError:
             pass
         return row
+
+    async def _engine_version(self, backend: Backend, health: str) -> str | None:
+        """The engine's own /version (as vLLM serves it), asked once per healthy spell."""
+        if health != "ok":
+            self._live.note_version(backend.name, None)
+            return None
+        known = self._live.known_version(backend.name)
+        if known is not None:
+            return known
+        status, body = await fetch(self._connections, backend.origin, "/version", [],
+                                   self._config.limits.probe_timeout_s)
+        version = engine_version(body) if status == 200 else None
+        self._live.note_version(backend.name, version)
+        return version
 
     def gear_roles(self) -> list[str]:
         """The roles whose own gear runs on this box (their /metrics are relayed)."""

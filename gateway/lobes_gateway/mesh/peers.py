@@ -269,6 +269,10 @@ class PeerWatch:
         return [(role, state) for sets in (self._proxied, self._owned)
                 for role, replicas in sorted(sets.items()) for state in replicas.states]
 
+    def proxied_roles(self) -> list[str]:
+        """The roles answered by one proxied peer."""
+        return sorted(self._proxied)
+
     def owners_in_order(self, role: str, owners: list[str]) -> list[str]:
         """The owners to try, in routing order: those the prober judged selectable first, the
         others after them (a probe may be stale; a peer judged bad is asked last, never

@@ -150,6 +150,8 @@ class GatewayConfig:
     fleet_key: str | None = None
     self_origin: str | None = None
     force_strict_tools: bool = False
+    # /status and /capabilities answer only a caller with a key the gate accepts.
+    private_status: bool = False
     audio_url: Origin | None = None
     pool_policy: str = POOL_POLICIES[0]
     # GATEWAY_ACCESS_LOG: None (off), "-" (stdout) or a file path.
@@ -512,6 +514,7 @@ def load_config(environ: Mapping[str, str]) -> GatewayConfig:
         fleet_key=fleet_key,
         self_origin=_canonical_origin("GATEWAY_SELF_ORIGIN", self_origin) if self_origin else None,
         force_strict_tools=bool(env.bool("GATEWAY_FORCE_STRICT_TOOLS", False)),
+        private_status=bool(env.bool("GATEWAY_PRIVATE_STATUS", False)),
         audio_url=env.origin("AUDIO_URL"),
         pool_policy=policy,
         access_log=_access_log(env),

@@ -41,6 +41,17 @@ def read_meminfo(proc_root: str) -> tuple[float, float | None]:
     return swap, memory
 
 
+def read_memory_kb(proc_root: str) -> tuple[int | None, int | None]:
+    """(MemTotal, MemAvailable) in kB, None for a field the kernel does not give."""
+    fields: dict[str, int] = {}
+    with open(os.path.join(proc_root, "meminfo"), encoding="ascii") as fh:
+        for line in fh:
+            name, _, rest = line.partition(":")
+            if name in ("MemTotal", "MemAvailable"):
+                fields[name] = int(rest.split()[0])
+    return fields.get("MemTotal"), fields.get("MemAvailable")
+
+
 def read_psi_memory_full(proc_root: str) -> float | None:
     """`full avg10` of the memory pressure stall information; None where the kernel has none."""
     try:
