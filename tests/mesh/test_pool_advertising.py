@@ -56,3 +56,23 @@ def test_a_proxied_audio_lane_is_ready_from_the_peers_capabilities():
                            message="stt unready once the peer stopped")
         finally:
             peer.stop()
+
+
+def test_an_unwired_tier_answered_by_a_peer_served_role_is_ready_with_it():
+    """minor, declared nowhere, is answered upward by cortex: where cortex is a peer's, minor is
+    ready exactly when cortex is, and says who answers it."""
+    with start_sim("spark-cortex", time_scale=20) as sim, \
+            start_gateway({"PRIMARY_BASE_URL": sim.url, "PRIMARY_SERVED_NAME": SERVED,
+                           "GATEWAY_API_KEY": PEER_KEY}) as peer, \
+            start_gateway(proxy_env(peer.url)) as box:
+        wait_until(lambda: role(box, "cortex")["ready"], message="cortex ready through the peer")
+        minor = role(box, "minor")
+        assert (minor["ready"], minor["proxied"], minor["served_by"]) == (True, True, "cortex")
+        # Routed as cortex is, not "serve"; a lane nothing answers is off, and not feasible.
+        assert minor["route"] == "proxy"
+        embedder = role(box, "embedder")
+        assert (embedder["feasible"], embedder["route"], embedder["reason"]) == (
+            False, "off", "backend_not_wired")
+        peer.stop()
+        wait_until(lambda: not role(box, "cortex")["ready"], message="cortex unready")
+        assert role(box, "minor")["ready"] is False

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from lobes_contract import AUDIO_TASKS, CANDIDATES, GENERATE, ROLES
+from lobes_contract import AUDIO_TASKS, CANDIDATES, GENERATE, OFF, ROLES, SERVE
 
 from .. import __version__
 from ..mesh.peers import PeerView
@@ -222,9 +222,13 @@ class Views:
             entry["context"] = self.windows.get(target.origin, target.served_name)
             entry.update(_serving(self._config.roles.get(target.name)))
         elif isinstance(route, ProxyRoute | PoolRoute | OwnerRoute):
-            view = self._peer_views(name)
+            # An unwired tier answered upward (minor -> cortex) is as ready as the role that
+            # answers it: that role's peers are the ones probed.
+            view = self._peer_views(route.role)
             entry["proxied"] = True
-            entry["in_flight"] = self._peer_in_flight.get(name, 0)
+            if route.role != name:
+                entry["served_by"] = route.role
+            entry["in_flight"] = self._peer_in_flight.get(route.role, 0)
             entry["ready"] = bool(view and view.ready)
             entry["context"] = view.context if view else None
             if view and view.extra:
@@ -236,7 +240,19 @@ class Views:
                 entry["stream_resume"] = rc.stream_resume
         elif isinstance(route, Refusal):
             entry["reason"] = json.loads(route.error.body())["error"]["code"]
+        if rc.route == SERVE and rc.base_url is None and entry.get("served_by") != name:
+            self._undeclared(entry)
         return entry
+
+    def _undeclared(self, entry: dict[str, object]) -> None:
+        """A role nothing is configured for here (the inventory never declared it): routed as
+        the role that answers it upward is (a peer asking for it gets that answer), or, with
+        none, off and not feasible."""
+        answering = entry.get("served_by")
+        if answering:
+            entry["route"] = self._config.roles[answering].route
+        else:
+            entry["feasible"], entry["route"] = False, OFF
 
     async def status(self) -> bytes:
         """/status: fan out to each backend's /health, /metrics and /version, and add what the
