@@ -3,9 +3,13 @@
 Replays seed 000 section 4: an "orin" gateway that does not host cortex pools it from two
 peer gateways, each fronting a calibrated simulator (spark-cortex 48.9 tok/s, thor-cortex
 11.0 tok/s, 2 slots each), then a homogeneous pair (two spark-cortex). For each pool policy
-it sends bursts of 4, 8 and 16 concurrent chat requests (max_tokens=160, as in the seed) and
-a sustained Poisson arrival stream, and reports aggregate tok/s in the seed's own time
-(wall tok/s divided by the simulator's time-scale), so the figures compare to seed 000.
+it sends bursts of 4, 8 and 16 concurrent chat requests (max_tokens=160, as in the seed), the
+same bursts as a new user sends them (154-token answers to "hi", ignore_eos), a sustained
+Poisson arrival stream and a sustained overload (closed-loop clients, each sending its next
+request when its answer ends), and reports aggregate tok/s in the seed's own time (wall tok/s
+divided by the simulator's time-scale), so the figures compare to seed 000. Each policy's
+figures are also given against the targets placement must meet (never slower than pinned to
+the fastest replica on a burst; near the pair's limit under overload).
 
     PYTHONPATH=gateway python3 bench/placement_bench.py [--time-scale 10] [--write-docs]
 
@@ -41,6 +45,13 @@ from tests.support.sim_proc import start_sim  # noqa: E402
 PLOT = ROOT / "docs" / "img" / "placement-bench.png"
 SPARK_KEY = "spark-inbound-key"
 BURSTS = (4, 8, 16)
+# A new user's request: "hi", a 154-token answer whatever the model would say.
+USER_PROMPT, USER_TOKENS = "hi", 154
+# Targets, as ratios to the same run pinned to the first (fastest) replica: a burst is never
+# slower than waiting for the best replica (0.98x: the run's noise), and an overload of the
+# seed pair comes near its limit, (90 + 22) / 90 = 1.24x the Spark alone (1.22x).
+BURST_TARGET = 0.98
+OVERLOAD_TARGET = 1.22
 POLICIES = ("pinned", "queue", "rate", "prefix")
 SEED_RATES = {"spark-cortex": 48.9, "thor-cortex": 11.0}
 
@@ -75,16 +86,19 @@ class Run:
         return "/".join(f"{counts.get(n, 0)}" for n in names.values())
 
 
-def chat(port: int, index: int) -> Answer:
-    """One non-streamed chat request to the pooling gateway, as seed 000 sent them."""
-    body = json.dumps(
-        {
-            "model": "cortex",
-            "messages": [{"role": "user", "content": f"Describe replica pools, part {index}."}],
-            "max_tokens": 160,
-            "temperature": 0,
-        }
-    )
+def chat(port: int, index: int, user: bool = False) -> Answer:
+    """One non-streamed chat request to the pooling gateway, as seed 000 sent them (or, with
+    `user`, as a new user does: "hi", a 154-token answer, ignore_eos)."""
+    payload: dict = {
+        "model": "cortex",
+        "messages": [{"role": "user", "content": f"Describe replica pools, part {index}."}],
+        "max_tokens": 160,
+        "temperature": 0,
+    }
+    if user:
+        payload.update(messages=[{"role": "user", "content": USER_PROMPT}],
+                       max_tokens=USER_TOKENS, ignore_eos=True)
+    body = json.dumps(payload)
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     sent = time.monotonic()
     connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
@@ -99,9 +113,31 @@ def chat(port: int, index: int) -> Answer:
     return Answer(tokens, sent, done, served_by, response.getheader("X-Lobes-Route-Reason", ""))
 
 
-def burst(port: int, size: int) -> Run:
+def burst(port: int, size: int, user: bool = False) -> Run:
     with ThreadPoolExecutor(size) as pool:
-        return Run(list(pool.map(lambda i: chat(port, i), range(size))))
+        return Run(list(pool.map(lambda i: chat(port, i, user), range(size))))
+
+
+def overload(port: int, clients: int, seconds: float) -> Run:
+    """`clients` closed-loop clients sending the user's request for `seconds` (wall): each
+    sends its next request as its answer ends; the answers that ended in the window count,
+    and the window is from the first send to the last answer."""
+    answers: list[Answer] = []
+    lock = threading.Lock()
+    until = time.monotonic() + seconds
+
+    def client(first: int) -> None:
+        index = first
+        while time.monotonic() < until:
+            answer = chat(port, index, user=True)
+            with lock:
+                answers.append(answer)
+            index += clients
+
+    with ThreadPoolExecutor(clients) as pool:
+        for future in [pool.submit(client, i) for i in range(clients)]:
+            future.result()
+    return Run(answers)
 
 
 def sustained(port: int, per_s: float, count: int, seed: int = 0) -> Run:
@@ -175,6 +211,8 @@ class PolicyResult:
     policy: str
     bursts: dict[int, Run]
     stream: Run
+    user_bursts: dict[int, Run]
+    overload: Run
 
 
 def measure_pair(
@@ -195,16 +233,24 @@ def measure_pair(
                 wait_pool_ready(orin.url, 2)
                 burst(orin.port, 2)  # warm the keep-alive connections
                 runs = {size: burst(orin.port, size) for size in BURSTS}
+                user_runs = {size: burst(orin.port, size, user=True) for size in BURSTS}
                 stream = sustained(orin.port, args.arrivals_per_s * scale, args.stream_count)
-                results.append(PolicyResult(policy, runs, stream))
+                loaded = overload(orin.port, args.overload_clients, args.overload_s)
+                results.append(PolicyResult(policy, runs, stream, user_runs, loaded))
                 print(
                     f"  {policy:7s} "
                     + "  ".join(
                         f"N={n}: {r.tok_per_s(scale):6.1f} tok/s ({r.split(names)})"
                         for n, r in runs.items()
                     )
+                    + "  user "
+                    + "  ".join(
+                        f"N={n}: {r.tok_per_s(scale):6.1f} tok/s ({r.split(names)})"
+                        for n, r in user_runs.items()
+                    )
                     + f"  sustained: {stream.tok_per_s(scale):6.1f} tok/s "
-                    f"p95 {stream.latency_s(0.95, scale):5.1f} s ({stream.split(names)})",
+                    f"p95 {stream.latency_s(0.95, scale):5.1f} s ({stream.split(names)})"
+                    f"  overload: {loaded.tok_per_s(scale):6.1f} tok/s ({loaded.split(names)})",
                     flush=True,
                 )
     return results, names
@@ -230,6 +276,37 @@ def table(
         stream = result.stream.tok_per_s(scale)
         cells.append(f"{stream:.1f} ({stream / pinned_stream:.2f}x; {result.stream.split(names)})")
         cells.append(f"{result.stream.latency_s(0.95, scale):.1f} s")
+        lines.append(f"| {result.policy} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def verdict(ratio: float, target: float) -> str:
+    return f"{ratio:.2f}x ({'PASS' if ratio >= target else 'MISS'})"
+
+
+def targets(title: str, results: list[PolicyResult], scale: float,
+            names: dict[str, str]) -> list[str]:
+    """Each policy against the targets, as ratios to pinned in the same run: the bench's
+    bursts, the user's bursts (154 tokens to "hi"), and the overload."""
+    pinned = results[0]
+    head = " | ".join([*(f"burst {n}" for n in BURSTS), *(f"user burst {n}" for n in BURSTS)])
+    lines = [
+        f"**{title}**: against the targets (ratio to pinned in this run; PASS at >= "
+        f"{BURST_TARGET:g}x on a burst, >= {OVERLOAD_TARGET:g}x under overload)",
+        "",
+        f"| policy | {head} | overload (tok/s; split) |",
+        "|---|" + "---|" * (2 * len(BURSTS) + 1),
+    ]
+    for result in results[1:]:
+        cells = [verdict(result.bursts[n].tok_per_s(scale) / pinned.bursts[n].tok_per_s(scale),
+                         BURST_TARGET) for n in BURSTS]
+        cells += [verdict(result.user_bursts[n].tok_per_s(scale)
+                          / pinned.user_bursts[n].tok_per_s(scale), BURST_TARGET)
+                  for n in BURSTS]
+        loaded = result.overload.tok_per_s(scale)
+        cells.append(f"{verdict(loaded / pinned.overload.tok_per_s(scale), OVERLOAD_TARGET)}: "
+                     f"{loaded:.1f} against {pinned.overload.tok_per_s(scale):.1f}; "
+                     f"{result.overload.split(names)}")
         lines.append(f"| {result.policy} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
@@ -267,6 +344,10 @@ def main() -> None:
         help="sustained arrival rate in seed time (requests per second)",
     )
     parser.add_argument("--stream-count", type=int, default=60)
+    parser.add_argument("--overload-clients", type=int, default=12,
+                        help="closed-loop clients of the sustained overload")
+    parser.add_argument("--overload-s", type=float, default=30.0,
+                        help="the overload's length, wall seconds")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     scale = args.time_scale
@@ -287,11 +368,15 @@ def main() -> None:
         f"concurrent chat requests (max_tokens=160); sustained sends {args.stream_count} "
         f"requests with Poisson arrivals at {args.arrivals_per_s:g} req/s (seed time), above "
         "what the fast replica alone serves: its tok/s is bounded by the arrivals, its p95 "
-        "latency shows the queue.",
+        "latency shows the queue. User bursts send N concurrent requests as a new user does "
+        f"(\"{USER_PROMPT}\", max_tokens={USER_TOKENS}, ignore_eos); the overload is "
+        f"{args.overload_clients} closed-loop clients sending those for {args.overload_s:g} s "
+        "(wall).",
         "",
     ]
     for title, results in pairs.items():
         section += table(title, results, scale, names[title])
+        section += targets(title, results, scale, names[title])
     section.append("![placement benchmark](img/placement-bench.png)")
     print("\n".join(section))
     if args.write_docs:

@@ -1,5 +1,6 @@
 """The prefix policy: request shapes, learned prefix affinity, size- and window-aware placement,
-exploration. Time is a fake clock: nothing here waits or reads the wall clock."""
+slower replicas priced pessimistically. Time is a fake clock: nothing here waits or reads the
+wall clock."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 from lobes_gateway.mesh.peers import PooledRole
 from lobes_gateway.mesh.replicas import Fingerprint, ProbeResult, ReplicaSet, ReplicaSpec
 from lobes_gateway.policy.placement import (
-    EXPLORE_AFTER,
     PREFILL_SPEEDUP,
+    SLOWER_REPLICA_MARGIN,
     AnswerFill,
     Candidate,
     Placer,
@@ -320,32 +321,16 @@ def test_prefill_and_decode_rates_are_learned_apart_from_answers_of_different_mi
     assert long_prompt.forecast.prefill_s == pytest.approx(4.0, rel=0.1)
 
 
-def test_a_replica_with_a_pessimistic_prior_is_explored_once_and_then_priced_as_measured():
-    p = placer(priors={A: 40.0, B: 1.0})  # B's prior is far too low: it is as fast as A
-    for _warm_up in range(EXPLORE_AFTER):
-        placement = p.place(PAIR, request=RequestShape(0, 100))
-        assert placement.origin == A
-        placement.record_completion(tokens=100, elapsed_s=2.5)
-        placement.release()
-    busy = [p.place(PAIR, request=RequestShape(0, 100)) for _slot in range(2)]
-    assert [placement.origin for placement in busy] == [A, A]
-    explored = p.place(PAIR, request=RequestShape(0, 100))  # it would queue on A
-    assert (explored.origin, explored.reason) == (B, RouteReason.EXPLORE)
-    # While it runs, B is not idle: no second exploration.
-    assert p.place(PAIR, request=RequestShape(0, 100)).origin == A
-    explored.record_completion(tokens=100, elapsed_s=2.0)
-    assert p.rate(B) == pytest.approx(50.0, rel=0.01)  # the sample replaced the prior
-
-
-def test_the_rate_policy_never_explores():
-    p = placer(RatePolicy(), priors={A: 40.0, B: 1.0})
-    origins = set()
-    for _request in range(3 * EXPLORE_AFTER):
-        placement = p.place(PAIR, 100)
-        origins.add(placement.origin)
-        placement.record_completion(tokens=100, elapsed_s=2.5)
-        placement.release()
-    assert origins == {A}
+def test_a_replica_with_a_pessimistic_prior_waits_for_a_queue_it_beats_then_is_measured():
+    # B's prior is ten times too low: priced at it (and pessimistically), its 100 tokens take
+    # 27.8 s, A's waves 2.5 s each. Nothing goes to B on a guess that it may be faster: only
+    # once A's queue would finish the request later than B so priced (a 12th wave, 30 s).
+    p = placer(priors={A: 40.0, B: 4.0})
+    placed = [p.place(PAIR, request=RequestShape(0, 100)) for _request in range(23)]
+    assert [x.origin for x in placed] == [A] * 22 + [B]
+    assert placed[-1].forecast.completion_s / (1 - SLOWER_REPLICA_MARGIN) <= 12 * 2.5
+    placed[-1].record_completion(tokens=100, elapsed_s=2.0)
+    assert p.rate(B) == pytest.approx(50.0)  # the answer replaced the prior
 
 
 def windowed_pool(windows: dict[str, int]) -> PooledRole:
@@ -446,22 +431,31 @@ def test_a_placed_requests_prefill_left_counts_down_once_it_starts():
     assert second.prefill_left_s(clock.now) == pytest.approx(prefill)
 
 
-def test_a_first_burst_that_would_queue_explores_the_idle_unmeasured_replica():
-    # Sessions over a shared 4k system prompt start at once; nothing is measured yet. A holds
-    # the prompt after the first; B's guessed prefill of all of it keeps the forecast off B
-    # while A's two slots queue the burst: one request goes to learn B instead of waiting.
+def test_a_first_burst_goes_to_the_slower_replica_only_where_it_finishes_no_later():
+    # Sessions over a shared 4k system prompt start at once on seed 000's pair; nothing is
+    # measured yet. A holds the prompt after the first; the Thor would prefill all of it at
+    # a guessed rate (~15 s for a turn, priced pessimistically, against the Spark's waves of
+    # ~1.3 s). A request goes there only when, so priced, it finishes there no later than
+    # queued on the Spark: not in the first 8, and some of 32.
     p = placer(priors={A: 48.9, B: 11.0})
-    burst = [shape(chat(f"session {i}", max_tokens=64)) for i in range(EXPLORE_AFTER + 1)]
-    placed = [p.place(PAIR, request=request) for request in burst]
-    assert [x.origin for x in placed] == [A] * EXPLORE_AFTER + [B]
-    assert placed[-1].reason == RouteReason.EXPLORE
+    burst = [p.priced(shape(chat(f"session {i}", max_tokens=64))) for i in range(32)]
+    origins = []
+    for request in burst:
+        views = {view.origin: view for view in p.views(PAIR, request)}
+        placed = p.place(PAIR, request=request)
+        origins.append(placed.origin)
+        if placed.origin == B:
+            thor = forecast(views[B], request).completion_s / (1 - SLOWER_REPLICA_MARGIN)
+            assert thor <= forecast(views[A], request).completion_s
+        assert placed.reason == RouteReason.EARLIEST_COMPLETION
+    assert origins[:8] == [A] * 8 and B in origins
 
 
-def test_no_exploration_while_the_choice_has_a_free_slot():
-    # Measured or not, a choice with a free slot serves the request at once: even as fast
-    # as the choice, the idle replica could not serve it sooner, so a sample only costs it.
+def test_a_slower_replica_gets_nothing_while_the_fastest_has_a_free_slot():
+    # Measured or not, the Spark with a free slot serves the request at once: the Thor
+    # could not serve it sooner.
     p = placer(priors={A: 48.9, B: 11.0})
-    for _request in range(3 * EXPLORE_AFTER):
+    for _request in range(24):
         placed = p.place(PAIR, request=RequestShape(0, 64))
         assert placed.origin == A
         placed.record_completion(tokens=64, elapsed_s=1.3)

@@ -214,7 +214,7 @@ class Clock:
 
 
 def seed_pair(clock: Clock) -> Placer:
-    """Seed 000's Spark and Thor, their rates measured (neither is explored)."""
+    """Seed 000's Spark and Thor, their rates measured."""
     p = Placer(PrefixPolicy(), {A: 48.9, B: 11.0}, clock=clock)
     for origin, rate, prefill_rate in ((A, 48.9, 2575.0), (B, 11.0, 1000.0)):
         p.observe_rate(origin, rate)

@@ -15,7 +15,7 @@ fair share across keys), where each waiting request would go:
     slot frees, with no hand-off through the gateway in between.
 
 So a burst spreads as arrival-time placement spreads it (the fast replica's waves, the slow
-replica's share, an idle never-measured replica explored at once), an interactive request at
+replica's share where it finishes no later), an interactive request at
 the head waits only for the replica the policy would choose for it, and a slow replica is
 never left idle while the policy would have used it. A request placement would not place
 (none selectable, its prompt fits no window, or the queue policy finds every replica full) is
@@ -80,7 +80,7 @@ class VirtualLoad:
 
 class Priced:
     """One waiting request as the queue priced it: the replicas it saw and the policy's
-    choice, exploration applied (None: placement would not place it)."""
+    choice (None: placement would not place it)."""
 
     __slots__ = ("choice", "shape", "ticket", "views")
 
@@ -126,8 +126,6 @@ class PoolQueue(Waiting):
             shape = placer.priced(ticket.shape or _NOTHING)
             views = [load.on(view) for view in placer.views(candidates, shape)]
             choice = placer.policy.choose(views, shape) if views else None
-            if choice is not None:  # an idle, never measured replica takes it, as on arrival
-                choice = placer.explored(views, choice, shape)
             yield Priced(ticket, shape, views, choice)
             if choice is not None:
                 load.add(choice[0], shape)
@@ -158,8 +156,7 @@ class PoolQueue(Waiting):
             ticket = priced.ticket
             self.start(ticket, now)
             if priced.choice is not None:
-                ticket.placement = self.pooled.placer.commit(priced.views, priced.choice,
-                                                             priced.shape)
+                ticket.placement = self.pooled.placer.commit(priced.choice, priced.shape)
             admitted.append(ticket)
         return admitted
 

@@ -12,16 +12,18 @@ Policies (GATEWAY_POOL_POLICY):
           what this gateway sent where: policy/prefix.py) and its decode (its max_tokens at
           the share of it the pool's answers take, AnswerFill, or the pool's learned
           answer length when it names none). Each replica's decode and prefill rates are
-          learned apart from its answers (Placer.learn). A replica whose rate was never
-          measured gets one request once it is idle, when priced at the choice's rates it
-          would finish it sooner (exploration); that sample replaces its prior. A queued
+          learned apart from its answers (Placer.learn); a replica's first answer replaces
+          its prior (P_PEER_RATES), so a prior that was optimistic prices it once. A queued
           request's prefill holds up every busy slot of its replica in the wait, and a
           prefill under way holds up a request placed there even with a slot free. A turn
           of a session (a prompt that continues one this pool answered) also pays the wait
           its session adds to the sessions bound to a replica (policy/sessions.py).
   rate    earliest expected completion: the waves of work queued ahead of the
           request on a replica's slots, plus its own, each taking expected tokens / rate.
-          prefix and rate: a slower replica must beat the fastest by SLOWER_REPLICA_MARGIN.
+          prefix and rate: never slower than the best replica. A slower replica is priced
+          pessimistically (its forecast over 1 - SLOWER_REPLICA_MARGIN) and takes a request
+          only when it finishes it, so priced, no later than the fastest replica would,
+          wait for a slot there included.
           Rates are learned online (EWMA of completed responses) from declared priors.
   queue   seed 000's baseline: least in flight relative to slots, a full replica is not
           selectable, ties by origin. Kept to measure against.
@@ -31,7 +33,6 @@ X-Lobes-Route-Reason vocabulary (closed; RouteReason):
   sole-ready          exactly one replica was selectable when the request was placed
   peer-less-loaded    queue: the selectable replica with the least in flight per slot
   earliest-completion prefix, rate: the replica with the earliest expected completion
-  explore             prefix: an idle replica whose rate was never measured, once
   pinned              pinned: the first selectable replica in declaration order
   none                the policy placed nothing: every replica full (queue), taken by the
                       pool's fall-through replica or the first selectable one (PooledRole.
@@ -59,7 +60,12 @@ from .tokens import CharsPerToken
 
 DEFAULT_EXPECTED_TOKENS = 256
 DEFAULT_SMOOTHING = 0.3
-# A slower replica must finish a request this much sooner than the fastest one to get it.
+# A slower replica's forecast is taken as this share too short (its forecast over 1 - the
+# margin) against the fastest replica's: a request goes there only when, so priced, it finishes
+# no later than on the fastest replica, its wait for a slot included. So a slower replica is
+# never given a request it would finish later than the best replica, as long as its forecast
+# errs by less than the margin; and an estimate off by more (a prior that was optimistic) is
+# corrected by its first answer (Estimate.measured_replaces_prior).
 # Why a margin and not a sharper formula: the wave model prices every stream at one rate per
 # replica, but a replica's per-stream rate depends on its batch (Spark 48.9 tok/s alone, 44.05
 # with 2 running: 11%), so the learned EWMA is a blend of solo and batched samples that moves
@@ -85,9 +91,8 @@ MIN_DECODE_SHARE = 0.25
 # wait teaches nothing of it: its wait is a forecast, and an overrated one (the work ahead
 # ended sooner) left a prefill too short to be true, which taught seed 000's Spark 2.5x its
 # real prefill rate (issue 13, agent sessions with tool outputs) and priced its queue short.
+# An answer that is not a stream, forecast to wait, teaches no rate at all, for that reason.
 STARTED_AT_ONCE_SHARE = 0.1
-# Placements the pool makes before it explores: the first requests are priced on priors.
-EXPLORE_AFTER = 8
 # Ends of this box's requests remembered per replica, to tell them from other boxes' work in
 # a probe's load: more than end on one replica during one probe pass.
 RELEASES_KEPT = 256
@@ -103,7 +108,6 @@ class RouteReason(str, Enum):
     PEER_LESS_LOADED = "peer-less-loaded"
     EARLIEST_COMPLETION = "earliest-completion"
     PINNED = "pinned"
-    EXPLORE = "explore"
     # An earlier replica failed; the next one takes the request even where the policy would
     # have found it full: the request is already admitted, never sent back to wait.
     FAILOVER = "failover"
@@ -223,8 +227,8 @@ def forecast(view: ReplicaView, request: RequestShape) -> Forecast:
 class Policy(Protocol):
     name: str
     # A forecasting policy prices each request by its Forecast (slot wait, uncached prefill,
-    # decode): the placer then hashes prompts for it, explores never-measured replicas and
-    # learns rates net of the forecast wait and prefill.
+    # decode): the placer then hashes prompts for it and learns rates net of the forecast
+    # wait and prefill.
     forecasts: bool
 
     def choose(
@@ -267,11 +271,12 @@ class QueuePolicy:
 
 
 class RatePolicy:
-    """Earliest expected completion, biased to the fastest replica by SLOWER_REPLICA_MARGIN.
+    """Earliest expected completion, a slower replica priced pessimistically (_earliest).
 
     The wave model ignores the slowdown a new stream causes on a batch already running, and a
     request on a slow replica sets the burst's makespan: a slower replica gets the request
-    only when it finishes it clearly sooner, never on a tie or within estimation noise.
+    only when it finishes it no later than the fastest even so priced, never within
+    estimation noise.
     """
 
     name = "rate"
@@ -311,15 +316,20 @@ def _earliest(
     views: Sequence[ReplicaView], completion: Callable[[ReplicaView], float],
     slower_by: float = 0.0,
 ) -> tuple[ReplicaView, RouteReason] | None:
-    """The earliest completion, unless only a slower replica (a rate below the fastest's by
-    more than `slower_by`) wins and not by the margin."""
+    """The earliest completion, a slower replica (a rate below the fastest's by more than
+    `slower_by`) priced pessimistically: its completion over 1 - SLOWER_REPLICA_MARGIN. So
+    it wins only when it finishes no later than the fastest replica, even were it slower
+    than its estimate by the margin; a tie goes to the faster replica."""
     if not views:
         return None
-    best = min(views, key=lambda v: (completion(v), -v.rate, v.order))
     fastest = min(views, key=lambda v: (-v.rate, completion(v), v.order))
-    slower = best.rate < fastest.rate * (1 - slower_by)
-    if slower and completion(best) > completion(fastest) * (1 - SLOWER_REPLICA_MARGIN):
-        best = fastest
+
+    def pessimistic(view: ReplicaView) -> float:
+        if view.rate < fastest.rate * (1 - slower_by):
+            return completion(view) / (1 - SLOWER_REPLICA_MARGIN)
+        return completion(view)
+
+    best = min(views, key=lambda v: (pessimistic(v), -v.rate, v.order))
     return best, _reason(views, RouteReason.EARLIEST_COMPLETION)
 
 
@@ -486,7 +496,6 @@ class Placer:
         self._typical_answer = Estimate(DEFAULT_EXPECTED_TOKENS, smoothing)
         # And the share of a named max_tokens its answers take.
         self.answer_fill = AnswerFill(smoothing)
-        self._placed = 0
         # Called when a replica may have room again (a placement released, a probe's load
         # noted): the pool's admission queue (mesh/pool_queue.py) releases what now fits.
         self.on_room: Callable[[], None] | None = None
@@ -658,7 +667,7 @@ class Placer:
         choice = self.policy.choose(views, shape)
         if choice is None:
             return None
-        return self.commit(views, choice, shape)
+        return self.commit(choice, shape)
 
     def arrived(self, shape: RequestShape) -> None:
         """A request arrived that may wait in the pool's queue before it is placed."""
@@ -671,33 +680,11 @@ class Placer:
             return shape.with_max_tokens(self.typical_answer_tokens())
         return replace(shape, answer_tokens=self.answer_fill.expected(shape.max_tokens))
 
-    def commit(self, views: Sequence[ReplicaView], choice: tuple[ReplicaView, RouteReason],
+    def commit(self, choice: tuple[ReplicaView, RouteReason],
                shape: RequestShape) -> Placement:
-        """Count the request on the policy's choice among `views` (or the replica it explores
-        instead): the placement, in flight from now."""
-        view, reason = self.explored(views, choice, shape)
+        """Count the request on the policy's choice: the placement, in flight from now."""
+        view, reason = choice
         return self._count(view, reason, shape)
-
-    def explored(self, views: Sequence[ReplicaView], choice: tuple[ReplicaView, RouteReason],
-                 request: RequestShape) -> tuple[ReplicaView, RouteReason]:
-        """An exploring policy's choice handed to an idle replica whose rate was never
-        measured, once the pool has warmed up: its prior (or its guessed prefill,
-        PREFILL_SPEEDUP) may be too pessimistic for the policy ever to pick it, and only a
-        sample can tell. Optimistically: only when, priced at the choice's rates, the idle
-        replica would finish the request sooner than the choice. A sample that could not
-        pay even then only costs the request (one turn of an agent session explored on
-        seed 000's idle Thor while the Spark had a slot free cost a short run 20% of its
-        throughput); one that can is taken also in a first burst, before anything is
-        measured (issue 13: 16 agent sessions starting at once on the Spark)."""
-        chosen = choice[0]
-        if (not self.policy.forecasts or self._placed < EXPLORE_AFTER
-                or choice[1] is RouteReason.EXPLORE):  # explored already (the pool queue's)
-            return choice
-        due = forecast(chosen, request).completion_s
-        as_fast = {"rate": chosen.rate, "prefill_rate": chosen.prefill_rate}
-        unproven = [v for v in views if v.in_flight == 0 and self._rates[v.origin].samples == 0
-                    and forecast(replace(v, **as_fast), request).completion_s < due]
-        return (unproven[0], RouteReason.EXPLORE) if unproven else choice
 
     def _count(self, view: ReplicaView, reason: RouteReason,
                request: RequestShape) -> Placement:
@@ -708,7 +695,6 @@ class Placer:
         placement.conversation = self._conversations.placed(request, view.origin,
                                                             self._clock())
         self._affinity.remember(view.origin, request)
-        self._placed += 1
         return placement
 
     def occupy(self, origin: str, slots: int,
@@ -735,7 +721,8 @@ class Placer:
         plus its tokens' decode, is a factor off, and each rate takes the part of that factor
         its share of the forecast predicts. An answer that was nearly all decode teaches the
         decode rate; a long uncached prompt mostly the prefill rate; over many answers of
-        different mixes both settle where the forecasts come true. A stream times its decode
+        different mixes both settle where the forecasts come true; one forecast to wait for a
+        slot teaches neither (STARTED_AT_ONCE_SHARE). A stream times its decode
         itself: its tokens after the first over the time from its first event to its end
         teach the decode rate with no forecast in it (the forecast wait, priced at what the
         requests ahead were expected to take, no longer moves it), and when it started at
@@ -761,6 +748,12 @@ class Placer:
                 prefill_s = first_token_s - priced.wait_s
                 self.observe_prefill_rate(placement.origin,
                                           priced.prefill_rate * priced.prefill_s / prefill_s)
+            return
+        if priced.wait_s > elapsed_s * STARTED_AT_ONCE_SHARE:
+            # Its wait is a forecast, priced at what the work ahead was expected to take: the
+            # time past it is off by as much as that was, and taught seed 000's Thor 1.6x its
+            # true rate and the Spark 0.75x in a mixed burst, enough to send the Thor a request
+            # it finished later than the Spark would have. Answers that started at once teach.
             return
         service_s = max(elapsed_s - priced.wait_s, elapsed_s * MIN_DECODE_SHARE)
         expected_s = priced.prefill_s + tokens / priced.rate
