@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 # Galaxy requires, and a test holds the two together).
 VERSION = "0.1.0"
 
-# ---------------------------------------------------------------- the role catalog (seed 004)
+# ---------------------------------------------------------------- the role catalog
 
 GENERATE = "generate"
 EMBED = "embed"
@@ -50,7 +50,7 @@ class RoleSpec:
     tool_parser: str | None = None
     quantization: str | None = None
     mtp_checkpoint: bool = False
-    # Opt-in roles are feasible by default only once their backend is wired (seed 004).
+    # Opt-in roles are feasible by default only once their backend is wired.
     opt_in: bool = False
     vllm_args: tuple[str, ...] = ()
     max_active: int = 2  # --max-num-seqs default; pooling gears batch many small requests
@@ -87,7 +87,8 @@ ROLES: tuple[RoleSpec, ...] = (
         sim_profile="spark-cortex",
     ),
     RoleSpec(
-        # Served trimmed to 32K by default; the checkpoint's own window is 128K (seed 004).
+        # Served trimmed to 32K by default (the window its memory share was sized for); the
+        # checkpoint's own window is 128K.
         name="senses", prefix="MULTIMODAL", tier="multimodal", compat_alias="normal",
         extra_aliases=("senses",), checkpoint="coolthor/gemma-4-12B-it-NVFP4A16",
         context=32768, gpu_memory_utilization=0.14, status=LOAD_TESTED, task=GENERATE,
@@ -112,7 +113,7 @@ ROLES: tuple[RoleSpec, ...] = (
         opt_in=True,
     ),
     RoleSpec(
-        # Its utilization is unmeasured (seed 004): a box that hosts it must declare one.
+        # Its utilization was never measured: a box that hosts it must declare one.
         name="worker", prefix="WORKER", tier="worker", compat_alias=None, extra_aliases=(),
         checkpoint="unsloth/Qwen3.6-35B-A3B-NVFP4", context=32768, gpu_memory_utilization=None,
         status=CONFIGURED, task=GENERATE, tool_parser="qwen3_coder",
@@ -151,7 +152,8 @@ ROLES: tuple[RoleSpec, ...] = (
     ),
 )
 
-# Capability order of the generate tiers, ascending (seed 004).
+# Capability order of the generate tiers, ascending: a request for a tier no gear serves is
+# answered by the next one up.
 TIER_ORDER: tuple[str, ...] = ("minor", "multimodal", "worker", "muse", "main")
 # Full tiers are shed under pressure; minor is the floor and always served.
 SHEDDABLE_TIERS = frozenset(TIER_ORDER[1:])
@@ -187,7 +189,7 @@ SERVE = "serve"  # this box's own gear
 POOL = "pool"  # placed across replicas (this box's gear among them, or peers only)
 PROXY = "proxy"  # forwarded to the one declared peer, single hop
 REFER = "refer"  # answered 404 role_infeasible naming the peer that hosts it
-OWNERS = "owners"  # forwarded under the fleet key to the boxes that own it (seed 003)
+OWNERS = "owners"  # forwarded under the fleet key to the boxes that own it
 OFF = "off"  # not answered at all: 404 role_infeasible without a peer
 ROUTE_MODES: tuple[str, ...] = (SERVE, POOL, PROXY, REFER, OWNERS, OFF)
 # Modes whose answers come from other boxes.
@@ -228,7 +230,7 @@ GATEWAY_ENV: tuple[str, ...] = (
     "GATEWAY_BODY_TIMEOUT_S", "GATEWAY_CONNECT_TIMEOUT_S", "GATEWAY_UPSTREAM_TIMEOUT_S",
     "GATEWAY_PROBE_INTERVAL_S", "GATEWAY_PROBE_TIMEOUT_S", "GATEWAY_ACCESS_LOG",
     "GATEWAY_STREAM_STALL_S", "GATEWAY_CLIENT_KEYS", "GATEWAY_PRIVATE_STATUS",
-    # Seed 004's names, kept so an existing fleet's .env still starts.
+    # The names the fleet's first gateways used, kept so an existing fleet's .env still starts.
     "CULTURE_VLLM_API_KEY", "FALLBACK_URL", "AUDIO_URL",
 )
 # The pressure thresholds (percent) and the sampler's settings.

@@ -7,8 +7,8 @@ client goes away (it then never reaches a gear).
 Which requests wait: generate-lane requests for a role this box serves with its own gear and
 whose P_MAX_ACTIVE gives the gear's slots, and those for a pool (mesh/pool_queue.py: released
 where placement finds room, and placed there). They pass straight through when:
-  - the role is minor, or the request asked for minor (seed 004: the floor, always served);
-  - pressure would shed the request now (it is answered at once, as seed 004 says);
+  - the role is minor, or the request asked for minor (the floor: always served);
+  - pressure would shed the request now (it is answered at once: shedding never waits);
   - it arrived from another box (proxied, pooled or owner-forwarded): that box admitted it,
     so it only occupies a slot here, without waiting again (a pool counts it on its local
     replica);
