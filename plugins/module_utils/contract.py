@@ -230,6 +230,9 @@ GATEWAY_ENV: tuple[str, ...] = (
     "GATEWAY_BODY_TIMEOUT_S", "GATEWAY_CONNECT_TIMEOUT_S", "GATEWAY_UPSTREAM_TIMEOUT_S",
     "GATEWAY_PROBE_INTERVAL_S", "GATEWAY_PROBE_TIMEOUT_S", "GATEWAY_ACCESS_LOG",
     "GATEWAY_STREAM_STALL_S", "GATEWAY_CLIENT_KEYS", "GATEWAY_PRIVATE_STATUS",
+    # What the plan says of the box, for /status and the live page: its hardware, the gears'
+    # memory shares and the headroom the plan keeps free (GiB).
+    "GATEWAY_BOX_HARDWARE", "GATEWAY_GEAR_SHARES_GIB", "GATEWAY_MEMORY_HEADROOM_GIB",
     # The names the fleet's first gateways used, kept so an existing fleet's .env still starts.
     "CULTURE_VLLM_API_KEY", "FALLBACK_URL", "AUDIO_URL",
 )

@@ -90,10 +90,25 @@ def _global_env(plan: dict, secrets: dict) -> list:
         env.append(("GATEWAY_POOL_POLICY", gateway["pool_policy"]))
     if gateway["private_status"]:
         env.append(("GATEWAY_PRIVATE_STATUS", "true"))
+    env.extend(_box_env(plan))
     audio = _local_audio_url(plan)
     if audio:
         env.append(("AUDIO_URL", audio))
     env.extend((name, _number(value)) for name, value in gateway["tuning"].items())
+    return env
+
+
+def _box_env(plan: dict) -> list:
+    """What the plan says of the box, for /status and the live page: its hardware, the memory
+    shares of its gears (as the memory gate counts them) and the headroom it keeps free."""
+    env = []
+    hardware = plan.get("hardware") or {}
+    if hardware.get("description"):
+        env.append(("GATEWAY_BOX_HARDWARE", hardware["description"]))
+    if plan.get("budget"):
+        shares = round(sum(role["gear"]["memory_gib"] for role in start_order(plan)), 2)
+        env.append(("GATEWAY_GEAR_SHARES_GIB", _number(shares)))
+        env.append(("GATEWAY_MEMORY_HEADROOM_GIB", _number(plan["budget"]["headroom_gib"])))
     return env
 
 

@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 from lobes_gateway.app.live import INCOMPATIBLE, READY, REFUSED, UNREACHABLE, link_state, quantile
 from lobes_gateway.app.metrics import BUCKETS
 from lobes_gateway.app.views import MAX_VERSION_CHARS, engine_version
-from lobes_gateway.mesh.replicas import NOT_PROBED_REASON, ReplicaSpec, ReplicaState
+from lobes_gateway.mesh.replicas import (
+    NOT_PROBED_REASON,
+    ReplicaSpec,
+    ReplicaState,
+    peer_hardware,
+)
 
 from tests.support.client import chat
 from tests.support.gateway_proc import start_gateway
@@ -152,3 +157,48 @@ def test_an_engine_version_is_read_from_vllm_s_answer():
     assert engine_version(b'{"version": "0.11.0"}') == "0.11.0"
     assert engine_version(b'{"version": 11}') is None
     assert engine_version(b'["0.11.0"]') is None
+
+
+SPARK = "NVIDIA DGX Spark (GB10, 128 GB unified)"
+
+
+def test_the_plans_word_on_the_box_and_a_peers_hardware_reach_status():
+    """The plan renders the box's hardware, its gears' shares and the headroom it keeps; /status
+    repeats them, /capabilities names the hardware, and a box that probes it shows it per link."""
+    with start_sim("instant", served_name="p") as peer_gear, \
+            start_gateway({"PRIMARY_BASE_URL": peer_gear.url, "PRIMARY_SERVED_NAME": "p",
+                           "MULTIMODAL_BASE_URL": peer_gear.url, "MULTIMODAL_SERVED_NAME": "p",
+                           "GATEWAY_BOX_HARDWARE": SPARK, "GATEWAY_GEAR_SHARES_GIB": "71.68",
+                           "GATEWAY_MEMORY_HEADROOM_GIB": "20"}) as peer, \
+            start_sim("instant", served_name="c") as gear:
+        block = peer.get_json("/status")["box"]
+        assert (block["hardware"], block["gear_shares_gib"], block["memory_headroom_gib"]) == (
+            SPARK, 71.68, 20.0)
+        assert peer.get_json("/capabilities")["box"] == {"hardware": SPARK}
+        env = {"PRIMARY_BASE_URL": gear.url, "PRIMARY_SERVED_NAME": "c",
+               "MULTIMODAL_FEASIBLE": "false", "MULTIMODAL_ROUTE": "proxy",
+               "MULTIMODAL_PEER_ORIGIN": peer.url, "GATEWAY_PROBE_INTERVAL_S": "0.3"}
+        with start_gateway(env) as gateway:
+            wait_until(lambda: [link["hardware"] for link in gateway.get_json("/status")["links"]]
+                       == [SPARK], message="the peer's hardware on its link")
+            # Not rendered: nothing is made up.
+            assert gateway.get_json("/status")["box"]["hardware"] is None
+            assert "box" not in gateway.get_json("/capabilities")
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=200),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.sampled_from(["box", "hardware", "roles"]), inner,
+                                      max_size=3)))
+def test_a_peers_hardware_is_repeated_only_as_a_short_printable_line(capabilities):
+    hardware = peer_hardware(capabilities)
+    assert hardware is None or (isinstance(hardware, str) and 0 < len(hardware) <= 120
+                                and hardware.isascii() and hardware.isprintable())
+
+
+def test_a_peers_hardware_with_markup_is_kept_as_text_and_control_bytes_are_not():
+    markup = "<img src=x onerror=alert(1)>"
+    assert peer_hardware({"box": {"hardware": markup}}) == markup  # the page shows it as text
+    assert peer_hardware({"box": {"hardware": "Spark\r\nX-Injected: 1"}}) is None
+    assert peer_hardware({"box": {"hardware": "x" * 121}}) is None
+    assert peer_hardware({"box": "Spark"}) is None

@@ -20,6 +20,9 @@ KEY = "ui-test-key"
 # Markup in a served name: the page must show it as these characters, never run it.
 HOSTILE = "sim<img src=x onerror=alert(1)>"
 PEER_HOSTILE = "peer<script>document.title='owned'</script>"
+# What the plan renders of a box's hardware, with markup in it: shown as text, here and at peers.
+HARDWARE = "Spark <b>bold</b>"
+PEER_HARDWARE = "Thor<svg onload=document.title='owned'>"
 # The gears table's "generated tok/s" column.
 GENERATED_COLUMN = 8
 SCREENSHOTS = os.environ.get("LOBES_UI_SCREENSHOTS")
@@ -39,8 +42,11 @@ def hostile_mesh():
             start_sim("instant", served_name=PEER_HOSTILE) as peer_gear, \
             start_gateway({"PRIMARY_BASE_URL": peer_gear.url, "PRIMARY_SERVED_NAME": PEER_HOSTILE,
                            "MULTIMODAL_BASE_URL": peer_gear.url,
-                           "MULTIMODAL_SERVED_NAME": PEER_HOSTILE}) as peer:
+                           "MULTIMODAL_SERVED_NAME": PEER_HOSTILE,
+                           "GATEWAY_BOX_HARDWARE": PEER_HARDWARE}) as peer:
         env = {"PRIMARY_BASE_URL": gear.url, "PRIMARY_SERVED_NAME": HOSTILE,
+               "GATEWAY_BOX_HARDWARE": HARDWARE, "GATEWAY_GEAR_SHARES_GIB": "38.4",
+               "GATEWAY_MEMORY_HEADROOM_GIB": "0.5",
                "MULTIMODAL_FEASIBLE": "false", "MULTIMODAL_ROUTE": "proxy",
                "MULTIMODAL_PEER_ORIGIN": peer.url, "GATEWAY_PROBE_INTERVAL_S": "0.5"}
         with start_gateway(env) as gateway:
@@ -127,9 +133,12 @@ def test_hostile_names_are_shown_as_text_and_never_run(driver, hostile_mesh):
     ui.wait_for(driver, lambda d: "holds a character it may not" in ui.rows(
         d, "roles", "data-role").get("senses", {}).get("text", ""),
         "why the peer with a hostile served name is not used, in the roles table")
+    ui.wait_for(driver, lambda d: PEER_HARDWARE in d.find_element(By.TAG_NAME, "body").text,
+                "the peer's hardware drawn on its box, as text")
     page = driver.find_element(By.TAG_NAME, "body").text
     assert HOSTILE in page and PEER_HOSTILE not in page
-    assert driver.find_elements(By.CSS_SELECTOR, "main img, main script") == []
+    assert HARDWARE in page and "gears' shares 38.4 GiB, headroom kept 0.5 GiB" in page
+    assert driver.find_elements(By.CSS_SELECTOR, "main img, main script, main b") == []
     assert driver.title != "owned"
     drawn = ui.links(driver)
     assert {"role": "senses", "origin": peer.url, "state": "incompatible"} in drawn

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..mesh.peers import PeerWatch
 from ..mesh.replicas import NOT_PROBED_REASON, ReplicaState
+from ..policy.config import BoxPlan
 from ..policy.pressure import read_memory_kb
 from .metrics import BUCKETS, Metrics
 
@@ -147,7 +148,8 @@ class Live:
         """Every peer link: the role it answers, how (pool, proxy, owner), the peer's origin
         and its state as the last probe pass judged it (this box's own replica left out)."""
         return [{"role": role, "kind": kind, "origin": state.origin,
-                 "state": link_state(state), "reason": state.reason, "load": state.load}
+                 "state": link_state(state), "reason": state.reason, "load": state.load,
+                 "hardware": state.hardware}
                 for role, kind, state in self._peer_states()]
 
     def _peer_states(self) -> Iterable[tuple[str, str, ReplicaState]]:
@@ -175,12 +177,15 @@ def _rounded_s(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 4)
 
 
-def box_block(self_origin: str | None, proc_root: str) -> dict[str, object]:
+def box_block(self_origin: str | None, proc_root: str, plan: BoxPlan) -> dict[str, object]:
     """This box as the gateway knows it: its host name, origin, CPUs and memory (kB, read
-    now; None where the kernel's meminfo cannot be read)."""
+    now; None where the kernel's meminfo cannot be read), and what the plan says of it: its
+    hardware, the gears' memory shares and the headroom it keeps free (GiB; None unrendered)."""
     try:
         total, available = read_memory_kb(proc_root)
     except (OSError, ValueError, IndexError):
         total = available = None
     return {"name": socket.gethostname(), "origin": self_origin, "cpus": os.cpu_count(),
-            "mem_total_kb": total, "mem_available_kb": available}
+            "mem_total_kb": total, "mem_available_kb": available, "hardware": plan.hardware,
+            "gear_shares_gib": plan.gear_shares_gib,
+            "memory_headroom_gib": plan.memory_headroom_gib}

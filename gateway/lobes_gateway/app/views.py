@@ -193,8 +193,11 @@ class Views:
                    if isinstance(r, LocalRoute) and r.targets}
         health = await self._health_of(origins)
         roles = {name: self._capability(name, route, health) for name, route in routes.items()}
-        return json.dumps({"object": "lobes.capabilities", "version": __version__,
-                           "self_origin": self._config.self_origin, "roles": roles}).encode()
+        answer: dict[str, object] = {"object": "lobes.capabilities", "version": __version__,
+                                     "self_origin": self._config.self_origin, "roles": roles}
+        if self._config.box.hardware:  # what peers' live pages show of this box
+            answer["box"] = {"hardware": self._config.box.hardware}
+        return json.dumps(answer).encode()
 
     def _capability(self, name: str, route: Route,
                     health: dict[Origin, bool]) -> dict[str, object]:
@@ -273,7 +276,8 @@ class Views:
             "admission": self._admission(),
             "ttft": self._live.ttft(now),
             "links": self._live.links(),
-            "box": box_block(self._config.self_origin, self._config.pressure.proc_root),
+            "box": box_block(self._config.self_origin, self._config.pressure.proc_root,
+                             self._config.box),
         }).encode()
 
     def _add_live(self, row: dict, now: float) -> None:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field, replace
 
 from lobes_contract import CONTEXT_TOKENS, MAX_ACTIVE_SLOTS, SERVED_NAME
 
+from ..policy.config import MAX_HARDWARE_CHARS
+
 # fetch(origin, path, api_key) -> (status, body). Raises OSError or TimeoutError when the
 # peer cannot be reached; the gateway wires its upstream client here, tests a dict.
 Fetch = Callable[[str, str, "str | None"], Awaitable[tuple[int, bytes]]]
@@ -113,6 +115,8 @@ class ProbeResult:
     fingerprint: Fingerprint | None = None
     load: int | None = None
     slots: int | None = None
+    # The hardware the peer's /capabilities names for its box (shown, never acted on).
+    hardware: str | None = None
 
     @classmethod
     def failed(cls, reason: str, listed_ids: frozenset[str] = frozenset()) -> ProbeResult:
@@ -137,6 +141,7 @@ class ReplicaState:
     load: int | None = None
     slots: int | None = None
     judged_at: float | None = None
+    hardware: str | None = None
 
     @property
     def origin(self) -> str:
@@ -179,6 +184,7 @@ def _judge(
         load=result.load,
         slots=result.slots,
         judged_at=now,
+        hardware=result.hardware,
     )
     if not result.ready or reference is None or result.fingerprint is None:
         return replace(base, compatible=False, reason=result.reason or "not ready")
@@ -392,10 +398,29 @@ async def _probe_local(fetch: Fetch, spec: ReplicaSpec, target: ProbeTarget) -> 
 
 
 async def _probe_peer(fetch: Fetch, spec: ReplicaSpec, target: ProbeTarget) -> ProbeResult:
-    """A peer gateway: its /capabilities entry for the role, then its /v1/models listing."""
+    """A peer gateway: its /capabilities entry for the role, then its /v1/models listing; the
+    hardware its box names, whatever the verdict."""
     status, capabilities = await _get(fetch, spec, "/capabilities")
     if status != 200:
         return ProbeResult.failed(f"peer /capabilities answered HTTP {status}")
+    result = await _judge_peer_role(fetch, spec, target, capabilities)
+    return replace(result, hardware=peer_hardware(capabilities))
+
+
+def peer_hardware(capabilities: object) -> str | None:
+    """The hardware a peer's /capabilities names, where it is a short line of printable ASCII
+    (what this box shows of it); anything else is not repeated."""
+    box = capabilities.get("box") if isinstance(capabilities, dict) else None
+    hardware = box.get("hardware") if isinstance(box, dict) else None
+    if isinstance(hardware, str) and 0 < len(hardware) <= MAX_HARDWARE_CHARS \
+            and hardware.isascii() and hardware.isprintable():
+        return hardware
+    return None
+
+
+async def _judge_peer_role(fetch: Fetch, spec: ReplicaSpec, target: ProbeTarget,
+                           capabilities: object) -> ProbeResult:
+    """The peer's verdict on the role from its /capabilities entry, then its listing."""
     entry = _role_entry(capabilities, target.role)
     if entry is None:
         return ProbeResult.failed(f"peer does not declare {target.role}")

@@ -139,6 +139,20 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class BoxPlan:
+    """The plan's word on this box, as /status and /capabilities repeat it."""
+
+    hardware: str | None = None
+    gear_shares_gib: float | None = None
+    memory_headroom_gib: float | None = None
+
+
+# Bounds of what the plan renders about the box (a hardware description, GiB figures).
+MAX_HARDWARE_CHARS = 120
+MAX_GIB = 1_000_000.0
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     """The whole, validated environment contract of one gateway."""
 
@@ -152,6 +166,9 @@ class GatewayConfig:
     force_strict_tools: bool = False
     # /status and /capabilities answer only a caller with a key the gate accepts.
     private_status: bool = False
+    # What the plan says of this box (the live page shows it): hardware, the gears' memory
+    # shares and the headroom the plan keeps free, in GiB; None where not rendered.
+    box: BoxPlan = field(default_factory=BoxPlan)
     audio_url: Origin | None = None
     pool_policy: str = POOL_POLICIES[0]
     # GATEWAY_ACCESS_LOG: None (off), "-" (stdout) or a file path.
@@ -222,6 +239,29 @@ class _Env:
     def origin(self, name: str) -> Origin | None:
         value = self.str(name)
         return None if value is None else parse_origin(name, value)
+
+    def text(self, name: str, most: int) -> str | None:
+        """A line of printable ASCII of at most `most` characters, shown to people as is."""
+        value = self.str(name)
+        if value is not None and (len(value) > most or not value.isascii()
+                                  or not value.isprintable()):
+            raise ConfigError(name, f"{value[:most]!r} is not a line of at most {most} "
+                              "printable ASCII characters", "render it again from the plan")
+        return value
+
+    def gib(self, name: str) -> float | None:
+        """A memory figure in GiB: a finite number from 0 to MAX_GIB."""
+        value = self.str(name)
+        if value is None:
+            return None
+        try:
+            number = float(value)
+        except ValueError:
+            raise ConfigError(name, f"{value!r} is not a number", "use GiB, e.g. 71.7") from None
+        if not 0 <= number <= MAX_GIB:  # NaN fails both comparisons
+            raise ConfigError(name, f"{value!r} is not from 0 to {MAX_GIB:g}",
+                              "use GiB, e.g. 71.7")
+        return number
 
     def list(self, name: str) -> list[str] | None:
         value = self.str(name)
@@ -515,6 +555,8 @@ def load_config(environ: Mapping[str, str]) -> GatewayConfig:
         self_origin=_canonical_origin("GATEWAY_SELF_ORIGIN", self_origin) if self_origin else None,
         force_strict_tools=bool(env.bool("GATEWAY_FORCE_STRICT_TOOLS", False)),
         private_status=bool(env.bool("GATEWAY_PRIVATE_STATUS", False)),
+        box=BoxPlan(env.text("GATEWAY_BOX_HARDWARE", MAX_HARDWARE_CHARS),
+                    env.gib("GATEWAY_GEAR_SHARES_GIB"), env.gib("GATEWAY_MEMORY_HEADROOM_GIB")),
         audio_url=env.origin("AUDIO_URL"),
         pool_policy=policy,
         access_log=_access_log(env),

@@ -154,8 +154,10 @@
     const limits = p.thresholds || {};
     const gib = (kb) => (kb === null || kb === undefined ? "–" : (kb / 1048576).toFixed(1) + " GiB");
     const pairs = [
-      ["host", box.name], ["origin", box.origin || "–"], ["CPUs", box.cpus],
+      ["host", box.name], ["hardware", box.hardware || "–"], ["origin", box.origin || "–"],
+      ["CPUs", box.cpus],
       ["memory available", gib(box.mem_available_kb) + " of " + gib(box.mem_total_kb)],
+      ["the plan's budget", budget(box)],
       ["MemAvailable", fmt(reading.mem_available_percent, 1, " %") + " (sheds under " +
         fmt(limits.memavailable_degraded, 0, " %") + ")"],
       ["PSI memory full avg10", fmt(reading.psi_memory_full_avg10, 1, " %") + " (sheds over " +
@@ -242,7 +244,8 @@
     const roles = Object.entries(caps.roles || {});
     const here = roles.filter(([, c]) => c.feasible && !c.proxied);
     const nodes = [];
-    const heading = [box.name || "this gateway", box.origin || "", hardware(box)].filter(Boolean);
+    const heading = [box.name || "this gateway", box.origin || "", box.hardware || "",
+      hardware(box)].filter(Boolean);
     const items = here.map(([role, c]) => [role + " · " + c.route + (c.ready ? "" : " (not ready)"),
       c.ready ? "ready" : "unreachable"]);
     const selfHeight = 16 + 17 * heading.length + 16 * items.length;
@@ -258,7 +261,8 @@
     for (const [origin, links] of peers) {
       const top = 10 + index * 110;
       const state = worst(links.map((l) => l.state));
-      nodes.push(drawBox(600, top, 290, 95, "peer", [origin],
+      const named = links.find((l) => l.hardware);
+      nodes.push(drawBox(600, top, 290, 95, "peer", named ? [origin, named.hardware] : [origin],
         links.map((l) => [l.role + " (" + l.kind + "): " + l.state, l.state]),
         { "data-origin": origin, "data-state": state }));
       links.forEach((l, i) => {
@@ -274,6 +278,18 @@
       nodes.push(svg("text", { x: 400, y: middle, class: "small" }, "no peer links: this box answers alone"));
     }
     mesh.replaceChildren(...lines, ...nodes);
+  }
+
+  // The plan keeps the headroom free beside the gears' shares: what is available past it is
+  // what the box can still take before it eats into what the plan left for everything else.
+  function budget(box) {
+    if (box.gear_shares_gib === null || box.gear_shares_gib === undefined) return "–";
+    const text = "gears' shares " + box.gear_shares_gib.toFixed(1) + " GiB, headroom kept " +
+      box.memory_headroom_gib.toFixed(1) + " GiB";
+    if (box.mem_available_kb === null || box.mem_available_kb === undefined) return text;
+    const left = box.mem_available_kb / 1048576 - box.memory_headroom_gib;
+    return text + "; " + (left >= 0 ? left.toFixed(1) + " GiB available past the headroom"
+      : (-left).toFixed(1) + " GiB into the headroom");
   }
 
   function hardware(box) {
