@@ -19,8 +19,8 @@ class AnswerFill:
     Clients often ask far more than they get (max_tokens 4,096 for a ~155-token reply): priced
     at its max_tokens, such a request looked 26x its length, and work in flight on a fast
     replica looked so long that the default policy left a slow one idle and ran 1.35x slower
-    than `rate` (issue 13, docs/benchmarks.md, loose max_tokens). A bucket with no answer yet
-    is priced at its max_tokens (a fill of 1); its first answer replaces that guess.
+    than `rate` (docs/benchmarks.md, loose max_tokens). A bucket with no answer yet is priced at
+    its max_tokens (a fill of 1); its first answer replaces that guess.
     """
 
     def __init__(self, smoothing: float) -> None:

@@ -50,12 +50,12 @@ class ReplicaView:
         admitted before the running sequences get their next token (vLLM, chunked or not,
         spends the step's time on both), and a newcomer's prefill waits for those ahead.
         So a queued request's prefill delays every slot busy when it starts (without that, a
-        queue of long prompts looked ~40% shorter than it is: issue 13, 16 agent sessions
-        over a 6k-token prompt on seed 000's pair), and a replica still prefilling is not
-        free with a slot open (priced free, one busy with a session's 4k-token first prompt
-        took the next two sessions too, each waiting unforecast, and learned from that a
-        decode rate 20-30% below its identical twin's: issue 13's 4 sessions on the
-        homogeneous pair, split 12/20 with 4-5% less throughput than `rate`)."""
+        queue of long prompts looked ~40% shorter than it is: 16 agent sessions over a 6k-token
+        prompt on the acceptance run's Spark and Thor pair), and a replica still prefilling is
+        not free with a slot open (priced free, one busy with a session's 4k-token first prompt
+        took the next two sessions too, each waiting unforecast, and learned from that a decode
+        rate 20-30% below its identical twin's: 4 agent sessions on the homogeneous pair, split
+        12/20 with 4-5% less throughput than `rate`)."""
         stalls = self.prefill_left_s or (0.0,) * len(self.work_s)
         running = min(self.slots, len(self.work_s))
         # The prefills under way: until they are done nothing decodes and nothing starts.

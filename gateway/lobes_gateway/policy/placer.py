@@ -2,10 +2,11 @@
 replicas' rates and the pool's answers from what it took (the policies that choose are
 policy/policies.py; what they see of a replica, policy/forecast.py).
 
-Every dispatch is counted in flight before the gateway dials and released after the answer
-ends, so concurrent arrivals see each other and spread instead of stampeding one replica
-(seed 000, defect 1). Choosing and counting happen in one synchronous step: on the event
-loop nothing can interleave between them.
+Every dispatch is counted in flight before the gateway dials and released after the answer ends,
+so concurrent arrivals see each other and spread instead of stampeding one replica (uncounted,
+four requests at once in the acceptance run read the same idle probe and all went to the Spark).
+Choosing and counting happen in one synchronous step: on the event loop nothing can interleave
+between them.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ MIN_REMAINING_SHARE = 0.05
 # A rate sample's decode time is at least this share of the elapsed time, so an overrated
 # wait or prefill never turns into an absurd rate.
 MIN_DECODE_SHARE = 0.25
-# A stream forecast to start within this share of its first token's time started about at
-# once: its first token timed its prefill, which teaches the prefill rate. One forecast to
-# wait teaches nothing of it: its wait is a forecast, and an overrated one (the work ahead
-# ended sooner) left a prefill too short to be true, which taught seed 000's Spark 2.5x its
-# real prefill rate (issue 13, agent sessions with tool outputs) and priced its queue short.
-# An answer that is not a stream, forecast to wait, teaches no rate at all, for that reason.
+# A stream forecast to start within this share of its first token's time started about at once:
+# its first token timed its prefill, which teaches the prefill rate. One forecast to wait
+# teaches nothing of it: its wait is a forecast, and an overrated one (the work ahead ended
+# sooner) left a prefill too short to be true, which taught the acceptance run's Spark 2.5x its
+# real prefill rate (agent sessions with tool outputs) and priced its queue short. An answer
+# that is not a stream, forecast to wait, teaches no rate at all, for that reason.
 STARTED_AT_ONCE_SHARE = 0.1
 # Ends of this box's requests remembered per replica, to tell them from other boxes' work in
 # a probe's load: more than end on one replica during one probe pass.
@@ -208,7 +209,7 @@ class Placer:
         box's requests that ended since the probe started may be in `load` too: they are
         not taken for other boxes' work. Taken so, two turns that ended while a probe pass
         was on stayed on their replica as two phantom requests for a whole probe interval
-        (issue 13's 4 sessions: a session was moved off its prefix, and the one that waited
+        (4 agent sessions: a session was moved off its prefix, and the one that waited
         for the phantoms taught its replica a decode rate twice the real one).
         """
         ended = 0
@@ -407,9 +408,10 @@ class Placer:
             return
         if priced.wait_s > elapsed_s * STARTED_AT_ONCE_SHARE:
             # Its wait is a forecast, priced at what the work ahead was expected to take: the
-            # time past it is off by as much as that was, and taught seed 000's Thor 1.6x its
-            # true rate and the Spark 0.75x in a mixed burst, enough to send the Thor a request
-            # it finished later than the Spark would have. Answers that started at once teach.
+            # time past it is off by as much as that was, and taught the acceptance run's Thor
+            # 1.6x its true rate and the Spark 0.75x in a mixed burst, enough to send the Thor a
+            # request it finished later than the Spark would have. Answers that started at once
+            # teach.
             return
         service_s = max(elapsed_s - priced.wait_s, elapsed_s * MIN_DECODE_SHARE)
         expected_s = priced.prefill_s + tokens / priced.rate

@@ -20,8 +20,8 @@ Policies (GATEWAY_POOL_POLICY):
           only when it finishes it, so priced, no later than the fastest replica would,
           wait for a slot there included.
           Rates are learned online (EWMA of completed responses) from declared priors.
-  queue   seed 000's baseline: least in flight relative to slots, a full replica is not
-          selectable, ties by origin. Kept to measure against.
+  queue   the baseline the acceptance run measured: least in flight relative to slots, a
+          full replica is not selectable, ties by origin. Kept to measure against.
   pinned  the first selectable replica in declaration order, always.
 
 X-Lobes-Route-Reason vocabulary (closed; RouteReason):
@@ -55,12 +55,13 @@ from .prefix import RequestShape
 # corrected by its first answer (Estimate.measured_replaces_prior).
 # Why a margin and not a sharper formula: the wave model prices every stream at one rate per
 # replica, but a replica's per-stream rate depends on its batch (Spark 48.9 tok/s alone, 44.05
-# with 2 running: 11%), so the learned EWMA is a blend of solo and batched samples that moves
-# by that much. Seed 000's burst 8 is the near-tie: Spark's 4th wave 4 x 155/44.05 = 14.07 s
-# against Thor alone 155/11.0 = 14.09 s. Even a batch-aware estimate decides it on 0.1%, far
-# inside the estimate's own error, while a request wrongly sent to the slow replica sets the
-# burst's makespan. The margin is that error bound: a slower replica must win by more than the
-# spread between its rivals' solo and batched rates. Measured: docs/benchmarks.md.
+# with 2 running: 11%), so the learned EWMA is a blend of solo and batched samples that moves by
+# that much. The acceptance run's burst of 8 on its Spark and Thor pair is the near-tie: Spark's
+# 4th wave 4 x 155/44.05 = 14.07 s against Thor alone 155/11.0 = 14.09 s. Even a batch-aware
+# estimate decides it on 0.1%, far inside the estimate's own error, while a request wrongly sent
+# to the slow replica sets the burst's makespan. The margin is that error bound: a slower
+# replica must win by more than the spread between its rivals' solo and batched rates. Measured:
+# docs/benchmarks.md.
 SLOWER_REPLICA_MARGIN = 0.1
 
 
@@ -157,7 +158,7 @@ class PrefixPolicy:
         self, views: Sequence[ReplicaView], request: RequestShape
     ) -> tuple[ReplicaView, RouteReason] | None:
         # Its rates are learned per replica from each answer, so identical replicas differ
-        # by noise (0.1-4% in issue 13's 4 sessions on the homogeneous pair): one is slower
+        # by noise (0.1-4% in 4 agent sessions on the homogeneous pair): one is slower
         # only by more than the margin, else a hair's rate took a conversation off the
         # replica holding its prefix, 1-9% sooner there, and stacked sessions on the other.
         return _earliest(
