@@ -196,7 +196,7 @@ ROUTE_MODES: tuple[str, ...] = (SERVE, POOL, PROXY, REFER, OWNERS, OFF)
 PEER_MODES = frozenset({POOL, PROXY, OWNERS})
 
 # How a pool places a request on its replicas (GATEWAY_POOL_POLICY, the inventory's
-# fleet_gateway_pool_policy); the first is the default. The gateway's policy/placement.py
+# fleet_gateway_pool_policy); the first is the default. The gateway's policy/policies.py
 # implements each.
 POOL_POLICIES: tuple[str, ...] = ("prefix", "rate", "queue", "pinned")
 

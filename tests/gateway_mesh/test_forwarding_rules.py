@@ -18,7 +18,7 @@ from lobes_gateway.app.dispatch import (
     peer_headers,
 )
 from lobes_gateway.app.meter import completion_tokens
-from lobes_gateway.policy.placement import DEFAULT_EXPECTED_TOKENS, expected_tokens
+from lobes_gateway.policy.answer_size import DEFAULT_EXPECTED_TOKENS, expected_tokens
 from lobes_gateway.policy.prefix import request_shape
 from lobes_gateway.transport.http import Request, parse_head
 from lobes_gateway.transport.trace import Trace

@@ -18,7 +18,8 @@ from lobes_gateway.mesh.peers import PooledRole
 from lobes_gateway.mesh.pool_queue import PoolQueue
 from lobes_gateway.mesh.replicas import Fingerprint, ProbeResult, ReplicaSet, ReplicaSpec
 from lobes_gateway.policy.admission import STANDARD, Ticket
-from lobes_gateway.policy.placement import PinnedPolicy, Placer, Policy, PrefixPolicy, RatePolicy
+from lobes_gateway.policy.placer import Placer
+from lobes_gateway.policy.policies import PinnedPolicy, Policy, PrefixPolicy, RatePolicy
 from lobes_gateway.policy.prefix import RequestShape
 
 from .queue_model import MID, SEED_TOKENS, SPARK, THOR, Job, ModelBox, ModelReplica, finish_times

@@ -4,11 +4,10 @@ import asyncio
 
 import pytest
 from lobes_contract import POOL_POLICIES
-from lobes_gateway.policy.placement import (
+from lobes_gateway.policy.placer import Candidate, Placer
+from lobes_gateway.policy.policies import (
     POLICIES,
-    Candidate,
     PinnedPolicy,
-    Placer,
     PrefixPolicy,
     QueuePolicy,
     RatePolicy,

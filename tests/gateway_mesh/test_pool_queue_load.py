@@ -2,7 +2,7 @@
 would, their work and its prefill side by side."""
 
 from lobes_gateway.mesh.pool_queue import VirtualLoad
-from lobes_gateway.policy.placement import ReplicaView, forecast
+from lobes_gateway.policy.forecast import ReplicaView, forecast
 from lobes_gateway.policy.prefix import RequestShape
 
 LONG_PROMPT = RequestShape(prompt_tokens=6000, max_tokens=1000)

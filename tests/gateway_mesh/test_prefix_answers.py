@@ -7,7 +7,8 @@ holds that message too. Also the grain learned from reported prompt tokens."""
 from __future__ import annotations
 
 import pytest
-from lobes_gateway.policy.placement import Candidate, Placer, PrefixPolicy
+from lobes_gateway.policy.placer import Candidate, Placer
+from lobes_gateway.policy.policies import PrefixPolicy
 from lobes_gateway.policy.prefix import BLOCK_CHARS, PrefixAffinity, request_shape
 from lobes_gateway.policy.tokens import CharsPerToken, reported_prompt_tokens
 

@@ -9,17 +9,14 @@ from dataclasses import replace
 import pytest
 from lobes_gateway.mesh.peers import PooledRole
 from lobes_gateway.mesh.replicas import Fingerprint, ProbeResult, ReplicaSet, ReplicaSpec
-from lobes_gateway.policy.placement import (
-    PREFILL_SPEEDUP,
+from lobes_gateway.policy.answer_size import AnswerFill
+from lobes_gateway.policy.forecast import PREFILL_SPEEDUP, ReplicaView, forecast
+from lobes_gateway.policy.placer import Candidate, Placer
+from lobes_gateway.policy.policies import (
     SLOWER_REPLICA_MARGIN,
-    AnswerFill,
-    Candidate,
-    Placer,
     PrefixPolicy,
     RatePolicy,
-    ReplicaView,
     RouteReason,
-    forecast,
 )
 from lobes_gateway.policy.prefix import (
     BLOCK_CHARS,

@@ -9,7 +9,8 @@ from lobes_gateway.mesh.peers import PooledRole
 from lobes_gateway.mesh.pool_queue import PoolQueue
 from lobes_gateway.mesh.replicas import Fingerprint, ProbeResult, ReplicaSet, ReplicaSpec
 from lobes_gateway.policy.admission import STANDARD, Ticket
-from lobes_gateway.policy.placement import Candidate, Placer, PrefixPolicy
+from lobes_gateway.policy.placer import Candidate, Placer
+from lobes_gateway.policy.policies import PrefixPolicy
 from lobes_gateway.policy.prefix import RequestShape, request_shape
 from lobes_gateway.policy.sessions import (
     DEFAULT_THINK_S,

@@ -34,9 +34,9 @@ from ..policy.admission import (
     class_of_priority,
     effective_class,
 )
+from ..policy.answer_size import expected_tokens
 from ..policy.auth import Caller
 from ..policy.config import GatewayConfig
-from ..policy.placement import expected_tokens
 from ..policy.pressure import PressureMonitor
 from ..policy.routing import LocalRoute, PoolRoute, Route
 from ..transport import errors

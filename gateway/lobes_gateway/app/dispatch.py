@@ -38,7 +38,7 @@ from lobes_contract import DEFAULT_PRIORITY_CLASS, VLLM_PRIORITY
 from ..mesh.peers import PeerWatch, PooledRole
 from ..policy.admission import Ticket
 from ..policy.config import GatewayConfig
-from ..policy.placement import Placement
+from ..policy.placer import Placement
 from ..policy.prefix import RequestShape
 from ..policy.pressure import PressureMonitor
 from ..policy.routing import (

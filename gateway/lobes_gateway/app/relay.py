@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING
 
-from ..policy.placement import Placement
+from ..policy.placer import Placement
 from ..policy.tokens import reported_prompt_tokens
 from ..transport import errors
 from ..transport.channel import Channel

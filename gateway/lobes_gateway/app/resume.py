@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..mesh.peers import PooledRole
-from ..policy.placement import Placement
+from ..policy.placer import Placement
 from ..policy.tokens import reported_prompt_tokens
 from ..transport.channel import Channel
 from ..transport.chunked import ChunkDecoder, scan_chunks

@@ -4,7 +4,7 @@ Routing names, per role, the peers that may answer it: a pool's replicas, the on
 or the owners a request is forwarded to. PeerWatch holds a ReplicaSet for each, probes them all
 in one loop, and publishes what it saw as PeerViews for /capabilities and /v1/models: a role
 appears there, and reports ready, only while the latest probe saw a peer host it. A pool also
-gets a Placer (policy/placement.py) that places each request on its selectable replicas.
+gets a Placer (policy/placer.py) that places each request on its selectable replicas.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from lobes_contract import AUDIO_TASKS
 
 from ..policy.config import GatewayConfig, RoleConfig, parse_origin
-from ..policy.placement import Candidate, Placement, Placer, Policy, RouteReason, policy_named
+from ..policy.placer import Candidate, Placement, Placer
+from ..policy.policies import Policy, RouteReason, policy_named
 from ..policy.prefix import RequestShape
 from ..policy.routing import OwnerRoute, PoolRoute, ProxyRoute, Route, Router
 from ..transport import errors

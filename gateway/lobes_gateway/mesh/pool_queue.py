@@ -31,7 +31,8 @@ from dataclasses import replace
 from itertools import islice
 
 from ..policy.admission import Ticket, Waiting
-from ..policy.placement import Policy, RatePolicy, ReplicaView, RouteReason, forecast
+from ..policy.forecast import ReplicaView, forecast
+from ..policy.policies import Policy, RatePolicy, RouteReason
 from ..policy.prefix import RequestShape
 from .peers import PooledRole
 

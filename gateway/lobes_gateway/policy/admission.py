@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from lobes_contract import PRIORITY_CLASSES
 
 from .estimate import Estimate
-from .placement import DEFAULT_SMOOTHING, Placement
+from .placer import DEFAULT_SMOOTHING, Placement
 from .prefix import RequestShape
 
 CLASSES = PRIORITY_CLASSES  # strongest first

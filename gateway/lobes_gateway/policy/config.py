@@ -113,8 +113,9 @@ class PressureConfig:
     swap_no_hard: float = 50.0
     swap_prefer_cheap: float = 65.0
     iowait_no_hard: float = 25.0
-    # Unified memory (issue 15): shed when MemAvailable falls strictly under this share of
-    # MemTotal, or PSI memory `full avg10` rises strictly over its threshold.
+    # Unified memory (the GPU allocates from the host's RAM): shed when MemAvailable falls
+    # strictly under this share of MemTotal, or PSI memory `full avg10` rises strictly over its
+    # threshold.
     memavailable_degraded: float = 5.0
     psi_memory_full: float = 10.0
     proc_root: str = "/proc"
@@ -362,7 +363,7 @@ def _role(env: _Env, role: RoleSpec, fleet_key: str | None) -> RoleConfig:
 
 def _legacy_route(feasible: bool, peer_origin: str | None, peer_proxy: bool,
                   peers: tuple[PeerSpec, ...]) -> str:
-    """The mode seed 004's .env meant before P_ROUTE existed (an existing fleet's .env).
+    """The mode an existing fleet's .env, written before P_ROUTE existed, meant.
 
     A fleet key never turns a referral into owner forwarding: that takes P_ROUTE=owners.
     """

@@ -1,11 +1,11 @@
 """Conversations a pool serves, and what binding one more of them to a replica costs the rest.
 
-Placing each turn where it finishes first is selfish: on seed 000's pair, once a session's
-history is cached on the fast Spark, its next turn on the slow Thor would prefill that history
-there and decode 4.4x slower, so every turn stays on the Spark, whose queue then makes every
-session wait (issue 13: agent sessions with ~2,000-token tool outputs, one session's worth of
-turns on the Thor where four or five sessions placed whole there cut the time to first token
-about 2x). A session is a closed loop: it comes back a tool call after each answer, to the
+Placing each turn where it finishes first is selfish: on the acceptance run's Spark and Thor
+pair, once a session's history is cached on the fast Spark, its next turn on the slow Thor would
+prefill that history there and decode 4.4x slower, so every turn stays on the Spark, whose queue
+then makes every session wait (agent sessions with ~2,000-token tool outputs, one session's
+worth of turns on the Thor where four or five sessions placed whole there cut the time to first
+token about 2x). A session is a closed loop: it comes back a tool call after each answer, to the
 replica that holds its history. So a turn is priced with the wait its session adds, over its
 next round, to the sessions bound to the replica it goes to.
 

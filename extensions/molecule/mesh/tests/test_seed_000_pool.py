@@ -65,7 +65,7 @@ def test_a_burst_through_the_orin_is_not_slower_than_pinned_to_the_spark(mesh: M
     pinned, pinned_s = burst(spark.origin, SEED_BURST, cortex_request(), spark.auth)
     # Both bursts start on an idle Spark as the Orin sees it: a probe during the pinned burst
     # shows it busy with other work for up to half a typical answer after the probe (the
-    # aging of other boxes' work, policy/placement.py), which is not what this compares.
+    # aging of other boxes' work, policy/placer.py), which is not what this compares.
     wait_until(lambda: probed_loads(orin)[spark.origin] == 0,
                message="the Orin's probe to see the Spark idle after the pinned burst",
                timeout=ONE_PROBE_INTERVAL_S, interval=0.2)
