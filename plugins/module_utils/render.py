@@ -105,11 +105,22 @@ def _box_env(plan: dict) -> list:
     hardware = plan.get("hardware") or {}
     if hardware.get("description"):
         env.append(("GATEWAY_BOX_HARDWARE", hardware["description"]))
-    if plan.get("budget"):
-        shares = round(sum(role["gear"]["memory_gib"] for role in start_order(plan)), 2)
+    holding = _gears_holding_memory(plan)
+    if plan.get("budget") and holding:
+        shares = round(sum(role["gear"]["memory_gib"] for role in holding), 2)
         env.append(("GATEWAY_GEAR_SHARES_GIB", _number(shares)))
         env.append(("GATEWAY_MEMORY_HEADROOM_GIB", _number(plan["budget"]["headroom_gib"])))
     return env
+
+
+def _gears_holding_memory(plan: dict) -> list:
+    """The gears whose shares are the box's memory, as the memory gate counts them: every gear
+    on a GPU box or a box with a fake /proc (tests), else the gears on vLLM's CPU build
+    (simulated gears on a box without a GPU hold none of it)."""
+    gears = start_order(plan)
+    if (plan.get("hardware") or {}).get("has_gpu") or plan.get("proc_root"):
+        return gears
+    return [role for role in gears if role["gear"]["engine"] == VLLM_CPU]
 
 
 def _secret(plan: dict, secrets: dict, name: str, variable: str) -> str:
