@@ -67,7 +67,7 @@ def measure(seconds: float, loads: int) -> dict[str, float]:
             idle = cpu_percent(pid, seconds)
             with ui.browser() as driver:
                 load, first = [], []
-                for _ in range(loads):
+                for _load in range(loads):
                     driver.get("about:blank")
                     driver.get(url)
                     first.append(first_data_ms(driver))

@@ -58,7 +58,7 @@ def _gears(gateway) -> dict[str, dict]:
 
 
 def test_rates_hits_and_ttft_come_from_the_traffic_between_two_calls(box):
-    gateway, _, _ = box
+    gateway = box[0]
     first = _gears(gateway)["cortex"]
     assert first["ready"] is True and first["reason"] is None
     assert first["engine_version"]  # the simulator's /version, as vLLM answers it
@@ -77,14 +77,14 @@ def test_rates_hits_and_ttft_come_from_the_traffic_between_two_calls(box):
 
 
 def test_a_gear_that_does_not_answer_is_not_ready_says_why_and_when(box):
-    gateway, _, _ = box
+    gateway = box[0]
     embed = _gears(gateway)["embedder"]
     assert embed["ready"] is False and embed["reason"] == "/health: down"
     assert embed["engine_version"] is None and embed["last_error_s_ago"] is not None
 
 
 def test_peer_links_follow_the_probe(box):
-    gateway, _, peer = box
+    gateway, peer = box[0], box[2]
 
     def link() -> dict | None:
         rows = [row for row in gateway.get_json("/status")["links"] if row["role"] == "senses"]

@@ -49,14 +49,14 @@ class ModelPool:
                  policy: Policy | None = None) -> None:
         self.clock = Clock()
         self.placer = Placer(policy or PrefixPolicy(),
-                             {origin: prior for origin, (_, prior) in pool.items()},
+                             {origin: prior for origin, (_model, prior) in pool.items()},
                              clock=self.clock)
         replicas = ReplicaSet("cortex", tuple(ReplicaSpec(origin) for origin in pool))
         replicas.apply_pass({origin: ProbeResult(ready=True, fingerprint=Fingerprint("m", 262144),
                                                  slots=model.slots)
-                             for origin, (model, _) in pool.items()}, now=1.0)
+                             for origin, (model, _prior) in pool.items()}, now=1.0)
         self.queue = PoolQueue(PooledRole("cortex", replicas, self.placer, 2))
-        self.boxes = {origin: ModelBox(model) for origin, (model, _) in pool.items()}
+        self.boxes = {origin: ModelBox(model) for origin, (model, _prior) in pool.items()}
         self.tickets: list[Ticket] = []
         self.served: list[str] = []  # where each request went, in the order they were sent
 

@@ -112,7 +112,7 @@ def test_the_chart_keeps_a_history_and_rates_follow_traffic(driver, full_box):
         full_box.url + "/v1/chat/completions", method="POST",
         data=b'{"model":"cortex-sim","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}',
         headers={"Content-Type": "application/json"})
-    for _ in range(5):
+    for _attempt in range(5):
         with urllib.request.urlopen(request, timeout=10) as answer:
             assert answer.status == 200
 

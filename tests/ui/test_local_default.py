@@ -51,7 +51,7 @@ def test_the_local_default_shows_every_role_of_its_plan_ready(local_default):
         assert ui.console_errors(driver) == []
         assert ui.foreign(ui.requested_urls(driver), url) == []
         if SCREENSHOTS:  # a few answers first, so the picture has rates and a chart to show
-            for _ in range(TRAFFIC_REQUESTS):
+            for _request in range(TRAFFIC_REQUESTS):
                 local_default.chat("main")
                 time.sleep(TRAFFIC_EVERY_S)
             ui.wait_for(driver, lambda d: len(ui.rows(d, "ttft", "data-role")) > 0,

@@ -40,6 +40,8 @@ _STREAM_END = b"0\r\n\r\n"
 # A chunk up to this size that arrives in pieces is held and passed on whole, as it came; a
 # larger one is passed on as its pieces come, framed anew.
 _HELD_CHUNK = 64 * 1024
+
+
 class Outcome:
     """The answer a dispatch ended in, relayed by the connection's top frame.
 
