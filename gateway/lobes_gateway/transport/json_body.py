@@ -138,9 +138,10 @@ def _spliced(whole: AnyStr, edits: list[tuple[int, int, AnyStr]]) -> AnyStr:
     return whole[:0].join(pieces)
 
 
-def _dumps(value: object) -> str:
-    # ASCII: a lone surrogate the caller escaped is carried as its escape, never re-encoded.
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+# ASCII: a lone surrogate the caller escaped is carried as its escape, never re-encoded. One
+# encoder for all: json.dumps with arguments builds a new one per call (a stream's added
+# stream_options cost two of them).
+_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
 def parse_body(raw: bytes, sliced: bool = False) -> JsonBody:
