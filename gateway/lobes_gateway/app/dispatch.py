@@ -163,7 +163,8 @@ def encode_for(req: Request, sent: dict | None, model: str | None) -> bytes:
         return req.body
     if model is not None and sent.get("model") != model:
         sent = {**sent, "model": model}
-    return body.encode(sent)
+    # The usual body goes on as the caller sent it: no call to find that out.
+    return body.raw if sent is body.payload else body.encode(sent)
 
 
 def with_priority(payload: dict | None, klass: str, scheduled: bool) -> dict | None:
