@@ -204,6 +204,20 @@ def test_an_answer_the_gateway_cannot_frame_exactly_is_an_upstream_error(box, he
     assert_each_caller_gets_its_own_answer(gateway, 2)
 
 
+@pytest.mark.parametrize(("interim", "answered"), [(1, True), (7, True), (8, False)])
+def test_interim_heads_before_the_answer_are_read_past_up_to_a_bound(box, interim, answered):
+    """Eight heads in all: up to seven 1xx ones are skipped; an eighth is a broken answer."""
+    gateway, gear = box
+    heads = b"HTTP/1.1 100 Continue\r\n\r\n" + b"HTTP/1.1 102 Processing\r\n\r\n" * (interim - 1)
+    gear.script = once(lambda r: [heads + json_answer(chat_answer("past")), CLOSE])
+    reply = ask(gateway, "first")
+    if answered:
+        assert reply.status == 200 and content_of(reply) == "past"
+    else:
+        assert reply.status == 503 and reply.error["code"] == "backend_unavailable", reply
+    assert_each_caller_gets_its_own_answer(gateway, 2)
+
+
 @pytest.mark.parametrize(("framing", "why"), [
     (b"0x5\r\nhello\r\n", "size-with-0x"),
     (b"5\r\nhelloXY", "data-not-followed-by-crlf"),

@@ -199,6 +199,8 @@ def requested_class(req: Request, caller: Caller, payload: dict | None) -> str |
     without it, the body's vLLM `priority`) asks for; never a stronger one."""
     value = req.headers.get(PRIORITY_HEADER)
     if value is None:
+        if not payload or "priority" not in payload:  # the usual request: its key's class
+            return caller.priority
         return _body_class(caller, payload)
     requested = value.strip().lower()
     if requested not in CLASSES:

@@ -163,7 +163,8 @@ def encode_for(req: Request, sent: dict | None, model: str | None) -> bytes:
         return req.body
     if model is not None and sent.get("model") != model:
         sent = {**sent, "model": model}
-    return body.encode(sent)
+    # The usual body goes on as the caller sent it: no call to find that out.
+    return body.raw if sent is body.payload else body.encode(sent)
 
 
 def with_priority(payload: dict | None, klass: str, scheduled: bool) -> dict | None:
@@ -360,9 +361,12 @@ class Dispatcher:
                         return False
                     step = self._moved_on(plan, Failure(step.name, None))
                     continue
-                judged = (await self._accept(step, response, started, client)
-                          if response.status < 400
-                          else await self._judge(step, response, started))
+                if response.status >= 400:
+                    judged = await self._judge(step, response, started)
+                elif step.model is not None and response.status == 200:
+                    judged = await self._checked(step, response, started, client)
+                else:  # the usual answer, relayed as it is: no coroutine to build and await
+                    judged = Outcome(response, step.extra, step.placement, started)
                 if client.gone():  # the caller left while the answer was read
                     response.conn.close()
                     return False
@@ -401,21 +405,20 @@ class Dispatcher:
             self._metrics.failovers[key] += 1
         return step
 
-    async def _accept(self, attempt: Attempt, response: Response, started: float,
-                      client: Channel) -> Outcome | Failure:
-        """A success status: relayed, but a peer's 200 that names another model than the
-        role's (or none) is a failure, before the caller has a byte of it (a caller that
-        leaves meanwhile ends the read)."""
-        if attempt.model is not None and response.status == 200:
-            if not client.watch_gone(response.conn.abort):
-                response.conn.abort()
-            try:
-                claimed = await claimed_model(response, self._connections.body_timeouts)
-            finally:
-                client.watch_gone(None)
-            if claimed is not NOT_CHECKED and claimed != attempt.model:
-                response.conn.close()
-                return Failure(attempt.name, 200, wrong_model=True)
+    async def _checked(self, attempt: Attempt, response: Response, started: float,
+                       client: Channel) -> Outcome | Failure:
+        """A 200 from a peer: relayed, but one that names another model than the role's (or
+        none) is a failure, before the caller has a byte of it (a caller that leaves meanwhile
+        ends the read)."""
+        if not client.watch_gone(response.conn.abort):
+            response.conn.abort()
+        try:
+            claimed = await claimed_model(response, self._connections.body_timeouts)
+        finally:
+            client.watch_gone(None)
+        if claimed is not NOT_CHECKED and claimed != attempt.model:
+            response.conn.close()
+            return Failure(attempt.name, 200, wrong_model=True)
         return Outcome(response, attempt.extra, attempt.placement, started)
 
     async def _judge(self, attempt: Attempt, response: Response,

@@ -20,11 +20,18 @@ _CUT_MESSAGES = {
 }
 
 
-def interrupted_event(reason: str = BROKEN) -> bytes:
-    """The SSE event that ends a stream its backend broke off (or stalled)."""
-    code, message = _CUT_MESSAGES[reason]
+def _cut_event(code: str, message: str) -> bytes:
     error = {"message": message, "type": "upstream_unavailable", "param": None, "code": code}
     return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+
+
+# Made once: a stream cut off is no rare event for a box whose engine restarts.
+_CUT_EVENTS = {reason: _cut_event(*said) for reason, said in _CUT_MESSAGES.items()}
+
+
+def interrupted_event(reason: str = BROKEN) -> bytes:
+    """The SSE event that ends a stream its backend broke off (or stalled)."""
+    return _CUT_EVENTS[reason]
 
 
 def head_bytes(response: Response, extra: list[bytes], framing: bytes, keep_alive: bool) -> bytes:

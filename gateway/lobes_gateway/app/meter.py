@@ -10,7 +10,7 @@ The meter also reads how the stream ends: an engine that stops (SIGTERM) or lose
 its streams at once, with an error event and [DONE], or with [DONE] right after an ordinary
 content event and no finish_reason at all. Either is a stream cut off, not an answer: the
 caller gets the gateway's stream_interrupted event in place of [DONE]. The usual chunk is
-looked at with one regex search (two until its finish came), never parsed.
+looked at with three scans that each start at a literal (C speed), never parsed.
 """
 
 from __future__ import annotations
@@ -31,10 +31,15 @@ _USAGE_KEY = b'"completion_tokens"'
 _USAGE = re.compile(_USAGE_KEY + rb'\s*:\s*(\d+)')
 # The finish_reason of a request the engine aborted (vLLM stopping): no answer's end.
 ABORTED = "abort"
-# A finish_reason with a value (the content events carry null), but an abort.
+# A finish_reason with a value (the content events carry null): a choice's end or an abort.
+_FINISH_VALUE = re.compile(rb'"finish_reason"\s*:\s*"')
+# A finish_reason with a value, but an abort.
 _FINISHED = re.compile(rb'"finish_reason"\s*:\s*"(?!abort")')
-# The chunks the meter must read: a usage, the end, an upstream error event, an abort.
-_NOTABLE = re.compile(rb'"usage"|data: \[DONE\]|data: \{"error"|"finish_reason"\s*:\s*"abort"')
+# The chunks the meter must read: a usage, the end, an upstream error event, an abort. Each
+# pattern starts with a literal, so a chunk is scanned at C speed; one alternation of them all
+# had no literal start and cost several times more per chunk.
+_USAGE_FIELD = b'"usage"'
+_END_OR_ERROR = re.compile(rb'data: (?:\[DONE\]|\{"error")')
 _UPSTREAM_ERROR = b'data: {"error"'
 _ABORT = re.compile(rb'"finish_reason"\s*:\s*"abort"')
 
@@ -74,9 +79,14 @@ class StreamMeter:
         """Whole chunks on their way to the client (the relay writes nothing else)."""
         if self.first_event_at is None and _EVENT in data:
             self.first_event_at = time.monotonic()
-        if not self.finished and _FINISHED.search(data) is not None:
-            self.finished = True
-        if _NOTABLE.search(data) is not None:
+        # find, not `in`: the same search, without the sequence protocol's detour (a third
+        # less on a usual chunk).
+        notable = data.find(_USAGE_FIELD) >= 0 or _END_OR_ERROR.search(data) is not None
+        if _FINISH_VALUE.search(data) is not None:  # rare: a choice ended, or was aborted
+            if not self.finished and _FINISHED.search(data) is not None:
+                self.finished = True
+            notable = notable or _ABORT.search(data) is not None
+        if notable:
             data = self._read_notable(data)
         if data:
             self._client.write(data)
@@ -115,7 +125,7 @@ class StreamMeter:
                 self.cut = True
                 return None
             return event
-        if self._strip and b'"usage"' in event and b'"choices":[]' in event:
+        if self._strip and _USAGE_FIELD in event and b'"choices":[]' in event:
             return None
         if _ABORT.search(event) is not None:
             return _without_abort(event)

@@ -50,7 +50,8 @@ def scan_chunks(buffer: bytes) -> tuple[int, bool]:
     pos = 0
     size_of_buffer = len(buffer)
     plain = _PLAIN_LINE.match
-    while (line := plain(buffer, pos)) is not None:
+    # pos < size first: a buffer of whole chunks (the usual read) ends with no failed match.
+    while pos < size_of_buffer and (line := plain(buffer, pos)) is not None:
         eol = line.end()
         size = int(buffer[pos:eol - 2], 16)
         if size == 0:
@@ -79,7 +80,8 @@ class ChunkDecoder:
     nothing followed them (the connection may carry another answer).
     """
 
-    __slots__ = ("_crlf", "_held", "_left", "_trailers", "clean", "done", "ended")
+    __slots__ = ("_crlf", "_held", "_left", "_trailers", "between_chunks", "clean", "done",
+                 "ended")
 
     def __init__(self) -> None:
         self._held = b""  # an unfinished size or trailer line
@@ -89,11 +91,9 @@ class ChunkDecoder:
         self.ended = False
         self.done = False
         self.clean = False
-
-    @property
-    def between_chunks(self) -> bool:
-        """Whether the next byte starts a chunk-size line, with nothing held from before."""
-        return not (self._held or self._left or self._crlf or self.ended)
+        # Whether the next byte starts a chunk-size line, with nothing held from before: kept
+        # as a field, not a property, since the relay asks it on every read.
+        self.between_chunks = True
 
     def feed(self, data: bytes) -> bytes:
         """The chunk data that `data` carries (b"" for none); raises ValueError on bad framing
@@ -133,6 +133,7 @@ class ChunkDecoder:
                 pos = self._size_line(data, pos)
         if self.done:
             self.clean = pos == size_of_data
+        self.between_chunks = not (self._held or self._left or self._crlf or self.ended)
         payload = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         return payload, pos - held
 

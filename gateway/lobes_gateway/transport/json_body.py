@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from collections.abc import Callable
 from json.decoder import scanstring
 from typing import AnyStr
@@ -62,6 +63,24 @@ def _finite(text: str) -> float:
 
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite)
 _SCAN = _DECODER.scan_once
+# A body this small with at most this many objects (the usual chat request) is read by one call
+# of the C scanner, its members' spans found only if a member is changed: the member-by-member
+# walk cost three times as much. A body of many objects is walked: the pairs hook below is a
+# Python call per object.
+_WHOLE_BYTES = 16 * 1024
+_WHOLE_OBJECTS = 8
+_LAST = threading.local()  # the pairs of the object the hook made last, per thread
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict:
+    """The scanner's object_pairs_hook: an object as the default decoder makes it, its pairs
+    kept; the top-level object closes last, so what is kept then is its members."""
+    _LAST.pairs = pairs
+    return dict(pairs)
+
+
+_SCAN_WHOLE = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite,
+                               object_pairs_hook=_object).scan_once
 
 
 class JsonBody:
@@ -71,11 +90,13 @@ class JsonBody:
     __slots__ = ("_spans", "_text", "payload", "raw")
 
     def __init__(self, raw: bytes, text: str, payload: dict,
-                 spans: list[tuple[str, int, int]]) -> None:
+                 spans: list[tuple[str, int, int]] | None) -> None:
         self.raw = raw  # the caller's bytes (without a byte-order mark)
         self._text = text
         self.payload = payload
-        self._spans = spans  # (key, start, end) of each member's value in _text, in order
+        # (key, start, end) of each member's value in _text, in order; None until a changed
+        # member needs them (a body read whole).
+        self._spans = spans
 
     def encode(self, sent: dict) -> bytes:
         """The bytes for `sent`, a payload made from this one by replacing or adding top-level
@@ -84,18 +105,26 @@ class JsonBody:
         original = self.payload
         if sent is original:
             return self.raw
-        edits = [(start, end, _dumps(sent[key])) for key, start, end in self._spans
-                 if sent[key] is not original[key]]
+        edits = [(start, end, _dumps(sent[key])) for key, start, end in self._changed(sent)]
         added = [f"{_dumps(key)}:{_dumps(value)}" for key, value in sent.items()
                  if key not in original]
         if added:
             close = self._text.rindex("}")
-            edits.append((close, close, ("," if self._spans else "") + ",".join(added)))
+            edits.append((close, close, ("," if original else "") + ",".join(added)))
         if len(self.raw) == len(self._text):
             # ASCII text (the usual body): its offsets are the bytes' own, so the bytes are cut
             # and joined once, never decoded or encoded again.
             return _spliced(self.raw, [(start, end, new.encode()) for start, end, new in edits])
         return _spliced(self._text, edits).encode()
+
+    def _changed(self, sent: dict) -> list[tuple[str, int, int]]:
+        """The spans of the members whose value in `sent` is not the one parsed."""
+        original = self.payload
+        if self._spans is None:
+            if all(sent[key] is value for key, value in original.items()):
+                return []
+            self._spans = _walk(self._text, _scan)[1]
+        return [span for span in self._spans if sent[span[0]] is not original[span[0]]]
 
 
 def _spliced(whole: AnyStr, edits: list[tuple[int, int, AnyStr]]) -> AnyStr:
@@ -109,9 +138,10 @@ def _spliced(whole: AnyStr, edits: list[tuple[int, int, AnyStr]]) -> AnyStr:
     return whole[:0].join(pieces)
 
 
-def _dumps(value: object) -> str:
-    # ASCII: a lone surrogate the caller escaped is carried as its escape, never re-encoded.
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+# ASCII: a lone surrogate the caller escaped is carried as its escape, never re-encoded. One
+# encoder for all: json.dumps with arguments builds a new one per call (a stream's added
+# stream_options cost two of them).
+_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
 def parse_body(raw: bytes, sliced: bool = False) -> JsonBody:
@@ -126,6 +156,10 @@ def parse_body(raw: bytes, sliced: bool = False) -> JsonBody:
         raise _invalid(f"not UTF-8 at byte {exc.start}") from None
     if len(raw) > COUNTED_BODY_BYTES:
         _check_elements(raw)
+    if not sliced and len(raw) <= _WHOLE_BYTES and raw.count(b"{") <= _WHOLE_OBJECTS:
+        payload = _read_whole(text)
+        if payload is not None:
+            return JsonBody(raw, text, payload, None)
     try:
         payload, spans = _walk(text, _scan_sliced if sliced else _scan)
     except RecursionError:
@@ -133,6 +167,18 @@ def parse_body(raw: bytes, sliced: bool = False) -> JsonBody:
     except ValueError as exc:
         raise _invalid(str(exc)) from None
     return JsonBody(raw, text, payload, spans)
+
+
+def _read_whole(text: str) -> dict | None:
+    """The object `text` is, read by one call of the C scanner; None for anything else (not an
+    object, a key repeated, text around it, any error): the walk reads it and words why."""
+    try:
+        value, end = _SCAN_WHOLE(text, 0)
+    except (StopIteration, ValueError, RecursionError):
+        return None
+    if end != len(text) or type(value) is not dict or len(_LAST.pairs) != len(value):
+        return None
+    return value
 
 
 def _check_elements(raw: bytes) -> None:

@@ -26,7 +26,8 @@ UNPOOLED_S = 60.0
 # 1xx heads before the final one: more is a broken answer.
 _MAX_INTERIM = 8
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: [\t \x21-\x7e\x80-\xff]*)?")
-_LENGTH = re.compile(rb"[0-9]{1,18}")
+# A length is 1 to 18 ASCII digits (bytes.isdigit is ASCII only: cheaper than a regex match).
+_LENGTH_DIGITS = 18
 # The response headers a client is relayed, from a gear or a peer (the gateway writes framing,
 # the request id and its own X-Lobes-* itself): each with the values it may carry. Anything else
 # (Set-Cookie, CORS headers, another box's X-Lobes-Served-By, ...) stays on the upstream hop.
@@ -132,7 +133,8 @@ class Response:
 def _content_length(values: tuple[bytes, ...]) -> int:
     """The length its Content-Length lines agree on; a ValueError when they do not or it is not
     a number (the body's end is then unknown)."""
-    if not _LENGTH.fullmatch(values[0]) or values.count(values[0]) != len(values):
+    first = values[0]
+    if not (first.isdigit() and len(first) <= _LENGTH_DIGITS) or values.count(first) != len(values):
         raise ValueError(f"bad Content-Length {values[:2]!r}")
     return int(values[0])
 
@@ -318,8 +320,16 @@ async def exchange(connections: Connections, origin: Origin, head: bytes, body: 
         conn.watchdog.arm(timeout_s, conn.abort)
         if client is not None and not client.watch_gone(conn.abort):
             conn.abort()
+        channel = conn.channel
         try:
-            response = await _answer_head(conn, head, body, upgrade)
+            # Inline, not a helper coroutine: every request's answer waits here.
+            channel.write(head + body if len(body) < 65536 else head)
+            if len(body) >= 65536:
+                channel.write(body)
+                await channel.drain()
+            response = Response(conn, await channel.readuntil(b"\r\n\r\n", MAX_HEAD_BYTES))
+            if response.status < 200 and not _final(response, upgrade):
+                response = await _past_interim(conn, upgrade)
             if request_id is not None and response.ids and \
                     response.ids[-1] != request_id.encode("latin-1"):
                 connections.distrust(origin)
@@ -341,19 +351,21 @@ async def exchange(connections: Connections, origin: Origin, head: bytes, body: 
     raise UpstreamError(f"{origin.url} closed the connection twice")
 
 
-async def _answer_head(conn: Connection, head: bytes, body: bytes, upgrade: bool) -> Response:
-    channel = conn.channel
-    channel.write(head + body if len(body) < 65536 else head)
-    if len(body) >= 65536:
-        channel.write(body)
-        await channel.drain()
-    for _interim in range(_MAX_INTERIM):
-        response = Response(conn, await channel.readuntil(b"\r\n\r\n", MAX_HEAD_BYTES))
-        if response.status == 101:
-            if not upgrade:
-                raise ValueError("101 Switching Protocols to a request that asked for none")
-            return response
-        if response.status >= 200:
+def _final(response: Response, upgrade: bool) -> bool:
+    """Whether `response` is the answer, not an interim (1xx) head: a 101 only when `upgrade`
+    asked for one (otherwise a ValueError)."""
+    if response.status == 101:
+        if not upgrade:
+            raise ValueError("101 Switching Protocols to a request that asked for none")
+        return True
+    return response.status >= 200
+
+
+async def _past_interim(conn: Connection, upgrade: bool) -> Response:
+    """The final head after an interim one: _MAX_INTERIM heads in all, at most."""
+    for _interim in range(1, _MAX_INTERIM):
+        response = Response(conn, await conn.channel.readuntil(b"\r\n\r\n", MAX_HEAD_BYTES))
+        if _final(response, upgrade):
             return response
     raise ValueError(f"more than {_MAX_INTERIM} interim responses")
 
