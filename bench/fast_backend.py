@@ -3,9 +3,10 @@
 It answers chat completions as fast as Python allows so that the proxy under test,
 not the backend, is what the benchmark sees. A streamed request takes its shape from
 two extra body fields the proxies pass through untouched:
-``bench_chunks`` (content chunks before ``data: [DONE]``) and ``bench_interval_ms``
-(the spacing between chunks, so streams stay open and each chunk travels alone).
-``GET /bench/finish`` ends every open stream at once (``data: [DONE]`` and the last chunk),
+``bench_chunks`` (content chunks before the stream's end: a finish_reason, the usage chunk and
+``data: [DONE]``, as vLLM ends one) and ``bench_interval_ms`` (the spacing between chunks, so
+streams stay open and each chunk travels alone).
+``GET /bench/finish`` ends every open stream at once (its end and the last chunk),
 so a benchmark can hold streams for as long as it needs and still see each one end cleanly.
 
 Run: ``python3 bench/fast_backend.py --port P`` (it serves the model ``bench-model``).
@@ -58,13 +59,27 @@ CHUNK_EVENT = (
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
+def _event(choices: list, **extra: object) -> bytes:
+    payload = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1764400000,
+               "model": SERVED_NAME, "choices": choices, **extra}
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+# A stream ends as vLLM ends one: the choice's finish_reason, then the usage chunk (vLLM sends
+# it when asked; the gateway asks on every stream and leaves it out for a caller who did not),
+# then [DONE]. A stream without them is one an engine cut off, and the gateway says so.
+FINISH_EVENT = _event([{"index": 0, "delta": {}, "finish_reason": "stop"}])
+USAGE_EVENT = _event([], usage={"prompt_tokens": 12, "total_tokens": 19,
+                                "completion_tokens": 7})
+
+
 def _chunk(payload: bytes) -> bytes:
     """Frame one payload as an HTTP/1.1 chunk."""
     return b"%x\r\n%s\r\n" % (len(payload), payload)
 
 
 CHUNK_FRAME = _chunk(CHUNK_EVENT)
-LAST_FRAMES = _chunk(DONE_EVENT) + b"0\r\n\r\n"
+LAST_FRAMES = _chunk(FINISH_EVENT) + _chunk(USAGE_EVENT) + _chunk(DONE_EVENT) + b"0\r\n\r\n"
 JSON_RESPONSE = (
     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
     % (len(COMPLETION_BODY), COMPLETION_BODY)

@@ -87,4 +87,6 @@ def test_the_relay_answers_byte_for_byte_what_the_backend_does(backend_and_relay
     relayed = _exchanges(relay_port)
     assert relayed == direct
     assert [status for status, _body in relayed] == [200, 200, 200]
-    assert relayed[1][1].count(b"data: ") == 6 and relayed[1][1].endswith(b"data: [DONE]\n\n")
+    # Five content chunks, then the end vLLM sends: the finish, the usage chunk and [DONE].
+    assert relayed[1][1].count(b"data: ") == 8 and relayed[1][1].endswith(b"data: [DONE]\n\n")
+    assert b'"finish_reason":"stop"' in relayed[1][1] and b'"completion_tokens":7' in relayed[1][1]
