@@ -36,6 +36,11 @@ def refused(raw: bytes) -> BodyError:
     (b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested too deeply"),
     (b'{"x": ' + b'{"y": ' * 5000 + b"1" + b"}" * 5001, "nested too deeply"),
     (b'{"x": ' + b"9" * 5000 + b"}", "JSON"),  # past Python's digit limit for int()
+    # A raw control character is refused in a key as in a value, small body or large.
+    (b'{"a\tb": 1}', "control character"),
+    (b'{"model": "a", "a\x01b": 1}', "control character"),
+    (b'{"a\tb": 1, ' + b", ".join(b'"k%d": {"x": 1}' % i for i in range(20)) + b"}",
+     "control character"),
 ])
 def test_what_is_not_one_json_object_of_unique_keys_and_finite_numbers_is_refused(raw, says):
     error = refused(raw).error

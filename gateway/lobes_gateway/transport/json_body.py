@@ -27,9 +27,12 @@ from .errors import ApiError
 COUNTED_BODY_BYTES = 1024 * 1024
 MAX_ELEMENTS = 1_000_000
 _WS = r"[ \t\n\r]*"
-# The common top-level member: a key without escapes, its colon and the value's start.
-_FIRST = re.compile(_WS + r"\{" + _WS + r'(?:"([^"\\]*)"' + _WS + ":" + _WS + r"|\})")
-_NEXT = re.compile(_WS + r'(?:,' + _WS + r'"([^"\\]*)"' + _WS + ":" + _WS + r"|\}" + _WS + ")")
+# The common top-level member: a key without escapes or control characters (JSON allows none
+# raw in a string), its colon and the value's start; any other key, escaped or refused, is left
+# to the standard scanner.
+_FIRST = re.compile(_WS + r"\{" + _WS + r'(?:"([^"\\\x00-\x1f]*)"' + _WS + ":" + _WS + r"|\})")
+_NEXT = re.compile(_WS + r'(?:,' + _WS + r'"([^"\\\x00-\x1f]*)"' + _WS + ":" + _WS
+                   + r"|\}" + _WS + ")")
 # Strings, taken out before the structure of a large body is counted.
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _BOM = b"\xef\xbb\xbf"
