@@ -179,7 +179,7 @@ def _read_whole(text: str) -> dict | None:
         value, end = _SCAN_WHOLE(text, 0)
     except (StopIteration, ValueError, RecursionError):
         return None
-    if end != len(text) or type(value) is not dict or len(_LAST.pairs) != len(value):
+    if end != len(text) or not isinstance(value, dict) or len(_LAST.pairs) != len(value):
         return None
     return value
 
