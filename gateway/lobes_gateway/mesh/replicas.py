@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from lobes_contract import CONTEXT_TOKENS, MAX_ACTIVE_SLOTS, SERVED_NAME
 
-from ..policy.config import MAX_HARDWARE_CHARS
+from ..policy.config import MAX_HARDWARE_CHARS, is_shown_line
 
 # fetch(origin, path, api_key) -> (status, body). Raises OSError or TimeoutError when the
 # peer cannot be reached; the gateway wires its upstream client here, tests a dict.
@@ -412,10 +412,8 @@ def peer_hardware(capabilities: object) -> str | None:
     (what this box shows of it); anything else is not repeated."""
     box = capabilities.get("box") if isinstance(capabilities, dict) else None
     hardware = box.get("hardware") if isinstance(box, dict) else None
-    if isinstance(hardware, str) and 0 < len(hardware) <= MAX_HARDWARE_CHARS \
-            and hardware.isascii() and hardware.isprintable():
-        return hardware
-    return None
+    return hardware if isinstance(hardware, str) and is_shown_line(hardware, MAX_HARDWARE_CHARS) \
+        else None
 
 
 async def _judge_peer_role(fetch: Fetch, spec: ReplicaSpec, target: ProbeTarget,

@@ -153,6 +153,11 @@ MAX_HARDWARE_CHARS = 120
 MAX_GIB = 1_000_000.0
 
 
+def is_shown_line(value: str, most: int) -> bool:
+    """A line shown to people as is: 1 to `most` printable ASCII characters."""
+    return 0 < len(value) <= most and value.isascii() and value.isprintable()
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     """The whole, validated environment contract of one gateway."""
@@ -244,8 +249,7 @@ class _Env:
     def text(self, name: str, most: int) -> str | None:
         """A line of printable ASCII of at most `most` characters, shown to people as is."""
         value = self.str(name)
-        if value is not None and (len(value) > most or not value.isascii()
-                                  or not value.isprintable()):
+        if value is not None and not is_shown_line(value, most):
             raise ConfigError(name, f"{value[:most]!r} is not a line of at most {most} "
                               "printable ASCII characters", "render it again from the plan")
         return value
