@@ -21,13 +21,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.conformance.midanswer import finished_since, generation_held, settled
 from tests.conformance.servers import (
     CHAT_NAME,
     DIRECT,
     GATEWAY,
     SIM,
     Engine,
-    Target,
     gateway_env,
     sim_chat,
     sim_embed,
@@ -37,10 +37,12 @@ from tests.conformance.servers import (
 from tests.support.gateway_proc import start_gateway
 from tests.support.wait import wait_until
 
-# The engines a fault ends get the tiny model's whole window: a stream of thousands of tokens
-# lasts seconds, so every stream is still under way when the fault comes, even on a busy
-# machine.
+# The engines a fault ends get the tiny model's whole window: a stream of thousands of tokens,
+# seconds long, so a fault mostly comes mid-answer.
 FAULT_WINDOW = 4096
+# A fault comes only while the engine, held, has every answer unfinished (midanswer.py); a
+# trial where a starved reader saw its third event after an answer's end is retried, not judged.
+TRIALS = 3
 
 
 def long_stream(window: int) -> dict:
@@ -113,25 +115,28 @@ def read_stream(url: str, read: Read, body: dict, silence_s: float = SILENCE_S,
     return read
 
 
-def streams_under(targets: dict[str, Target], fault: Callable[[], None],
-                  window: int) -> dict[str, Read]:
-    """One stream per path, each under way, then the fault: how each stream ended."""
+def streams_under(engine: Engine, fault: Callable[[], None]) -> dict[str, Read] | None:
+    """A stream direct and one through the gateway, each under way, then the fault: how each
+    stream ended; None where the engine had finished one before the fault could come (it
+    does not)."""
+    targets = {DIRECT: target(engine, DIRECT), GATEWAY: target(engine, GATEWAY)}
     reads = {path: Read() for path in targets}
     threads = [threading.Thread(target=read_stream, daemon=True,
-                                args=(each.url, reads[path], long_stream(window)))
+                                args=(each.url, reads[path], long_stream(FAULT_WINDOW)))
                for path, each in targets.items()]
+    before = settled(engine)
     for thread in threads:
         thread.start()
     for read in reads.values():
         assert read.opened.wait(timeout=60), "a stream did not start"
-    # The engine's behaviour is in question only for streams it was still sending.
-    assert all(read.ended == "eof" and not read.finish_reasons for read in reads.values()), \
-        "a stream ended before the fault"
-    fault()
+    with generation_held(engine):
+        mid_answer = finished_since(before, settled(engine)) == 0
+        if mid_answer:
+            fault()
     for thread in threads:
         thread.join(timeout=60)
     assert not any(thread.is_alive() for thread in threads), reads
-    return reads
+    return reads if mid_answer else None
 
 
 def server_pid(server: object) -> int:
@@ -168,8 +173,14 @@ def broken(engine_kind: str, request: pytest.FixtureRequest) -> Iterator[dict[st
     """A stream direct and one through the gateway, then the fault: how each ended."""
     engine = _fresh_engine(engine_kind, request)
     try:
-        targets = {DIRECT: target(engine, DIRECT), GATEWAY: target(engine, GATEWAY)}
-        yield streams_under(targets, lambda: FAULTS[request.param](engine), FAULT_WINDOW)
+        for _trial in range(TRIALS):
+            reads = streams_under(engine, lambda: FAULTS[request.param](engine))
+            if reads is not None:
+                break
+        else:
+            pytest.fail(f"in {TRIALS} trials the engine had finished an answer before the "
+                        "readers saw three events: the host is too busy for this test")
+        yield reads
     finally:
         engine.stop()
 
@@ -195,9 +206,8 @@ def test_through_the_gateway_a_dead_engine_ends_the_stream_as_cut(broken):
 
 @pytest.fixture(scope="module")
 def long_engine(engine_kind: str, request: pytest.FixtureRequest) -> Iterator[Engine]:
-    """An engine of the long window, with its gateway (a stall limit of STALL_S): a stream of
-    the short window can be whole in the sockets' buffers by the time a starved reader sees
-    its first event on a busy 2-core host, and is then not hung at all."""
+    """An engine of the long window, with its gateway (a stall limit of STALL_S), that the
+    tests of a hung engine stop and start again."""
     engine = _fresh_engine(engine_kind, request)
     try:
         yield engine
@@ -218,19 +228,38 @@ def test_through_the_gateway_a_hung_engine_stream_is_cut(long_engine: Engine):
 
 def _hung(engine: Engine, path: str) -> Read:
     """A stream under way, then the engine's server stopped (SIGSTOP) by the reader itself at
-    its third event, so the engine is mid-answer however late a busy host runs this thread;
-    the server runs on afterwards (SIGCONT) and aborts the stream."""
+    its third event, if the answer was unfinished then."""
+    for _trial in range(TRIALS):
+        read, stopped = _hung_once(engine, path)
+        if stopped:
+            return read
+    pytest.fail(f"in {TRIALS} trials the engine had finished the answer before the reader saw "
+                "three events: the host is too busy for this test")
+
+
+def _hung_once(engine: Engine, path: str) -> tuple[Read, bool]:
+    """One trial: how the stream ended, and whether the server was stopped mid-answer. The
+    server runs on afterwards (SIGCONT) and ends the stream."""
     pid = server_pid(engine.chat)
+    before = settled(engine)
+    stopped = threading.Event()
+
+    def stop_mid_answer() -> None:
+        with generation_held(engine):
+            if finished_since(before, settled(engine)) == 0:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.set()
+
     read = Read()
     thread = threading.Thread(target=read_stream, daemon=True,
                               args=(target(engine, path).url, read, long_stream(FAULT_WINDOW)),
-                              kwargs={"on_opened": lambda: os.kill(pid, signal.SIGSTOP)})
+                              kwargs={"on_opened": stop_mid_answer})
     try:
         thread.start()
         thread.join(timeout=60)
         assert not thread.is_alive(), read
-        return read
+        return read, stopped.is_set()
     finally:
         os.kill(pid, signal.SIGCONT)
         wait_until(lambda: target(engine, DIRECT).metrics().value(
-            "vllm:num_requests_running") == 0, timeout=60, message="the streams to be aborted")
+            "vllm:num_requests_running") == 0, timeout=60, message="the streams to end")
