@@ -11,6 +11,8 @@ import resource
 import signal
 from collections.abc import Sequence
 
+from lobes_contract import SIM_ENGINE_VERSION
+
 from .faults import Faults
 from .memory import holding
 from .profiles import AUDIO, EMBED, GENERATE, PROFILES, SCORE, Profile
@@ -42,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--served-name", help="model id to serve (default: the profile's)")
     parser.add_argument("--max-model-len", type=int, help="context window in tokens")
+    parser.add_argument(
+        "--engine-version", default=SIM_ENGINE_VERSION,
+        help=f"the version /version reports (default {SIM_ENGINE_VERSION}, the build the "
+             "simulator stands in for; another one makes a gear whose engine is skewed)")
     parser.add_argument("--max-num-seqs", type=int, help="running slots of the engine")
     parser.add_argument(
         "--scheduling-policy", choices=("fcfs", "priority"),
@@ -163,7 +169,8 @@ def raise_open_file_limit() -> None:
 
 async def serve(args: argparse.Namespace) -> None:
     """Start both listeners and the engine; run until SIGTERM or SIGINT."""
-    state = SimState(profile_from_args(args), args.time_scale, args.seed, faults_from_args(args))
+    state = SimState(profile_from_args(args), args.time_scale, args.seed, faults_from_args(args),
+                     engine_version=args.engine_version)
     serving = ServingPort(state, serving_routes(task_routes(state.profile.task)),
                           args.host, args.port)
     await serving.apply_refuse(state.faults.refuse)

@@ -16,8 +16,6 @@ from .state import ClientGone, SimState
 from .views import metrics_text, models_listing
 
 LISTEN_BACKLOG = 4096
-# The engine build the fleet's gears pin (one nightly digest, fleet-wide).
-VLLM_VERSION = "0.23.1rc1.dev672"
 log = logging.getLogger("lobes_sim")
 
 Handler = Callable[[SimState, Connection, Request], Awaitable[None]]
@@ -38,7 +36,7 @@ async def _metrics(state: SimState, conn: Connection, request: Request) -> None:
 
 
 async def _version(state: SimState, conn: Connection, request: Request) -> None:
-    await conn.send_json(200, {"version": VLLM_VERSION}, request.keep_alive)
+    await conn.send_json(200, {"version": state.engine_version}, request.keep_alive)
 
 
 async def _chat(state: SimState, conn: Connection, request: Request) -> None:

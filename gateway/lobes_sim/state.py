@@ -6,6 +6,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from lobes_contract import SIM_ENGINE_VERSION
+
 from .engine import Engine
 from .faults import Faults, RequestRecorder
 from .profiles import Profile
@@ -21,6 +23,7 @@ class SimState:
     time_scale: float
     seed: int
     faults: Faults = field(default_factory=Faults)
+    engine_version: str = SIM_ENGINE_VERSION  # what /version reports
     recorder: RequestRecorder = field(default_factory=RequestRecorder)
     started: int = field(default_factory=lambda: int(time.time()))
     # Set to stop the process (SIGTERM, SIGINT, or the engine_dead fault).

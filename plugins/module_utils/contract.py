@@ -18,6 +18,9 @@ from urllib.parse import urlsplit
 # The collection's version; the gateway reports it on /health (galaxy.yml holds it too, as
 # Galaxy requires, and a test holds the two together).
 VERSION = "0.1.0"
+# The vLLM version the simulator reports on /version: the build the seeds' boxes run, which it
+# stands in for. Verify expects it of a simulated gear, as it expects the pinned CPU build's.
+SIM_ENGINE_VERSION = "0.23.1rc1.dev672"
 
 # ---------------------------------------------------------------- the role catalog
 

@@ -659,5 +659,6 @@ def _sim_entry(name: str, role: str, argv: list, env: dict, gateway_dir: str) ->
         "env": dict(env),
         "pidfile": f"{name}.pid",
         "log": f"{name}.log",
-        "watch": [f"{gateway_dir}/lobes_sim"],
+        # The simulator reads the shared contract too (the engine version it reports).
+        "watch": [f"{gateway_dir}/lobes_sim", f"{gateway_dir}/lobes_contract.py"],
     }

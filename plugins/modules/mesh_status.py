@@ -19,7 +19,8 @@ description:
     advertised); in flight (running + waiting on the local gear, from its vLLM metrics; for
     a role served by peers, the requests this box has out at them)."
   - Per box, one line with the pressure block of C(/status) (mode, reason, readings) and the
-    prompt and generated token counts of each local gear (from its vLLM metrics).
+    prompt and generated token counts of each local gear (from its vLLM metrics) and the
+    version its engine reports.
   - A picture of the mesh as Graphviz DOT, C(dot). Boxes, the roles each serves, and an edge
     for every proxy, pool membership, referral and owner forwarding, coloured by its live
     state (ready, not compatible, unreachable). C(status.yml) has Graphviz draw it.
@@ -96,7 +97,7 @@ boxes:
   sample:
     - >-
       spark: pressure warm (swap 0.0 %, iowait 1.2 %, MemAvailable 84.0 %, PSI -);
-      tokens: cortex 1200 prompt / 340 generated
+      tokens: cortex 1200 prompt / 340 generated (engine 0.23.1rc1.dev672)
 dot:
   description: The picture of the mesh, Graphviz DOT text.
   returned: always
@@ -194,6 +195,8 @@ def box_line(host, status):
                 f"{_reading(readings.get('psi_memory_full_avg10'), '')})")
     tokens = [f"{backend['name']} {int(metrics.get('prompt_tokens_total', 0))} prompt / "
               f"{int(metrics.get('generation_tokens_total', 0))} generated"
+              + (f" (engine {backend['engine_version']})" if backend.get("engine_version")
+                 else "")
               for backend in status.get("backends", []) for metrics in [backend.get("metrics")]
               if metrics]
     return f"{host}: {pressure}; tokens: {', '.join(tokens) or 'none'}"

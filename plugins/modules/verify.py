@@ -13,6 +13,11 @@ description:
   - For every role the plan declares it compares C(feasible), C(ready), C(proxied),
     C(hosted_by), C(served_name), C(context) and the pool's C(replicas) (the peer origins),
     and the C(/health) version with the collection's own version.
+  - For every gear the box runs it compares C(engine_version), what the gear's own
+    C(/version) reports, with the pinned build of its engine (vLLM's CPU build, or the
+    simulator's); the vLLM image's version is the image's own and is not compared. A version
+    the gateway read before verify began is not trusted (a restart may have replaced the
+    engine): verify waits for the next reading.
   - On failure the message is a per-role table of declared vs advertised values, the
     mismatching fields flagged.
   - Read-only; check mode runs the same reads.
@@ -112,15 +117,17 @@ def read_json(url: str, timeout: float) -> dict:
         return json.loads(response.read())
 
 
-def observe(base: str, plan: dict, expected: dict, version: str, timeout: float) -> dict:
-    """One read of /health and /capabilities, compared with the plan."""
+def observe(base: str, plan: dict, expected: dict, version: str, timeout: float,
+            running_s: float) -> dict:
+    """One read of /health and /capabilities, compared with the plan; an engine version is
+    taken only if the gateway read it within `running_s` (since verify began)."""
     try:
         health = read_json(f"{base}/health", timeout)
         capabilities = read_json(f"{base}/capabilities", timeout)
     except (OSError, ValueError, HTTPException) as error:  # not up yet, or not a gateway
         return {"reachable": False, "error": f"{base} did not answer: {error}",
                 "advertised": {}, "differences": {}, "version": None}
-    advertised = advert.advertised_roles(capabilities, plan["origin"])
+    advertised = advert.advertised_roles(capabilities, plan["origin"], running_s)
     return {"reachable": True, "error": None, "advertised": advertised,
             "differences": advert.compare(expected, advertised),
             "version": health.get("version"), "version_ok": health.get("version") == version}
@@ -154,7 +161,8 @@ def run(module: AnsibleModule) -> dict:
     attempts = 0
     while True:
         attempts += 1
-        seen = observe(base, plan, expected, version, min(params["interval"] + 5, 30))
+        seen = observe(base, plan, expected, version, min(params["interval"] + 5, 30),
+                       time.monotonic() - started)
         waited = time.monotonic() - started
         if agreed(seen) or waited + params["interval"] > params["timeout"]:
             break

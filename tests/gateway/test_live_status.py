@@ -12,13 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from lobes_gateway.app.live import INCOMPATIBLE, READY, REFUSED, UNREACHABLE, link_state, quantile
 from lobes_gateway.app.metrics import BUCKETS
-from lobes_gateway.app.views import MAX_VERSION_CHARS, engine_version
 from lobes_gateway.mesh.replicas import (
     NOT_PROBED_REASON,
     ReplicaSpec,
     ReplicaState,
     peer_hardware,
 )
+from lobes_gateway.mesh.windows import MAX_VERSION_CHARS, engine_version
 
 from tests.support.client import chat
 from tests.support.gateway_proc import start_gateway

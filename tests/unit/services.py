@@ -25,15 +25,17 @@ class Services:
             gateway_link.symlink_to(ROOT / "gateway")
         self.spec = json.loads((dest / "services.json").read_text())["services"]
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, extra_args: tuple[str, ...] = ()) -> None:
+        """Start a rendered service, with `extra_args` after its own (a test's variation)."""
         service = next(item for item in self.spec if item["name"] == name)
         env = {"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"}
         if service.get("env_file"):
             env.update(parse_env_file((self.dest / service["env_file"]).read_text()))
         env.update(service["env"])
         log = open(self.dest / service["log"], "ab")  # noqa: SIM115 - lives with the process
-        self.procs[name] = (subprocess.Popen(service["argv"], cwd=self.dest / service["cwd"],
-                                             env=env, stdout=log, stderr=subprocess.STDOUT),
+        argv = [*service["argv"], *extra_args]
+        self.procs[name] = (subprocess.Popen(argv, cwd=self.dest / service["cwd"], env=env,
+                                             stdout=log, stderr=subprocess.STDOUT),
                             log)
         try:
             wait_health(health_url(service, env))
@@ -45,6 +47,12 @@ class Services:
         for service in self.spec:
             if service["name"] not in skip:
                 self.start(service["name"])
+
+    def kill(self, name: str) -> None:
+        proc, log = self.procs.pop(name)
+        proc.kill()
+        proc.wait(timeout=10)
+        log.close()
 
     def stop(self) -> None:
         for proc, log in self.procs.values():

@@ -127,3 +127,14 @@ def test_a_role_not_ready_is_explained_with_the_gateways_reason():
     seen = advert.advertised_roles(capabilities, plan["origin"])
     lines = advert.explained(expected, seen, advert.compare(expected, seen))
     assert lines == [f"role worker, field ready: declared true, advertised false ({reason})"]
+
+
+def test_an_engine_version_read_before_verify_began_is_stale_and_mismatches():
+    plan = plan_mesh(seed_mesh())["boxes"]["orin"]
+    worker = orin_capabilities()["roles"]["worker"]
+    capabilities = {"roles": {"worker": {**worker, "engine_version": "0.23.1",
+                                         "engine_version_age_s": 7.5}}}
+    fresh = advert.advertised_roles(capabilities, plan["origin"], read_within_s=8.0)
+    stale = advert.advertised_roles(capabilities, plan["origin"], read_within_s=2.0)
+    assert fresh["worker"]["engine_version"] == "0.23.1"
+    assert stale["worker"]["engine_version"] == advert.STALE

@@ -9,7 +9,10 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from ansible_collections.lobes.fleet.plugins.module_utils.contract import ROLE_NAMES
+from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
+    ROLE_NAMES,
+    SIM_ENGINE_VERSION,
+)
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from ansible_collections.lobes.fleet.plugins.modules import render as render_module
 from ansible_collections.lobes.fleet.plugins.modules import verify as verify_module
@@ -126,11 +129,29 @@ def test_a_mismatch_fails_with_a_declared_vs_advertised_table(mesh):
     lines = result["msg"].splitlines()
     header = next(line for line in lines if line.startswith("role"))
     assert header.split() == ["role", "side", "route", "feasible", "ready", "proxied", "hosted_by",
-                              "served_name", "context", "replicas", "policy", "stream_resume"]
+                              "served_name", "context", "replicas", "policy", "stream_resume",
+                              "engine_version"]
     declared = next(line for line in lines if line.startswith("cortex"))
     advertised = lines[lines.index(declared) + 1]
     assert "262144" in declared and "131072  <-" in advertised
     assert not any("<-" in line for line in lines if line.startswith("embedder"))
+
+
+def test_a_gear_whose_engine_reports_another_version_fails_naming_role_and_versions(mesh):
+    plan, alpha = mesh.plan, mesh.boxes["alpha"]
+    alpha.kill("gear-embedder")
+    alpha.start("gear-embedder", ("--engine-version", "0.0.1.skewed"))
+    try:
+        result = verify(plan["boxes"]["alpha"], timeout=8)
+    finally:
+        alpha.kill("gear-embedder")
+        alpha.start("gear-embedder")
+    assert result["failed"] is True
+    assert (f"host alpha, role embedder, field engine_version: declared {SIM_ENGINE_VERSION}, "
+            "advertised 0.0.1.skewed") in result["msg"]
+    flagged = [line for line in result["msg"].splitlines() if "<-" in line]
+    assert len(flagged) == 1 and "0.0.1.skewed  <-" in flagged[0]
+    assert verify(plan["boxes"]["alpha"]).get("failed") is not True
 
 
 def test_a_version_other_than_the_collections_fails(mesh):
@@ -153,10 +174,7 @@ def test_an_unreachable_gateway_fails_after_the_timeout(mesh):
 def test_verify_waits_for_a_gear_that_comes_up_late(mesh):
     plan, boxes = mesh.plan, mesh.boxes
     alpha = boxes["alpha"]
-    proc, log = alpha.procs.pop("gear-embedder")
-    proc.kill()
-    proc.wait(timeout=10)
-    log.close()
+    alpha.kill("gear-embedder")
     starter = threading.Timer(1.0, alpha.start, args=("gear-embedder",))
     starter.start()
     try:

@@ -83,19 +83,8 @@ class Live:
     peers: PeerWatch
     roles: frozenset[str] = frozenset()  # the catalog's: the only roles TTFT is reported for
     _counters: dict[str, _Counters] = field(default_factory=dict)
-    _versions: dict[str, str] = field(default_factory=dict)
     _snapshots: deque[tuple[float, dict[str, list[int]]]] = field(
         default_factory=lambda: deque(maxlen=_MAX_SNAPSHOTS))
-
-    def known_version(self, name: str) -> str | None:
-        """The engine version a healthy gear last reported (asked again after it was down)."""
-        return self._versions.get(name)
-
-    def note_version(self, name: str, version: str | None) -> None:
-        if version is None:
-            self._versions.pop(name, None)
-        else:
-            self._versions[name] = version
 
     def gear(self, name: str, totals: dict[str, float], now: float) -> dict[str, object]:
         """The rates and ratios of one gear since the previous /status call."""
@@ -116,10 +105,8 @@ class Live:
         return row
 
     def gear_down(self, name: str) -> None:
-        """A gear that did not answer: its next rate starts from its next reading, and its
-        version is asked again (it may come back as another engine)."""
+        """A gear that did not answer: its next rate starts from its next reading."""
         self._counters.pop(name, None)
-        self._versions.pop(name, None)
         self.metrics.failed_at[name] = time.monotonic()
 
     def ttft(self, now: float) -> dict[str, dict[str, object]]:

@@ -39,20 +39,7 @@ _METRICS = {
     "vllm:prefix_cache_hits_total": "prefix_cache_hits_total",
 }
 
-# An engine's version string longer than this is cut: it is shown, never parsed.
-MAX_VERSION_CHARS = 64
-
 PeerViews = Callable[[str], PeerView | None]
-
-
-def engine_version(body: bytes) -> str | None:
-    """The "version" string of an engine's /version answer; None for anything else."""
-    try:
-        answer = json.loads(body)
-    except ValueError:
-        return None
-    version = answer.get("version") if isinstance(answer, dict) else None
-    return version[:MAX_VERSION_CHARS] if isinstance(version, str) else None
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -223,6 +210,7 @@ class Views:
             # An unwired tier answered upward (minor -> cortex) is served under that backend's name.
             entry["served_name"] = target.served_name
             entry["context"] = self.windows.get(target.origin, target.served_name)
+            entry.update(self._engine(target.origin, target.served_name))
             entry.update(_serving(self._config.roles.get(target.name)))
         elif isinstance(route, ProxyRoute | PoolRoute | OwnerRoute):
             # An unwired tier answered upward (minor -> cortex) is as ready as the role that
@@ -238,6 +226,7 @@ class Views:
                 entry.update(view.extra)
             if rc.feasible and rc.base_url is not None:  # a hosted pool's own replica
                 entry.update(_serving(rc))
+                entry.update(self._engine(rc.base_url, rc.served_name))
             if isinstance(route, PoolRoute):  # how it places, and whether streams survive
                 entry["policy"] = self._config.pool_policy
                 entry["stream_resume"] = rc.stream_resume
@@ -297,6 +286,11 @@ class Views:
             row[key] = metrics.get(key)
         row.update(self._live.gear(name, metrics, now))
 
+    def _engine(self, origin: Origin, served_name: str) -> dict[str, object]:
+        """A local gear's engine version and how old the reading is, for /capabilities."""
+        return {"engine_version": self.windows.engine_version(origin, served_name),
+                "engine_version_age_s": self.windows.engine_version_age(origin, served_name)}
+
     def _floor_model(self) -> str | None:
         """The served name a minor request reaches (its own gear, or the primary it falls to)."""
         route = self._router.resolve("chat", "minor").route
@@ -315,24 +309,12 @@ class Views:
                                            timeout)
                 if status == 200:
                     row["metrics"] = parse_metrics(body.decode("utf-8", "replace"))
-                row["engine_version"] = await self._engine_version(backend, row["health"])
+                if row["health"] == "ok":
+                    row["engine_version"] = self.windows.engine_version(backend.origin,
+                                                                        backend.served_name)
         except UpstreamError:
             pass
         return row
-
-    async def _engine_version(self, backend: Backend, health: str) -> str | None:
-        """The engine's own /version (as vLLM serves it), asked once per healthy spell."""
-        if health != "ok":
-            self._live.note_version(backend.name, None)
-            return None
-        known = self._live.known_version(backend.name)
-        if known is not None:
-            return known
-        status, body = await fetch(self._connections, backend.origin, "/version", [],
-                                   self._config.limits.probe_timeout_s)
-        version = engine_version(body) if status == 200 else None
-        self._live.note_version(backend.name, version)
-        return version
 
     def gear_roles(self) -> list[str]:
         """The roles whose own gear runs on this box (their /metrics are relayed)."""

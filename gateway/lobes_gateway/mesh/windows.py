@@ -1,4 +1,5 @@
-"""The context window each local backend really serves, read from its own /v1/models.
+"""The context window each local backend really serves, read from its own /v1/models, and
+the engine version it reports on /version.
 
 P_MAX_MODEL_LEN is a mirror of what the box was configured to start with; the backend may
 serve another window (a 1048576 mirror has been seen in front of a 262144 backend). What this
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from lobes_contract import AUDIO_TASKS
 
@@ -27,6 +29,20 @@ def listed_models(body: bytes) -> dict[str, dict]:
     models = data if isinstance(data, list) else []
     return {model["id"]: model for model in models
             if isinstance(model, dict) and isinstance(model.get("id"), str)}
+
+
+# An engine's version string longer than this is cut: it is shown and compared, never parsed.
+MAX_VERSION_CHARS = 64
+
+
+def engine_version(body: bytes) -> str | None:
+    """The "version" string of an engine's /version answer; None for anything else."""
+    try:
+        answer = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    version = answer.get("version") if isinstance(answer, dict) else None
+    return version[:MAX_VERSION_CHARS] if isinstance(version, str) else None
 
 
 def served_window(body: bytes, served_name: str) -> int | None:
@@ -53,6 +69,9 @@ class BackendWindows:
         # What each backend listed when it last answered its probe: only one that lists the
         # served name it is configured with is advertised (advertised implies reachable).
         self._listed: dict[tuple[Origin, str], frozenset[str]] = {}
+        # The version each backend reported, asked at every probe: an engine restarted as
+        # another version between two probes answers for the new one at the next.
+        self._versions: dict[tuple[Origin, str], tuple[str, float]] = {}  # (version, when)
 
     def get(self, origin: Origin, served_name: str) -> int | None:
         """The window the backend last reported serving; None until it has answered."""
@@ -61,6 +80,18 @@ class BackendWindows:
     def serves(self, origin: Origin, served_name: str) -> bool:
         """Whether the backend answered its last probe listing `served_name`."""
         return served_name in self._listed.get((origin, served_name), ())
+
+    def engine_version(self, origin: Origin, served_name: str) -> str | None:
+        """The engine version the backend reported at its last probe (None while it lists
+        another name, does not answer, or answers no version)."""
+        seen = self._versions.get((origin, served_name))
+        return seen[0] if seen else None
+
+    def engine_version_age(self, origin: Origin, served_name: str) -> float | None:
+        """Seconds since the backend's engine version was read (None when it is not known):
+        a reader that restarted the backend trusts only a reading younger than the restart."""
+        seen = self._versions.get((origin, served_name))
+        return round(time.monotonic() - seen[1], 1) if seen else None
 
     def not_serving(self, origin: Origin, served_name: str) -> str | None:
         """Why a backend that answers is not ready (it lists other models than the one it is
@@ -73,19 +104,33 @@ class BackendWindows:
                 "set the served name the gear is started with")
 
     async def _probe(self, origin: Origin, served_name: str) -> None:
+        key = (origin, served_name)
         try:
             # No key: the gateway's inbound key is not its gears' (none is declared for them).
             status, body = await fetch(self._connections, origin, "/v1/models", [],
                                        self._timeout)
         except UpstreamError:
             # Down: not advertised; the window it served last is still its window.
-            self._listed.pop((origin, served_name), None)
+            self._listed.pop(key, None)
+            self._versions.pop(key, None)
             return
         listed = listed_models(body) if status == 200 else {}
-        self._listed[(origin, served_name)] = frozenset(listed)
+        self._listed[key] = frozenset(listed)
         window = served_window(body, served_name) if status == 200 else None
         if window is not None:
-            self._windows[(origin, served_name)] = window
+            self._windows[key] = window
+        version = await self._ask_version(origin) if served_name in listed else None
+        if version is None:
+            self._versions.pop(key, None)
+        else:
+            self._versions[key] = (version, time.monotonic())
+
+    async def _ask_version(self, origin: Origin) -> str | None:
+        try:
+            status, body = await fetch(self._connections, origin, "/version", [], self._timeout)
+        except UpstreamError:
+            return None
+        return engine_version(body) if status == 200 else None
 
     async def probe_once(self) -> None:
         """One pass over every local backend."""
