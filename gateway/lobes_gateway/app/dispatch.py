@@ -241,6 +241,19 @@ class Failure:
         return f"{self.name} ({'unreachable' if self.status is None else self.status})"
 
     @property
+    def shown(self) -> str:
+        """What the request found, as a reason: "unreachable", "answering 503"."""
+        if self.wrong_model:
+            return "answering for another model"
+        return "unreachable" if self.status is None else f"answering {self.status}"
+
+    @property
+    def looks_down(self) -> bool:
+        """Failed as a peer that restarted or lost its gear does: unreachable, a 503, or an
+        answer for another model (until a probe says otherwise)."""
+        return self.status in (None, 503) or self.wrong_model
+
+    @property
     def outcome(self) -> str:
         """The attempt's outcome as /metrics counts it."""
         if self.status is None:
@@ -359,7 +372,7 @@ class Dispatcher:
                 except UpstreamError:
                     if client.gone():  # the caller left: its slot and count are given back
                         return False
-                    step = self._moved_on(plan, Failure(step.name, None))
+                    step = self._moved_on(plan, Failure(step.name, None), route.role)
                     continue
                 if response.status >= 400:
                     judged = await self._judge(step, response, started)
@@ -371,7 +384,7 @@ class Dispatcher:
                     response.conn.close()
                     return False
                 if isinstance(judged, Failure):
-                    step = self._moved_on(plan, judged)
+                    step = self._moved_on(plan, judged, route.role)
                     continue
                 self._metrics.attempts[step.name, ANSWERED] += 1
                 if trace is not None:
@@ -395,11 +408,14 @@ class Dispatcher:
                 if counted is not None:
                     self.peer_in_flight[counted] -= 1
 
-    def _moved_on(self, plan: Plan, failure: Failure) -> Attempt | Answer:
-        """Count a failed attempt, and a failover when the plan goes on to another one."""
+    def _moved_on(self, plan: Plan, failure: Failure, role: str) -> Attempt | Answer:
+        """Count a failed attempt, and a failover when the plan goes on to another one; a peer
+        that failed as a down one does is not ready for `role` until it is probed again."""
         key = (failure.name, failure.outcome)
         self._metrics.attempts[key] += 1
         self._metrics.failed_at[failure.name] = time.monotonic()
+        if failure.looks_down:
+            self._peers.note_failed(role, failure.name, f"a request found it {failure.shown}")
         step = plan.send(failure)
         if isinstance(step, Attempt):
             self._metrics.failovers[key] += 1

@@ -30,6 +30,7 @@ from .replicas import (
     ReplicaSet,
     ReplicaSpec,
     ReplicaState,
+    log,
     with_local_replica,
 )
 
@@ -299,6 +300,17 @@ class PeerWatch:
         placement uses this moment; the others are as the last probe pass saw them."""
         pooled = self.pooled.get(role)
         return pooled.view() if pooled is not None else self._views.get(role)
+
+    def note_failed(self, role: str, origin: str, reason: str) -> None:
+        """A request to `origin` for `role` failed as a down peer fails: the role's replica
+        there is not ready (placed last, published so) until the next probe pass."""
+        sets = [self._proxied.get(role), self._owned.get(role)]
+        if role in self.pooled:
+            sets.append(self.pooled[role].replicas)
+        changed = [replicas.note_failed(origin, reason) for replicas in sets if replicas]
+        if any(changed):
+            log(f"{role} replica {origin} is not selectable: {reason}")
+            self._publish()
 
     def _publish(self) -> None:
         for role in self.pooled.values():

@@ -230,6 +230,17 @@ class ReplicaSet:
             for i, (spec, result) in enumerate(zip(self.specs, judged, strict=True))
         )
 
+    def note_failed(self, origin: str, reason: str) -> bool:
+        """A request found the replica at `origin` down (it restarted, or lost its gear since
+        the last probe): not ready until the next pass judges it again. Whether it changed."""
+        states = list(self.states)
+        for index, state in enumerate(states):
+            if state.origin == origin and state.ready:
+                states[index] = replace(state, ready=False, reason=reason)
+                self.states = tuple(states)
+                return True
+        return False
+
     @property
     def reference(self) -> ReplicaState | None:
         return next((s for s in self.states if s.reason == REFERENCE_REASON), None)
