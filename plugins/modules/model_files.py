@@ -18,7 +18,7 @@ description:
   - A file whose size and mtime match the directory's C(.lobes-manifest.json) is not hashed
     again.
   - With O(state=present), a revision that is not whole is put in place from O(staging) (where
-    a copy from another box lands): every file there is hashed, and only when all are whole
+    a copy from another box lands); every file there is hashed, and only when all are whole
     is the staging directory renamed to the final name, so it never holds half a model.
 author:
   - lobes.fleet maintainers (@lobes-fleet)
@@ -40,7 +40,7 @@ options:
     type: path
     default: /var/lib/lobes/models
   files:
-    description: The lock's files of the revision, C({path: {size, sha256}}).
+    description: "The lock's files of the revision, C({path: {size, sha256}})."
     type: dict
     required: true
   state:
