@@ -349,6 +349,14 @@ def _final_state(final, expected):
     return True, entries
 
 
+def _present_revisions(checkpoint_dir):
+    """The commits a checkpoint already has a final directory for."""
+    try:
+        return {name for name in os.listdir(checkpoint_dir) if COMMIT.match(name)}
+    except OSError:
+        return set()
+
+
 def _staged_bytes(staging, expected):
     total = 0
     for path, (size, _kind, _want) in expected.items():
@@ -381,8 +389,10 @@ def run(module, hub):
     staging = staging_dir(params["model_dir"], checkpoint, commit)
     total = sum(size for size, _kind, _want in expected.values())
     whole, entries = _final_state(final, expected)
-    diff = dict(before=f"revision: {commit if whole else '(none)'}\n",
-                after=f"revision: {commit}\n")
+    others = _present_revisions(os.path.dirname(final)) - {commit}
+    before = sorted(others | ({commit} if whole else set()))
+    diff = dict(before="".join(f"revision: {rev}\n" for rev in before) or "revision: (none)\n",
+                after="".join(f"revision: {rev}\n" for rev in sorted(others | {commit})))
     if whole:
         if entries != read_manifest(final) and not module.check_mode:
             write_manifest(final, entries)  # files re-hashed: spare it next time

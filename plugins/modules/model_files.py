@@ -138,9 +138,11 @@ def _lock_files(module):
             safe_relpath(path)
         except UnsafePath as error:
             module.fail_json(msg=f"the lock's files of {module.params['checkpoint']}: {error}")
-        if not isinstance(entry, dict) or "size" not in entry or "sha256" not in entry:
-            module.fail_json(msg=f"the lock's entry for {path} has no size and sha256")
-        files[path] = {"size": int(entry["size"]), "sha256": str(entry["sha256"]).lower()}
+        size = entry.get("size") if isinstance(entry, dict) else None
+        sha256 = str(entry.get("sha256", "")).lower() if isinstance(entry, dict) else ""
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or len(sha256) != 64:
+            module.fail_json(msg=f"the lock's entry for {path} needs a size (bytes) and a sha256")
+        files[path] = {"size": size, "sha256": sha256}
     return files
 
 

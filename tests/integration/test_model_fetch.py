@@ -284,3 +284,22 @@ def test_model_files_promotes_a_whole_staging_dir_and_refuses_a_partial_one(tmp_
     assert {p: d for p, d in _tree(final).items() if p != ".lobes-manifest.json"} == FILES
     again = files_module(tmp_path, commit, state="present")
     assert again["changed"] is False and again["whole"] is True
+
+
+def test_a_new_revision_lands_beside_the_old_and_the_diff_shows_both(hub, tmp_path):
+    old = hub.add_commit(REPO, {"config.json": b"v1\n"})
+    fetch(hub, tmp_path)
+    new = hub.add_commit(REPO, FILES)
+
+    result = fetch(hub, tmp_path)
+
+    assert result["revision"] == new
+    assert result["diff"] == {"before": f"revision: {old}\n",
+                              "after": "".join(f"revision: {r}\n" for r in sorted([old, new]))}
+    assert (tmp_path / "models" / REPO / old / "config.json").read_bytes() == b"v1\n"
+
+
+def test_model_files_refuses_a_lock_entry_without_a_size_or_sha256(tmp_path):
+    result = files_module(tmp_path, "d" * 40, files={"config.json": {"size": "12"}})
+
+    assert result["failed"] is True and "config.json" in result["msg"]
