@@ -184,22 +184,33 @@ class Hub:
         return text.replace(self.token, "********") if self.token else text
 
 
+# The hub's X-Error-Code names the cause; the status alone misleads (an unknown repo answers
+# 401 without a token, since the hub does not tell it from a private one).
+_FIXES = {
+    "RepoNotFound": "check the repo id; a private repo also needs a token of an account that can "
+                    "read it (module option token)",
+    "RevisionNotFound": "check that the revision is a branch or a commit of the repo",
+    "EntryNotFound": "the file is listed but not served: fetch the revision again",
+    "GatedRepo": "the checkpoint is gated: accept its terms on the hub with an account and give "
+                 "that account's token (module option token)",
+}
+_STATUS_FIXES = {
+    401: "the checkpoint is gated or private: give the token of an account that can read it "
+         "(module option token)",
+    403: "the token given has no access to it: accept its terms on the hub with that token's "
+         "account",
+    404: "check the repo id and that the revision is a branch or a commit of it",
+}
+
+
 def _hub_error(hub, error, checkpoint, revision, what):
     """A message naming the checkpoint, the revision and the fix; the hub's words, token masked."""
     said = hub.redact(error.headers.get("X-Error-Message") or "")
     said = f" (the hub says: {said[:200]})" if said else ""
-    if error.code in (401, 403):
-        fix = ("the checkpoint is gated or private: accept its terms on the hub with an account "
-               "and give that account's token (module option token)")
-        if error.code == 403:
-            fix = ("the token given has no access to it: accept its terms on the hub with "
-                   "that token's account")
-        return f"{what} {checkpoint} at revision {revision}: HTTP {error.code}: {fix}{said}"
-    if error.code == 404:
-        return (f"{what} {checkpoint} at revision {revision}: HTTP 404 at {hub.endpoint}: "
-                f"check the repo id and that the revision is a branch or a commit of it{said}")
+    fix = _FIXES.get(error.headers.get("X-Error-Code") or "") or _STATUS_FIXES.get(error.code)
+    fix = f": {fix}" if fix else ""
     return (f"{what} {checkpoint} at revision {revision}: HTTP {error.code} from "
-            f"{hub.endpoint}{said}")
+            f"{hub.endpoint}{fix}{said}")
 
 
 def _expected(sibling):

@@ -75,3 +75,21 @@ def test_an_error_that_echoes_the_token_is_reported_without_it():
 
     assert token not in message
     assert "org/name" in message and "main" in message and "HTTP 403" in message
+
+
+@pytest.mark.parametrize(("status", "code", "fix"), [
+    (401, "RepoNotFound", "check the repo id"),
+    (401, "GatedRepo", "accept its terms"),
+    (401, None, "give the token"),
+    (404, "RevisionNotFound", "the revision is a branch or a commit"),
+    (403, None, "has no access"),
+])
+def test_the_hub_error_code_picks_the_fix_the_message_names(status, code, fix):
+    headers = Message()
+    if code:
+        headers["X-Error-Code"] = code
+    error = HTTPError("http://hub/api", status, "No", headers, None)
+
+    message = _hub_error(Hub("http://hub", None, 5), error, "org/name", "v2", "resolving")
+
+    assert fix in message and f"HTTP {status}" in message and "org/name at revision v2" in message
