@@ -124,6 +124,18 @@ def test_a_cut_connection_is_resumed_with_a_range(hub, tmp_path):
     assert result["bytes_fetched"] == result["bytes_total"]
 
 
+def test_a_server_that_answers_a_range_with_the_whole_file_is_not_appended_to(hub, tmp_path):
+    hub.add_commit(REPO, FILES)
+    hub.faults.cut_after["model.safetensors"] = [100_000]
+    hub.faults.ignore_range.add("model.safetensors")
+
+    result = fetch(hub, tmp_path)
+
+    assert result.get("failed") is not True, result
+    assert [r.status for r in hub.log("cdn", "model.safetensors")] == [200, 200]
+    assert (Path(result["path"]) / "model.safetensors").read_bytes() == WEIGHTS
+
+
 def test_a_file_served_wrong_once_is_fetched_again(hub, tmp_path):
     hub.add_commit(REPO, FILES)
     hub.faults.corrupt["config.json"] = 1

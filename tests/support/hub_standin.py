@@ -7,7 +7,8 @@ It speaks the subset lobes.fleet.model_fetch uses, as the hub does:
   listener (the "CDN", another origin) that serves the blob. Both honour Range: bytes=N-.
 - 401 without a token and 403 with a wrong one for a gated repo, 404 for an unknown repo,
   revision or file, with the hub's X-Error-Code header.
-Fault knobs (cut a file after N bytes, serve a file's bytes wrong, slow a file down) and a log
+Fault knobs (cut a file after N bytes, serve a file's bytes wrong, slow a file down, answer a
+Range with the whole file as a server without Range support does) and a log
 of every request (which origin, its headers, the Range start and the bytes sent) are for tests.
 """
 
@@ -91,6 +92,7 @@ class Faults:
     cut_after: dict[str, list[int]] = field(default_factory=dict)  # path -> cut points, once each
     corrupt: dict[str, int] = field(default_factory=dict)  # path -> times left (-1: always)
     delay: dict[str, float] = field(default_factory=dict)  # path -> seconds per chunk
+    ignore_range: set[str] = field(default_factory=set)  # paths answered whole (200) to a Range
     echo_auth_in_errors: bool = False
 
 
@@ -257,7 +259,7 @@ class _Handler(BaseHTTPRequestHandler):
                 data = bytes([data[0] ^ 0xFF]) + data[1:]
             cuts = faults.cut_after.get(path) or []
             cut = cuts.pop(0) if cuts else None
-        start = _range_start(self.headers.get("Range"))
+        start = None if path in faults.ignore_range else _range_start(self.headers.get("Range"))
         if start is not None and start >= len(data):
             self._error(record, 416, "RangeNotSatisfiable", "range past the end")
             return
