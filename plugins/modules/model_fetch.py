@@ -290,7 +290,12 @@ class Fetcher:
                 return
             raise FetchError(_hub_error(self.hub, error, self.checkpoint, self.commit,
                                         f"fetching {path} of")) from None
-        with answer, open(target, "ab" if answer.status == 206 else "wb") as out:
+        resumed = answer.status == 206
+        if resumed and not (answer.headers.get("Content-Range") or "").startswith(f"bytes {have}-"):
+            answer.close()
+            raise HTTPException(f"asked for bytes from {have}, the server answered "
+                                f"{answer.headers.get('Content-Range')!r}")
+        with answer, open(target, "ab" if resumed else "wb") as out:
             # read1: what has arrived, so a run killed midway keeps it for the next to resume.
             while True:
                 chunk = answer.read1(CHUNK)
@@ -304,7 +309,6 @@ class Fetcher:
         """Download one file whole, over a few connections when one is cut."""
         target = inside(self.staging, path)
         os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
-        target = inside(self.staging, path)  # again: a symlink could only be there now
         for _attempt in range(_ATTEMPTS):
             try:
                 self._download(path, target, size)
@@ -321,18 +325,15 @@ class Fetcher:
 
     def checked(self, path, size, kind, want):
         """Fetch (or keep) path in staging and check it; fetched again once if it fails."""
-        for attempt in range(2):
+        for _attempt in range(2):
             target = self.fetch(path, size)
             found = digest(target)
             got = found.sha256 if kind == "sha256" else found.blob_sha1
             if found.size == size and got == want:
                 return manifest_entry(target, found.sha256)
             os.unlink(target)
-            if attempt:
-                raise FetchError(
-                    f"{path} of {self.checkpoint} at {self.commit} fails its check twice: "
-                    f"expected {kind} {want} ({size} bytes), found {got} ({found.size} bytes)")
-        raise AssertionError("unreachable")
+        raise FetchError(f"{path} of {self.checkpoint} at {self.commit} fails its check twice: "
+                         f"expected {kind} {want} ({size} bytes), found {got} ({found.size} bytes)")
 
 
 def _final_state(final, expected):
