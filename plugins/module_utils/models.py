@@ -38,7 +38,9 @@ _HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
 CHECKPOINT_ID = re.compile(rf"{_HUB_PART}/{_HUB_PART}")
 # Checkpoints that never come from the hub: built on the box (lobes/tiny-*) or a local path.
 LOCAL_NAMESPACE = "lobes/"
-MAX_TEXT = 1024
+# A file path or an image reference, in characters: written as a YAML key, quoted with every
+# character escaped it stays under the 1024 characters a YAML key may span.
+MAX_TEXT = 400
 
 DECLARED, LOCKED, UNPINNED = "declared", "locked", "unpinned"
 _TOP_KEYS = ("version", "models", "images")
@@ -106,7 +108,7 @@ def _child(path: str, name: object) -> str:
 
 
 def _kind(value: object) -> str:
-    return "empty" if value is None else f"{type(value).__name__}"
+    return "empty" if value is None else type(value).__name__
 
 
 class _Reader:
@@ -246,11 +248,11 @@ def _load(text: str, source: str) -> object:
     try:
         _refuse_aliases(text, source)
         return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
-    # PyYAML's safe constructors raise plain errors of their own too: an impossible date
-    # (ValueError), a key that cannot be one (TypeError), deep nesting (RecursionError).
     except _Duplicate as duplicate:
         raise LockError(source, _key(duplicate.key), "is written twice",
                         "keep one entry (a merge left both)") from None
+    # PyYAML's safe constructors raise plain errors of their own too: an impossible date
+    # (ValueError), a key that cannot be one (TypeError), deep nesting (RecursionError).
     except (yaml.YAMLError, ValueError, TypeError, RecursionError, OverflowError) as exc:
         if isinstance(exc, LockError):
             raise

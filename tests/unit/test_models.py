@@ -205,6 +205,15 @@ def test_any_structure_is_read_or_refused_with_the_one_error(value, where):
         assert parse_lock(dump_lock(lock), SOURCE) == lock
 
 
+def test_the_longest_names_written_with_every_character_escaped_read_back():
+    longest = '"' * models.MAX_TEXT
+    lock = with_image(with_model(FleetLock(), "Qwen/Qwen3.5-4B", REV_A,
+                                 {longest: LockedFile(1, SHA)}), longest, f"sha256:{SHA}")
+    assert parse_lock(dump_lock(lock), SOURCE) == lock
+    with pytest.raises(LockError, match="at most 400"):
+        with_model(lock, "Qwen/Qwen3.5-4B", REV_A, {longest + "x": LockedFile(1, SHA)})
+
+
 def test_with_model_replaces_an_entry_and_checks_what_it_is_given():
     lock = with_model(FleetLock(), "Qwen/Qwen3.5-4B", REV_A, {"a.json": {"size": 1, "sha256": SHA}})
     lock = with_model(lock, "Qwen/Qwen3.5-4B", REV_B, {"b.json": LockedFile(2, SHA)})
