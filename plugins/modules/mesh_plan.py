@@ -39,6 +39,16 @@ options:
       - The full reference of the variables is docs/inventory.md.
     type: list
     elements: str
+  lock_file:
+    description:
+      - The fleet's lock file (docs/operations.md, "How models reach the boxes"), read to pin
+        each gear's checkpoint revision. Defaults to C(fleet.lock.yml) in the inventory's
+        directory (C(inventory_dir)); no file there means nothing is locked yet.
+      - A gear whose hub checkpoint has no revision (role C(revision), the catalog's, or the
+        lock's) is a warning, or an error on a box with C(fleet_models_require_pins). A declared
+        revision the lock contradicts, one checkpoint pinned at two revisions and a lock file
+        that cannot be read are errors. Either way the plan fails before anything is deployed.
+    type: path
 notes:
   - The budget rule. The sum of a box's C(--gpu-memory-utilization) fractions
     times the device memory, plus the hardware headroom, must fit the usable memory.
@@ -72,13 +82,14 @@ plan:
       C(gateway) (host, port, auth, fleet_key, default_model, aliases, force_strict_tools,
       private_status, tuning, client_keys (name, class, inflight_limit; never the key));
       C(gears) (image, port_base, sim_time_scale, python, hf_cache, audio_image,
-      gateway_image, sim_image);
+      gateway_image, sim_image, engine_dir, model_dir, engine_build, require_pins);
       C(budget) (gears, utilization, reserved_gib, headroom_gib, usable_gib, max_utilization,
       fits); C(ports) (port, address, service, field: what the box listens on, for preflight);
       C(roles); C(key_hosts) (peers whose inbound key this box carries)."
     - "Each C(roles) entry has: role, prefix, task, feasible, mode (serve, pool, proxy,
       refer, owners or off), aliases, served_name, context, peers (host, origin, auth, rate),
-      hosted_by, replicas, and C(gear) when served here (checkpoint, served_name, context,
+      hosted_by, replicas, and C(gear) when served here (checkpoint, revision (declared or
+      the catalog's; null when unpinned there), served_name, context,
       native_context, yarn_factor, gpu_memory_utilization, max_active, mtp,
       num_speculative_tokens, tool_parser, quantization, sim_profile, engine (vllm or sim),
       memory_gib (its share of the box's memory), port, service)."
@@ -101,6 +112,20 @@ plan:
             context: 262144
             hosted_by: http://spark.tail0be7e0.ts.net:8001
             replicas: 2
+pins:
+  description:
+    - Every gear that loads a hub checkpoint (simulated gears and C(lobes/) or path checkpoints
+      load none from the hub), with its revision and where it comes from.
+    - "Each has: host, role, checkpoint, revision (null when unpinned), source (declared,
+      locked or unpinned), locked (the lock's revision, or null), required (the box sets
+      C(fleet_models_require_pins))."
+  returned: success
+  type: list
+  elements: dict
+lock_file:
+  description: The lock file read (null when the inventory has no directory).
+  returned: success
+  type: str
 """
 
 # The work happens on the controller, in plugins/action/mesh_plan.py.

@@ -34,3 +34,54 @@ def test_a_broken_mesh_fails_the_play_naming_host_role_and_field(tmp_path):
     assert result.returncode != 0
     assert "host beta, role senses, field proxy: names this box itself" in result.stdout
     assert not (tmp_path / "out").exists()
+
+
+def _tailnet_copy(tmp_path, lock_text: str | None, **spark_roles) -> str:
+    """The tailnet inventory copied with spark's role fields changed and a lock file beside
+    it; registered under a name of its own for run_render."""
+    source, vault = rendering.INVENTORIES["tailnet"]
+    copy = tmp_path / "inventory"
+    shutil.copytree(source, copy)
+    spark = copy / "host_vars" / "spark.yml"
+    text = spark.read_text()
+    for role, fields in spark_roles.items():
+        text = text.replace(f"  {role}: {{}}\n", f"  {role}: {fields}\n")
+    spark.write_text(text)
+    if lock_text is not None:
+        (copy / "fleet.lock.yml").write_text(lock_text)
+    rendering.INVENTORIES["pinned"] = (copy, vault)
+    return "pinned"
+
+
+def test_a_declared_revision_the_lock_contradicts_stops_the_play_before_render(tmp_path):
+    declared, locked = "0" * 39 + "1", "f" * 40
+    lock = (f"version: 1\nmodels:\n  Qwen/Qwen3-Embedding-0.6B:\n    revision: {locked}\n"
+            "    files: {}\n")
+    name = _tailnet_copy(tmp_path, lock, embedder=f"{{revision: '{declared}'}}")
+    try:
+        result = run_render(name, tmp_path / "out")
+    finally:
+        del rendering.INVENTORIES[name]
+    assert result.returncode != 0
+    assert "host spark, role embedder, field revision: declares Qwen/Qwen3-Embedding-0.6B at " \
+           f"{declared} but fleet.lock.yml locks {locked}" in result.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unpinned_gear_is_a_warning_and_a_broken_lock_file_stops_the_play(tmp_path):
+    name = _tailnet_copy(tmp_path, "version: 1\nmodels: {Qwen/Qwen3-Embedding-0.6B: {}}\n")
+    try:
+        result = run_render(name, tmp_path / "out")
+    finally:
+        del rendering.INVENTORIES[name]
+    assert result.returncode != 0
+    assert 'fleet.lock.yml: models["Qwen/Qwen3-Embedding-0.6B"].revision: is missing' \
+        in result.stdout
+    name = _tailnet_copy(tmp_path / "again", None)
+    try:
+        result = run_render(name, tmp_path / "out")
+    finally:
+        del rendering.INVENTORIES[name]
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "host spark, role embedder, field revision: Qwen/Qwen3-Embedding-0.6B has no " \
+           "pinned revision" in result.stdout + result.stderr

@@ -1,0 +1,162 @@
+#!/usr/bin/python
+# Copyright: lobes.fleet contributors
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Ansible module lobes.fleet.model_plan: which checkpoint goes where, at which revision."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: model_plan
+short_description: Plan how each pinned checkpoint reaches the boxes that load it
+version_added: 0.1.0
+description:
+  - Reads the mesh plan and the fleet's lock file (C(fleet.lock.yml) beside the inventory) and
+    returns, per hub checkpoint the plan's gears load, its revision, the hosts that load it, the
+    host that fetches it from the hub when no box holds it yet, and the box-to-box copy rounds
+    that fill the others (each holder sends to one box a round, so the boxes holding it double
+    every round).
+  - A revision comes from the inventory (role C(revision)), the catalog or the lock; none is
+    ever made up. A gear with none is reported as unpinned, a warning, or an error with
+    O(require_pins) or on a box with C(fleet_models_require_pins). A declared revision the lock
+    contradicts, or one checkpoint pinned at two revisions, is an error naming host, role and
+    field.
+  - Simulated gears, and checkpoints under C(lobes/) (built on the box) or given as a path, load
+    nothing from the hub and are left out.
+  - It writes nothing; the lock file is written by the step that fetches and checks the files.
+  - "Run it on the controller (C(delegate_to: localhost), C(run_once)); it needs PyYAML."
+author:
+  - lobes.fleet maintainers (@lobes-fleet)
+extends_documentation_fragment:
+  - lobes.fleet.attributes
+  - lobes.fleet.attributes.pure
+options:
+  plan:
+    description: The mesh plan, as RV(lobes.fleet.mesh_plan#module:plan) returns it.
+    type: dict
+    required: true
+  lock_file:
+    description: The lock file; a path that does not exist means nothing is locked yet.
+    type: path
+    required: true
+  present:
+    description:
+      - Checkpoint -> the hosts that already hold its files, checked against the lock. They are
+        the first sources of the copy rounds; with none, the first host that loads it fetches it
+        from the hub.
+    type: dict
+    default: {}
+  require_pins:
+    description: Refuse every unpinned gear, whatever each box's C(fleet_models_require_pins).
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: Plan the mesh once
+  lobes.fleet.mesh_plan:
+  run_once: true
+  register: mesh
+
+- name: Plan where each checkpoint goes, refusing any gear without a pinned revision
+  lobes.fleet.model_plan:
+    plan: "{{ mesh.plan }}"
+    lock_file: "{{ inventory_dir }}/fleet.lock.yml"
+    require_pins: true
+  delegate_to: localhost
+  run_once: true
+  register: models
+"""
+
+RETURN = r"""
+models:
+  description: Each hub checkpoint the plan's gears load, by name.
+  returned: always
+  type: dict
+  contains:
+    revision:
+      description: The pinned revision (40 hex), or null when unpinned.
+      type: str
+    source:
+      description:
+        - Where the revision comes from, declared (inventory or catalog), locked or unpinned.
+      type: str
+    hosts:
+      description: The hosts whose gears load it, sorted.
+      type: list
+      elements: str
+    fetch_from_hub:
+      description: The host that fetches it from the hub (no box holds it yet), or null.
+      type: str
+    rounds:
+      description: The copy rounds, each a list of [source host, destination host].
+      type: list
+      elements: list
+    warnings:
+      description: Unpinned gears, where pins are not required.
+      type: list
+      elements: str
+    errors:
+      description: What stops the rollout, each naming host, role and field.
+      type: list
+      elements: str
+  sample:
+    Qwen/Qwen3-Embedding-0.6B:
+      revision: null
+      source: unpinned
+      hosts: [orin, spark, thor]
+      fetch_from_hub: orin
+      rounds: [[[orin, spark]], [[orin, thor]]]
+      warnings:
+        - "host orin, role embedder, field revision: Qwen/Qwen3-Embedding-0.6B has no pinned
+          revision, ..."
+      errors: []
+pins:
+  description:
+    - Every gear that loads a hub checkpoint (host, role, checkpoint, revision, source, locked,
+      required).
+  returned: always
+  type: list
+  elements: dict
+"""
+
+# Modules keep their imports below their documentation.
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.lobes.fleet.plugins.module_utils.models import (  # noqa: E402
+    LockError,
+    model_pins,
+    model_summary,
+    read_lock_file,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            plan=dict(type="dict", required=True),
+            lock_file=dict(type="path", required=True),
+            present=dict(type="dict", default={}),
+            require_pins=dict(type="bool", default=False),
+        ),
+        supports_check_mode=True,
+    )
+    try:
+        lock = read_lock_file(module.params["lock_file"])
+    except LockError as error:
+        module.fail_json(msg=f"the lock file cannot be used: {error}")
+    present = {str(name): [str(host) for host in hosts or []]
+               for name, hosts in module.params["present"].items()}
+    pins = model_pins(module.params["plan"], lock)
+    models = model_summary(pins, present, module.params["require_pins"])
+    errors = [error for entry in models.values() for error in entry["errors"]]
+    result = dict(changed=False, models=models, pins=[dict(vars(pin)) for pin in pins])
+    if errors:
+        module.fail_json(msg="the models cannot be placed:\n" + "\n".join(errors), **result)
+    warnings = [warning for entry in models.values() for warning in entry["warnings"]]
+    for warning in warnings:
+        module.warn(warning)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
