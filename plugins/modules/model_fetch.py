@@ -67,6 +67,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+checkpoint:
+  description: The checkpoint fetched (as given), so a loop's results name what each says.
+  returned: always
+  type: str
 revision:
   description: The commit the revision resolved to.
   returned: always
@@ -445,6 +449,7 @@ def main():
         result = run(module, hub)
     except FetchError as error:
         module.fail_json(msg=hub.redact(str(error)))
+    result["checkpoint"] = module.params["checkpoint"]
     if not module._diff:
         result.pop("diff", None)
     module.exit_json(**result)

@@ -32,9 +32,11 @@ options:
     type: str
     required: true
   revision:
-    description: The 40-hex commit pinned in the lock.
+    description:
+      - The 40-hex commit pinned in the lock.
+      - Omitted (with O(state=checked)), only the room is reported (RV(free_bytes)), where a
+        checkpoint not locked yet will land.
     type: str
-    required: true
   model_dir:
     description: The directory that holds the box's checkpoints (inventory C(fleet_model_dir)).
     type: path
@@ -42,7 +44,7 @@ options:
   files:
     description: "The lock's files of the revision, C({path: {size, sha256}})."
     type: dict
-    required: true
+    default: {}
   state:
     description:
       - V(checked) reports and changes nothing; a revision that is not whole does not fail
@@ -76,6 +78,18 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+checkpoint:
+  description: The checkpoint checked (as given), so a loop's results name what each says.
+  returned: always
+  type: str
+revision:
+  description: The revision checked, or null when only the room was asked.
+  returned: always
+  type: str
+model_dir:
+  description: The models directory (as given).
+  returned: always
+  type: str
 path:
   description: The final directory of the revision.
   returned: always
@@ -173,19 +187,33 @@ def _promote(module, files, final, result):
                           after=f"{final}: whole (from {staging})\n"))
 
 
+def room_only(module):
+    """No revision yet: the bytes free where the checkpoint will land, and nothing held."""
+    params = module.params
+    if params["state"] != "checked" or params["files"]:
+        module.fail_json(msg=f"{params['checkpoint']}: a revision is needed to check or put "
+                         "files in place")
+    module.exit_json(checkpoint=params["checkpoint"], revision=None,
+                     model_dir=params["model_dir"], path=None,
+                     free_bytes=free_bytes(params["model_dir"]), promoted=False, changed=False,
+                     missing=[], wrong_size=[], corrupt=[], whole=False, bytes_needed=0)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             checkpoint=dict(type="str", required=True),
-            revision=dict(type="str", required=True),
+            revision=dict(type="str"),
             model_dir=dict(type="path", default="/var/lib/lobes/models"),
-            files=dict(type="dict", required=True),
+            files=dict(type="dict", default={}),
             state=dict(type="str", choices=["checked", "present"], default="checked"),
             staging=dict(type="path"),
         ),
         supports_check_mode=True,
     )
     params = module.params
+    if params["revision"] is None:
+        room_only(module)
     try:
         final = final_dir(params["model_dir"], params["checkpoint"], params["revision"])
     except ValueError as error:
@@ -194,8 +222,10 @@ def main():
     report = check_dir(final, files, use_manifest=True)
     if report.whole and report.manifest != read_manifest(final) and not module.check_mode:
         write_manifest(final, report.manifest)  # files re-hashed: spare it next time
-    result = dict(path=final, free_bytes=free_bytes(params["model_dir"]), promoted=False,
-                  changed=False, **_report(report, files))
+    result = dict(checkpoint=params["checkpoint"], revision=params["revision"],
+                  model_dir=params["model_dir"], path=final,
+                  free_bytes=free_bytes(params["model_dir"]), promoted=False, changed=False,
+                  **_report(report, files))
     if params["state"] == "present" and not report.whole:
         result = _promote(module, files, final, result)
     if not module._diff:

@@ -46,10 +46,38 @@ options:
         from the hub.
     type: dict
     default: {}
+  held:
+    description:
+      - "Host -> what M(lobes.fleet.model_files) reported there, one result per checkpoint
+        the host loads (C(checkpoint), C(model_dir), C(whole), C(bytes_needed),
+        C(free_bytes)): a host holding a checkpoint whole is a source of its copies, and the
+        bytes each host still needs against those free are the disk preflight."
+    type: dict
+    default: {}
+  resolved:
+    description:
+      - "Host -> M(lobes.fleet.model_fetch)'s check-mode results (C(checkpoint),
+        C(bytes_total)) for the checkpoints not locked yet: every host that loads one needs
+        its whole size."
+    type: dict
+    default: {}
+  fetched:
+    description:
+      - "Host -> M(lobes.fleet.model_fetch)'s results: the host holds each checkpoint it
+        fetched."
+    type: dict
+    default: {}
   require_pins:
     description: Refuse every unpinned gear, whatever each box's C(fleet_models_require_pins).
     type: bool
     default: false
+  headroom_bytes:
+    description:
+      - What must stay free on a models filesystem after the copies. A host whose need plus
+        this exceeds what is free is an error naming host, path, both sizes and the shortfall,
+        before any byte moves.
+    type: int
+    default: 2147483648
 """
 
 EXAMPLES = r"""
@@ -92,6 +120,10 @@ models:
       description: The copy rounds, each a list of [source host, destination host].
       type: list
       elements: list
+    files:
+      description: "The lock's files of the revision, C({path: {size, sha256}}); empty when
+        the checkpoint is not locked yet."
+      type: dict
     warnings:
       description: Unpinned gears, where pins are not required.
       type: list
@@ -111,6 +143,17 @@ models:
         - "host orin, role embedder, field revision: Qwen/Qwen3-Embedding-0.6B has no pinned
           revision, ..."
       errors: []
+pulls:
+  description:
+    - "Host -> the copies it makes, each C({round, checkpoint, revision, source, address,
+      files}): from which box (C(source), reached at C(address), the host of its origin) in
+      which round (0 first); a round starts once the one before has ended on every box."
+  returned: always
+  type: dict
+rounds:
+  description: How many copy rounds the fleet needs (the most any checkpoint needs).
+  returned: always
+  type: int
 pins:
   description:
     - Every gear that loads a hub checkpoint (host, role, checkpoint, revision, source, locked,
@@ -121,13 +164,63 @@ pins:
 """
 
 # Modules keep their imports below their documentation.
+from urllib.parse import urlsplit  # noqa: E402
+
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.models import (  # noqa: E402
     LockError,
+    disk_shortfalls,
     model_pins,
     model_summary,
     read_lock_file,
 )
+
+
+def _results(by_host: dict) -> list:
+    """(host, result) for every loop result given per host (a skipped one says nothing)."""
+    return [(str(host), result) for host, results in by_host.items()
+            for result in results or [] if isinstance(result, dict) and "checkpoint" in result]
+
+
+def merged_present(present: dict, held: dict, fetched: dict) -> dict:
+    """checkpoint -> hosts holding it whole: as given, as model_files found, as fetched."""
+    merged = {str(name): [str(host) for host in hosts or []] for name, hosts in present.items()}
+    holding = [(host, result) for host, result in _results(held) if result.get("whole")]
+    holding += _results(fetched)
+    for host, result in holding:
+        hosts = merged.setdefault(str(result["checkpoint"]), [])
+        if host not in hosts:
+            hosts.append(host)
+    return merged
+
+
+def disk_errors(models: dict, held: dict, resolved: dict, headroom_bytes: int) -> list:
+    """The disk preflight: what each host must still receive against what is free there."""
+    sizes = {str(result["checkpoint"]): int(result.get("bytes_total") or 0)
+             for _host, result in _results(resolved)}
+    needs, free = {}, {}
+    for host, result in _results(held):
+        where = (host, str(result.get("model_dir")))
+        unlocked = not models.get(result["checkpoint"], {}).get("files")
+        need = sizes.get(str(result["checkpoint"]), 0) if unlocked else result.get("bytes_needed")
+        needs[where] = needs.get(where, 0) + int(need or 0)
+        free[where] = max(free.get(where, 0), int(result.get("free_bytes") or 0))
+    return disk_shortfalls(needs, free, headroom_bytes)
+
+
+def planned_pulls(models: dict, plan: dict) -> dict:
+    """host -> its copies, round by round, each naming its source box and where to reach it."""
+    boxes = plan.get("boxes") or {}
+    pulls: dict = {}
+    for checkpoint, entry in models.items():
+        for number, pairs in enumerate(entry["rounds"]):
+            for source, destination in pairs:
+                origin = (boxes.get(source) or {}).get("origin") or ""
+                pulls.setdefault(destination, []).append({
+                    "round": number, "checkpoint": checkpoint, "revision": entry["revision"],
+                    "source": source, "address": urlsplit(origin).hostname or source,
+                    "files": entry["files"]})
+    return pulls
 
 
 def main():
@@ -136,7 +229,11 @@ def main():
             plan=dict(type="dict", required=True),
             lock_file=dict(type="path", required=True),
             present=dict(type="dict", default={}),
+            held=dict(type="dict", default={}),
+            resolved=dict(type="dict", default={}),
+            fetched=dict(type="dict", default={}),
             require_pins=dict(type="bool", default=False),
+            headroom_bytes=dict(type="int", default=2 << 30),
         ),
         supports_check_mode=True,
     )
@@ -144,12 +241,19 @@ def main():
         lock = read_lock_file(module.params["lock_file"])
     except LockError as error:
         module.fail_json(msg=f"the lock file cannot be used: {error}")
-    present = {str(name): [str(host) for host in hosts or []]
-               for name, hosts in module.params["present"].items()}
+    params = module.params
+    present = merged_present(params["present"], params["held"], params["fetched"])
     pins = model_pins(module.params["plan"], lock)
     models = model_summary(pins, present, module.params["require_pins"])
+    for checkpoint, entry in models.items():
+        locked = lock.model(checkpoint)
+        entry["files"] = ({path: {"size": item.size, "sha256": item.sha256}
+                           for path, item in locked.files} if locked else {})
     errors = [error for entry in models.values() for error in entry["errors"]]
-    result = dict(changed=False, models=models, pins=[dict(vars(pin)) for pin in pins])
+    errors += disk_errors(models, params["held"], params["resolved"], params["headroom_bytes"])
+    result = dict(changed=False, models=models, pins=[dict(vars(pin)) for pin in pins],
+                  pulls=planned_pulls(models, module.params["plan"]),
+                  rounds=max((len(entry["rounds"]) for entry in models.values()), default=0))
     if errors:
         module.fail_json(msg="the models cannot be placed:\n" + "\n".join(errors), **result)
     warnings = [warning for entry in models.values() for warning in entry["warnings"]]

@@ -17,7 +17,7 @@ description:
     C(/version) reports, with the pinned build of its engine (vLLM's CPU build, or the
     simulator's); the vLLM image's version is the image's own and is not compared. A version
     the gateway read before verify began is not trusted (a restart may have replaced the
-    engine): verify waits for the next reading.
+    engine); verify waits for the next reading.
   - On failure the message is a per-role table of declared vs advertised values, the
     mismatching fields flagged.
   - Read-only; check mode runs the same reads.
