@@ -119,6 +119,15 @@ def check_pins(plan: dict, path: str | None) -> tuple:
             [str(item) for item in findings.errors])
 
 
+def with_pinned_revisions(plan: dict, pins: list) -> None:
+    """Each pinned gear's plan names the revision it loads (declared, else locked): the gear
+    starts from the box's copy of it (render.pinned_model_dir)."""
+    for pin in pins:
+        if pin["revision"]:
+            plan["boxes"][pin["host"]]["roles"][pin["role"]]["gear"]["pinned_revision"] = \
+                pin["revision"]
+
+
 class ActionModule(ActionBase):
     """Plan the mesh on the controller; changes nothing anywhere."""
 
@@ -153,4 +162,5 @@ class ActionModule(ActionBase):
                     "errors": errors}
         if warnings:
             result["warnings"] = [*result.get("warnings", []), *warnings]
+        with_pinned_revisions(plan, pins)
         return {**result, "changed": False, "plan": plan, "pins": pins, "lock_file": path}

@@ -31,6 +31,8 @@ GATEWAY_SOURCE_MOUNT = "/opt/lobes/gateway"
 # The box's state/log, where every container appends its output through logwrap: the same
 # files the process runtime's supervisor writes, and they outlive the containers.
 LOG_MOUNT = "/var/log/lobes"
+# Where a vLLM container sees the box's models directory (fleet_model_dir), read-only.
+MODELS_MOUNT = "/models"
 # The gateway's access log, in the box's state/log: the process runtime's gateway runs in the
 # deploy directory (services.json's), a compose gateway sees state/log at LOG_MOUNT.
 ACCESS_LOG = "access.log"
@@ -398,17 +400,29 @@ def _gear_service(plan: dict, role: dict, labels: dict) -> dict:
     return _vllm_service(plan, role)
 
 
+def pinned_model_dir(model_dir: str, gear: dict) -> str | None:
+    """Where a gear's pinned hub checkpoint lies under `model_dir` (`<org>/<name>/<revision>`,
+    as playbooks/models.yml places it); None for an unpinned one, which vLLM fetches itself."""
+    revision = gear.get("pinned_revision")
+    return f"{model_dir}/{gear['checkpoint']}/{revision}" if revision else None
+
+
 def _vllm_service(plan: dict, role: dict) -> dict:
     service = role["gear"]["service"]
+    hf_cache = f"{plan['gears']['hf_cache']}:/root/.cache/huggingface"
+    local = pinned_model_dir(MODELS_MOUNT, role["gear"])
+    # A pinned checkpoint is loaded from the box's own copy, offline: no hub at start.
+    offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"} if local else {}
+    models = [f"{plan['gears']['model_dir']}:{MODELS_MOUNT}:ro"] if local else []
     return {
         "image": plan["gears"]["image"],
         "restart": "unless-stopped",
         "runtime": "nvidia",
         "ipc": "host",
         "entrypoint": _logwrap(service, ["vllm", "serve"]),
-        "command": [role["gear"]["checkpoint"], *vllm_args(plan, role)],
-        "environment": _python_env({"HF_HOME": "/root/.cache/huggingface"}),
-        "volumes": _mounts(plan, f"{plan['gears']['hf_cache']}:/root/.cache/huggingface"),
+        "command": [local or role["gear"]["checkpoint"], *vllm_args(plan, role)],
+        "environment": _python_env({"HF_HOME": "/root/.cache/huggingface", **offline}),
+        "volumes": _mounts(plan, hf_cache, *models),
         "healthcheck": {
             "test": ["CMD", "curl", "-fsS", f"http://127.0.0.1:{GEAR_PORT}/health"],
             "interval": "30s", "timeout": "5s", "retries": 3,
@@ -586,7 +600,8 @@ def cpu_engine_argv(plan: dict, role: dict) -> list:
     """vLLM's CPU build serving a gear: the GPU gear's command line less its GPU flags, on the
     loopback, run eagerly (compiling the model first costs a minute and a cache directory)."""
     gear = role["gear"]
-    model = f"{plan['gears']['model_dir']}/{gear['checkpoint']}"
+    model_dir = plan["gears"]["model_dir"]
+    model = pinned_model_dir(model_dir, gear) or f"{model_dir}/{gear['checkpoint']}"
     return [f"{engine_venv(plan)}/bin/python", "-m", "vllm.entrypoints.openai.api_server",
             "--model", model,
             *vllm_args(plan, role, host="127.0.0.1", port=gear["port"], gpu=False),
