@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--served-name", help="model id to serve (default: the profile's)")
     parser.add_argument("--max-model-len", type=int, help="context window in tokens")
     parser.add_argument(
+        "--model", metavar="PATH",
+        help="what /v1/models names as the model's root, as vLLM's --model (default: the "
+             "served name)")
+    parser.add_argument(
         "--engine-version", default=SIM_ENGINE_VERSION,
         help=f"the version /version reports (default {SIM_ENGINE_VERSION}, the build the "
              "simulator stands in for; another one makes a gear whose engine is skewed)")
@@ -170,7 +174,7 @@ def raise_open_file_limit() -> None:
 async def serve(args: argparse.Namespace) -> None:
     """Start both listeners and the engine; run until SIGTERM or SIGINT."""
     state = SimState(profile_from_args(args), args.time_scale, args.seed, faults_from_args(args),
-                     engine_version=args.engine_version)
+                     engine_version=args.engine_version, model_root=args.model)
     serving = ServingPort(state, serving_routes(task_routes(state.profile.task)),
                           args.host, args.port)
     await serving.apply_refuse(state.faults.refuse)

@@ -24,6 +24,7 @@ class SimState:
     seed: int
     faults: Faults = field(default_factory=Faults)
     engine_version: str = SIM_ENGINE_VERSION  # what /version reports
+    model_root: str | None = None  # /v1/models' root: vLLM's --model (None: the served name)
     recorder: RequestRecorder = field(default_factory=RequestRecorder)
     started: int = field(default_factory=lambda: int(time.time()))
     # Set to stop the process (SIGTERM, SIGINT, or the engine_dead fault).

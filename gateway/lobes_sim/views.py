@@ -20,7 +20,7 @@ def models_listing(state: SimState) -> dict[str, Any]:
                 "object": "model",
                 "created": state.started,
                 "owned_by": "vllm",
-                "root": model_id,
+                "root": state.model_root or model_id,
                 "parent": None,
                 "max_model_len": profile.max_model_len,
                 "permission": [

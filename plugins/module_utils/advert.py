@@ -6,6 +6,8 @@ compare() lists the differences; table() prints declared vs advertised per role.
 
 from __future__ import annotations
 
+import re
+
 from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     OFF,
     OWNERS,
@@ -22,7 +24,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.engines import (
 )
 
 FIELDS = ("route", "feasible", "ready", "proxied", "hosted_by", "served_name", "context",
-          "replicas", "policy", "stream_resume", "engine_version")
+          "replicas", "policy", "stream_resume", "engine_version", "model_revision")
 ANY = object()  # a field whose advertised value the plan does not constrain
 # The version a gear's engine must report on /version, by engine. The vLLM image's is the
 # image's own (pinned by digest, not by a version the plan knows): not compared here.
@@ -57,6 +59,8 @@ def _expected(role: dict, peers_must_be_ready: bool, policy: str) -> dict:
         "policy": policy if mode == POOL else ANY,
         "stream_resume": role["stream_resume"] if mode == POOL else ANY,
         "engine_version": _engine_version(role, peers_waived),
+        # A pinned gear loads <models>/<org>/<name>/<revision>: its /v1/models root ends so.
+        "model_revision": (role["gear"] or {}).get("pinned_revision") or ANY,
     }
     if role["task"] in ("stt", "tts"):
         # Audio lanes have no served id or window on the gateway.
@@ -77,6 +81,15 @@ def _engine_version(role: dict, peers_waived: bool) -> object:
 STALE = "(read before verify began)"
 
 
+def _revision_of(root: object) -> str | None:
+    """The revision a gear's model root names (its last part, when a 40-hex commit), else the
+    root itself (a hub name: loaded unpinned), else None."""
+    if not isinstance(root, str):
+        return None
+    last = root.rstrip("/").rsplit("/", 1)[-1]
+    return last if re.fullmatch(r"[0-9a-f]{40}", last) else root
+
+
 def advertised_roles(capabilities: dict, self_origin: str,
                      read_within_s: float | None = None) -> dict:
     """role -> field -> value, from a /capabilities body; replicas as peer origins. With
@@ -90,10 +103,13 @@ def advertised_roles(capabilities: dict, self_origin: str,
                         if isinstance(replicas, list) else None)
         advertised[name] = {field: entry.get(field) for field in FIELDS if field != "replicas"}
         advertised[name]["replicas"] = peer_origins
+        advertised[name]["model_revision"] = _revision_of(entry.get("model_root"))
         age = entry.get("engine_version_age_s")
-        if (read_within_s is not None and entry.get("engine_version") is not None
-                and (not isinstance(age, int | float) or age > read_within_s)):
-            advertised[name]["engine_version"] = STALE
+        if read_within_s is not None and (not isinstance(age, int | float)
+                                          or age > read_within_s):
+            for read in ("engine_version", "model_revision"):
+                if advertised[name][read] is not None:
+                    advertised[name][read] = STALE
         # Why the gateway says a role is not ready (shown, never compared).
         advertised[name]["reason"] = entry.get("reason")
     return advertised

@@ -18,6 +18,9 @@ description:
     simulator's); the vLLM image's version is the image's own and is not compared. A version
     the gateway read before verify began is not trusted (a restart may have replaced the
     engine); verify waits for the next reading.
+  - For every gear whose checkpoint is pinned it compares C(model_revision), the last part of
+    the model root the gear's C(/v1/models) names (it loads
+    C(<models>/<org>/<name>/<revision>)), with the pinned revision.
   - On failure the message is a per-role table of declared vs advertised values, the
     mismatching fields flagged.
   - Read-only; check mode runs the same reads.

@@ -130,7 +130,7 @@ def test_a_mismatch_fails_with_a_declared_vs_advertised_table(mesh):
     header = next(line for line in lines if line.startswith("role"))
     assert header.split() == ["role", "side", "route", "feasible", "ready", "proxied", "hosted_by",
                               "served_name", "context", "replicas", "policy", "stream_resume",
-                              "engine_version"]
+                              "engine_version", "model_revision"]
     declared = next(line for line in lines if line.startswith("cortex"))
     advertised = lines[lines.index(declared) + 1]
     assert "262144" in declared and "131072  <-" in advertised
@@ -152,6 +152,30 @@ def test_a_gear_whose_engine_reports_another_version_fails_naming_role_and_versi
     flagged = [line for line in result["msg"].splitlines() if "<-" in line]
     assert len(flagged) == 1 and "0.0.1.skewed  <-" in flagged[0]
     assert verify(plan["boxes"]["alpha"]).get("failed") is not True
+
+
+PINNED = "0123456789abcdef0123456789abcdef01234567"
+OTHER = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+def test_a_gear_on_other_weights_than_its_pin_fails_naming_both_revisions(mesh):
+    plan, alpha = copy.deepcopy(mesh.plan["boxes"]["alpha"]), mesh.boxes["alpha"]
+    plan["roles"]["embedder"]["gear"]["pinned_revision"] = PINNED
+    alpha.kill("gear-embedder")
+    alpha.start("gear-embedder", ("--model", f"/var/lib/lobes/models/acme/embed/{OTHER}"))
+    try:
+        skewed = verify(plan, timeout=8)
+    finally:
+        alpha.kill("gear-embedder")
+        alpha.start("gear-embedder", ("--model", f"/var/lib/lobes/models/acme/embed/{PINNED}"))
+    assert skewed["failed"] is True
+    assert (f"host alpha, role embedder, field model_revision: declared {PINNED}, "
+            f"advertised {OTHER}") in skewed["msg"]
+    try:
+        assert verify(plan).get("failed") is not True
+    finally:
+        alpha.kill("gear-embedder")
+        alpha.start("gear-embedder")
 
 
 def test_a_version_other_than_the_collections_fails(mesh):

@@ -287,9 +287,10 @@ class Views:
         row.update(self._live.gear(name, metrics, now))
 
     def _engine(self, origin: Origin, served_name: str) -> dict[str, object]:
-        """A local gear's engine version and how old the reading is, for /capabilities."""
+        """A local gear's engine version and model root, and how old that reading is."""
         return {"engine_version": self.windows.engine_version(origin, served_name),
-                "engine_version_age_s": self.windows.engine_version_age(origin, served_name)}
+                "model_root": self.windows.model_root(origin, served_name),
+                "engine_version_age_s": self.windows.engine_age(origin, served_name)}
 
     def _floor_model(self) -> str | None:
         """The served name a minor request reaches (its own gear, or the primary it falls to)."""

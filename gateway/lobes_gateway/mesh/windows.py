@@ -33,6 +33,8 @@ def listed_models(body: bytes) -> dict[str, dict]:
 
 # An engine's version string longer than this is cut: it is shown and compared, never parsed.
 MAX_VERSION_CHARS = 64
+# A model root (a path or hub name) longer than this is cut likewise.
+MAX_ROOT_CHARS = 256
 
 
 def engine_version(body: bytes) -> str | None:
@@ -69,9 +71,10 @@ class BackendWindows:
         # What each backend listed when it last answered its probe: only one that lists the
         # served name it is configured with is advertised (advertised implies reachable).
         self._listed: dict[tuple[Origin, str], frozenset[str]] = {}
-        # The version each backend reported, asked at every probe: an engine restarted as
-        # another version between two probes answers for the new one at the next.
-        self._versions: dict[tuple[Origin, str], tuple[str, float]] = {}  # (version, when)
+        # What each backend runs, read at every probe (an engine restarted as another version
+        # or on other weights between two probes answers for the new one at the next): its
+        # version, the root /v1/models names for its served model (vLLM's --model), and when.
+        self._engines: dict[tuple[Origin, str], tuple[str | None, str | None, float]] = {}
 
     def get(self, origin: Origin, served_name: str) -> int | None:
         """The window the backend last reported serving; None until it has answered."""
@@ -84,14 +87,20 @@ class BackendWindows:
     def engine_version(self, origin: Origin, served_name: str) -> str | None:
         """The engine version the backend reported at its last probe (None while it lists
         another name, does not answer, or answers no version)."""
-        seen = self._versions.get((origin, served_name))
+        seen = self._engines.get((origin, served_name))
         return seen[0] if seen else None
 
-    def engine_version_age(self, origin: Origin, served_name: str) -> float | None:
-        """Seconds since the backend's engine version was read (None when it is not known):
-        a reader that restarted the backend trusts only a reading younger than the restart."""
-        seen = self._versions.get((origin, served_name))
-        return round(time.monotonic() - seen[1], 1) if seen else None
+    def model_root(self, origin: Origin, served_name: str) -> str | None:
+        """The root its /v1/models named for the served model at the last probe: the path or
+        hub name the engine loaded (None while it does not serve the name)."""
+        seen = self._engines.get((origin, served_name))
+        return seen[1] if seen else None
+
+    def engine_age(self, origin: Origin, served_name: str) -> float | None:
+        """Seconds since the backend's version and root were read (None when unknown): a
+        reader that restarted the backend trusts only a reading younger than the restart."""
+        seen = self._engines.get((origin, served_name))
+        return round(time.monotonic() - seen[2], 1) if seen else None
 
     def not_serving(self, origin: Origin, served_name: str) -> str | None:
         """Why a backend that answers is not ready (it lists other models than the one it is
@@ -112,18 +121,19 @@ class BackendWindows:
         except UpstreamError:
             # Down: not advertised; the window it served last is still its window.
             self._listed.pop(key, None)
-            self._versions.pop(key, None)
+            self._engines.pop(key, None)
             return
         listed = listed_models(body) if status == 200 else {}
         self._listed[key] = frozenset(listed)
         window = served_window(body, served_name) if status == 200 else None
         if window is not None:
             self._windows[key] = window
-        version = await self._ask_version(origin) if served_name in listed else None
-        if version is None:
-            self._versions.pop(key, None)
-        else:
-            self._versions[key] = (version, time.monotonic())
+        if served_name not in listed:
+            self._engines.pop(key, None)
+            return
+        root = listed[served_name].get("root")
+        shown_root = root[:MAX_ROOT_CHARS] if isinstance(root, str) else None
+        self._engines[key] = (await self._ask_version(origin), shown_root, time.monotonic())
 
     async def _ask_version(self, origin: Origin) -> str | None:
         try:
