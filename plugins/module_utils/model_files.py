@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 MANIFEST = ".lobes-manifest.json"
 PARTIAL = ".partial"
+# The private key a box copies checkpoints from other boxes with, under its model_dir.
+COPY_KEY = os.path.join(".ssh", "lobes_model_copy")
 CHUNK = 1 << 20
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _CHECKPOINT = re.compile(rf"^{_NAME}/{_NAME}\Z")  # \Z: "$" would let a final newline through

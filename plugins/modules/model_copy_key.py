@@ -104,8 +104,8 @@ import socket  # noqa: E402
 import tempfile  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.lobes.fleet.plugins.module_utils.model_files import COPY_KEY  # noqa: E402
 
-KEY_NAME = "lobes_model_copy"
 # Key types ssh-keygen writes, a base64 blob and a plain comment (or none): nothing that could
 # add options or a second line to authorized_keys.
 _KEY = re.compile(
@@ -118,8 +118,8 @@ _PLAIN_PATH = re.compile(r"^/[A-Za-z0-9/._+-]*\Z")
 
 def _keypair(module):
     """Ensure the ed25519 pair under <model_dir>/.ssh; (changed, public key or None)."""
-    ssh_dir = os.path.join(module.params["model_dir"], ".ssh")
-    key = os.path.join(ssh_dir, KEY_NAME)
+    key = os.path.join(module.params["model_dir"], COPY_KEY)
+    ssh_dir = os.path.dirname(key)
     pub = key + ".pub"
     changed = False
     if module.check_mode:

@@ -136,6 +136,7 @@ import time  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  # noqa: E402
     CHUNK,
+    COPY_KEY,
     check_dir,
     digest,
     final_dir,
@@ -147,8 +148,6 @@ from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  
     staging_dir,
     write_manifest,
 )
-
-KEY_NAME = "lobes_model_copy"
 
 
 class PullError(Exception):
@@ -170,7 +169,7 @@ class Source:
             "-x",
             "-a",
             "-i",
-            params["ssh_key"] or os.path.join(ssh_dir, KEY_NAME),
+            params["ssh_key"] or os.path.join(params["model_dir"], COPY_KEY),
             "-p",
             str(params["ssh_port"]),
             "-o",
