@@ -47,7 +47,7 @@ options:
     type: str
     required: true
   files:
-    description: The lock's files of the revision, C({path: {size, sha256}}).
+    description: "The lock's files of the revision, C({path: {size, sha256}})."
     type: dict
     required: true
   model_dir:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import signal
 import stat
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,15 +23,17 @@ from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (
 )
 
 from tests.support.sshd import Sshd, require_openssh, ssh
+from tests.support.wait import wait_until
 
 from .conftest import GATEWAY_SRC
-from .test_model_fetch import run_module
+from .test_model_fetch import _args_file, _env, _module_argv, run_module
 
 CKPT = "acme/tiny-chat"
 REV = "a1" * 20  # whole on the source
 BAD = "b2" * 20  # whole on the source until a byte of its weights changed
 HOSTILE = "c3" * 20  # a final directory holding symlinks out
 STAGED = "d4" * 20  # only in the source's staging directory
+SLOW = "e5" * 20  # whole on the source, served slowly from offset 0 (a copy to kill midway)
 BIG = "model-00001-of-00002.safetensors"
 _BYTES = random.Random(7).randbytes
 FILES = {
@@ -111,12 +116,23 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     secret.parent.mkdir()
     secret.write_bytes(SECRET)
     _hostile_source(source, secret)
-    # The forced command's interpreter: a wrapper that records each command, then runs the server.
+    _whole_revision(source, CKPT, SLOW, {BIG: FILES[BIG]})
+    # The forced command's interpreter: a wrapper that records each command, then runs the
+    # server (for SLOW from offset 0, through a throttle of 64 KiB every 20 ms).
     commands = base / "commands.log"
+    throttle = base / "throttle.py"
+    throttle.write_text(
+        "import sys, time\n"
+        "for chunk in iter(lambda: sys.stdin.buffer.read1(65536), b''):\n"
+        "    sys.stdout.buffer.write(chunk); sys.stdout.buffer.flush(); time.sleep(0.02)\n"
+    )
     wrapper = base / "python"
     wrapper.write_text(
         f'#!/bin/sh\nprintf "%s\\n" "$SSH_ORIGINAL_COMMAND" >> {commands}\n'
-        f'exec {sys.executable} "$@"\n'
+        f'case "$SSH_ORIGINAL_COMMAND" in\n'
+        f'  *" {SLOW} "*" 0") {sys.executable} "$@" | {sys.executable} {throttle} ;;\n'
+        f'  *) exec {sys.executable} "$@" ;;\n'
+        "esac\n"
     )
     wrapper.chmod(0o755)
     keys = base / "keys"
@@ -205,6 +221,64 @@ def test_a_partial_staging_file_is_resumed_from_its_size(fleet, tmp_path):
     assert result["bytes_copied"] == TOTAL - have
     assert result["resumed"] == [BIG]
     assert (dest / CKPT / REV / BIG).read_bytes() == FILES[BIG]
+
+
+def test_a_pull_killed_midway_keeps_its_part_and_the_next_run_resumes_it(fleet, tmp_path):
+    dest = tmp_path / "models"
+    args = {
+        "checkpoint": CKPT,
+        "revision": SLOW,
+        "files": {BIG: LOCK[BIG]},
+        "model_dir": str(dest),
+        "source": "127.0.0.1",
+        "ssh_user": fleet.sshd.user,
+        "ssh_port": fleet.sshd.port,
+        "ssh_key": str(fleet.key),
+        "timeout": 20,
+    }
+    staged = dest / ".partial" / CKPT / SLOW / BIG
+    proc = subprocess.Popen(
+        _module_argv("model_pull", _args_file(tmp_path, args, False)),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_until(
+            lambda: staged.exists() and staged.stat().st_size >= 1 << 20,
+            message="the weights partly copied",
+            timeout=60,
+        )
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    have = staged.stat().st_size
+    assert 0 < have < len(FILES[BIG])
+    assert not (dest / CKPT / SLOW).exists()
+    served = len(fleet.served())
+
+    result = pull(fleet, dest, tmp_path, revision=SLOW, files={BIG: LOCK[BIG]})
+
+    assert result.get("failed") is not True, result
+    assert fleet.served()[served:] == [f"read {CKPT} {SLOW} {BIG} {have}"]
+    assert result["resumed"] == [BIG] and result["bytes_copied"] == len(FILES[BIG]) - have
+    assert (dest / CKPT / SLOW / BIG).read_bytes() == FILES[BIG]
+
+
+def test_a_source_without_the_revision_fails_with_its_reason_and_keeps_the_staged_part(
+    fleet, tmp_path
+):
+    dest = tmp_path / "models"
+    staged = dest / ".partial" / CKPT / STAGED / BIG
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes(FILES[BIG][:5000])
+
+    result = pull(fleet, dest, tmp_path, revision=STAGED, files={BIG: LOCK[BIG]})
+
+    assert result.get("failed") is True, result
+    assert BIG in result["msg"] and f"{CKPT} at {STAGED} is not a whole revision" in result["msg"]
+    assert staged.read_bytes() == FILES[BIG][:5000]
+    assert not (dest / CKPT / STAGED).exists()
 
 
 def test_a_staging_file_longer_than_the_lock_is_copied_again_from_zero(fleet, tmp_path):
