@@ -5,6 +5,7 @@
 #   nginx            the front proxy the smuggling test puts in front of the gateway
 #   promtool, prometheus  check /metrics, unit-test the alert rules, run the monitoring tests
 #   chromium, chromedriver  the live page's browser tests
+#   sshd (openssh-server)  the box-to-box checkpoint copy tests start a real sshd on 127.0.0.1
 # The packages' own daemons are not wanted: stopped where an install started them. Needs root
 # (or password-less sudo); without it, says what is missing and the tests needing it skip,
 # naming it.
@@ -18,6 +19,8 @@ command -v dot >/dev/null || missing+=(graphviz)
 # Headless Chromium and its driver: the live page's browser tests (tests/ui) drive them.
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+# A real sshd (and the ssh client): lobes.fleet.model_pull's tests copy a checkpoint through it.
+[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
 # Prometheus without its recommends (exporters and their daemons).
 lean=()
 command -v promtool >/dev/null || lean+=(prometheus)
@@ -38,6 +41,11 @@ install=("${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Loc
 [ ${#missing[@]} -eq 0 ] || "${install[@]}" "${missing[@]}" >/dev/null
 [ ${#lean[@]} -eq 0 ] || "${install[@]}" --no-install-recommends "${lean[@]}" >/dev/null
 if [ -f /run/nginx.pid ]; then "${as_root[@]}" /usr/sbin/nginx -s stop 2>/dev/null || true; fi
+# The ssh service only where this run installed it: a machine reached over SSH keeps its own.
+if [[ " ${missing[*]} " == *" openssh-server "* ]] && command -v systemctl >/dev/null \
+    && systemctl is-active --quiet ssh 2>/dev/null; then
+  "${as_root[@]}" systemctl disable --now ssh >/dev/null
+fi
 if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
   "${as_root[@]}" systemctl disable --now prometheus >/dev/null
 fi

@@ -1,5 +1,12 @@
 """A checkpoint's files on a box: where they live, whether each is whole, and promoting a
-checked staging directory into place. Shared by lobes.fleet.model_fetch and model_files."""
+checked staging directory into place.
+
+Each rule here is written once. The collection's modules (model_fetch, model_files, model_pull)
+import this module as module_utils; the box-side file server that other boxes copy a
+checkpoint from imports the same file as ``lobes_model_files`` (gateway/lobes_model_files.py is
+a link to it), so a file name the server accepts is one the modules would write. Standard
+library only: it runs on a box that has no Ansible.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +19,15 @@ from dataclasses import dataclass, field
 
 MANIFEST = ".lobes-manifest.json"
 PARTIAL = ".partial"
+# The private key a box copies checkpoints from other boxes with, under its model_dir.
+COPY_KEY = os.path.join(".ssh", "lobes_model_copy")
 CHUNK = 1 << 20
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
-_CHECKPOINT = re.compile(rf"^{_NAME}/{_NAME}$")
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_CHECKPOINT = re.compile(rf"^{_NAME}/{_NAME}\Z")  # \Z: "$" would let a final newline through
+COMMIT = re.compile(r"^[0-9a-f]{40}\Z")
+
+
+SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 class UnsafePath(ValueError):
@@ -67,6 +79,29 @@ def staging_dir(model_dir: str, checkpoint: str, revision: str) -> str:
     """Where a revision is assembled, kept across runs: <model_dir>/.partial/<org>/<name>/<rev>."""
     final_dir(model_dir, checkpoint, revision)
     return os.path.join(model_dir, PARTIAL, checkpoint, revision)
+
+
+def lock_files(checkpoint: str, files: object) -> dict:
+    """The lock's files {path: {size, sha256}} of a checkpoint, names and entries checked.
+
+    Raises ValueError naming the first entry refused.
+    """
+    if not isinstance(files, dict):
+        raise ValueError(f"the lock's files of {checkpoint} are not a mapping of path to "
+                         "size and sha256")
+    checked = {}
+    for path, entry in files.items():
+        try:
+            safe_relpath(path)
+        except UnsafePath as error:
+            raise ValueError(f"the lock's files of {checkpoint}: {error}") from None
+        size = entry.get("size") if isinstance(entry, dict) else None
+        sha256 = str(entry.get("sha256", "")).lower() if isinstance(entry, dict) else ""
+        bad_size = not isinstance(size, int) or isinstance(size, bool) or size < 0
+        if bad_size or not SHA256.match(sha256):
+            raise ValueError(f"the lock's entry for {path} needs a size (bytes) and a sha256")
+        checked[path] = {"size": size, "sha256": sha256}
+    return checked
 
 
 @dataclass(frozen=True)

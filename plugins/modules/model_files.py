@@ -132,13 +132,12 @@ import os  # noqa: E402 - modules keep imports below their documentation
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  # noqa: E402
-    UnsafePath,
     check_dir,
     final_dir,
     free_bytes,
+    lock_files,
     promote,
     read_manifest,
-    safe_relpath,
     staging_dir,
     write_manifest,
 )
@@ -146,18 +145,11 @@ from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  
 
 def _lock_files(module):
     """The lock's files, each with an int size and a 64-hex sha256, names checked."""
-    files = {}
-    for path, entry in module.params["files"].items():
-        try:
-            safe_relpath(path)
-        except UnsafePath as error:
-            module.fail_json(msg=f"the lock's files of {module.params['checkpoint']}: {error}")
-        size = entry.get("size") if isinstance(entry, dict) else None
-        sha256 = str(entry.get("sha256", "")).lower() if isinstance(entry, dict) else ""
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or len(sha256) != 64:
-            module.fail_json(msg=f"the lock's entry for {path} needs a size (bytes) and a sha256")
-        files[path] = {"size": size, "sha256": sha256}
-    return files
+    try:
+        return lock_files(module.params["checkpoint"], module.params["files"])
+    except ValueError as error:
+        module.fail_json(msg=str(error))
+    return {}  # not reached: fail_json exits
 
 
 def _report(report, files):

@@ -1,6 +1,7 @@
-"""The collection and the stdlib gateway share the contract and service-files modules (the gateway
-must run without the collection, so gateway/lobes_contract.py and gateway/lobes_service_files.py
-are links to plugins/module_utils/). These tests hold the rest together: each link is the same
+"""The collection and the stdlib gateway share the contract, service-files and model-files modules
+(the gateway must run without the collection, so gateway/lobes_contract.py,
+gateway/lobes_service_files.py and gateway/lobes_model_files.py are links to
+plugins/module_utils/). These tests hold the rest together: each link is the same
 file and stays stdlib-only, every
 rendered .env is one the gateway accepts and reads back as rendered, the gateway built from each
 tailnet box's .env routes every role as that box's plan declares, and the keys a box attaches to
@@ -17,10 +18,16 @@ import sys
 from pathlib import Path
 
 import lobes_contract
+import lobes_model_files
 import lobes_service_files
 import pytest
 import yaml
-from ansible_collections.lobes.fleet.plugins.module_utils import advert, contract, service_files
+from ansible_collections.lobes.fleet.plugins.module_utils import (
+    advert,
+    contract,
+    model_files,
+    service_files,
+)
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from ansible_collections.lobes.fleet.plugins.module_utils.render import render_env
 from lobes_gateway import __version__ as gateway_version
@@ -45,7 +52,8 @@ ROUTING_FIELDS = ("route", "feasible", "proxied", "hosted_by")
 
 
 # (the box-side module, the module_utils module it links to)
-LINKED = [(lobes_contract, contract), (lobes_service_files, service_files)]
+LINKED = [(lobes_contract, contract), (lobes_service_files, service_files),
+          (lobes_model_files, model_files)]
 
 
 @pytest.mark.parametrize(("linked", "module_utils"), LINKED, ids=lambda m: m.__name__)
@@ -54,7 +62,8 @@ def test_the_gateway_and_the_collection_import_one_file(linked, module_utils):
     assert Path(linked.__file__).resolve() == Path(module_utils.__file__).resolve()
 
 
-@pytest.mark.parametrize("module_utils", [contract, service_files], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module_utils", [contract, service_files, model_files],
+                         ids=lambda m: m.__name__)
 def test_a_linked_module_imports_only_the_standard_library(module_utils):
     tree = ast.parse(Path(module_utils.__file__).read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree)

@@ -1,0 +1,389 @@
+#!/usr/bin/python
+# Copyright: lobes.fleet contributors
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Ansible module lobes.fleet.model_pull: copy one checkpoint revision from another box over SSH."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: model_pull
+short_description: Copy a checkpoint revision from a box that holds it, over SSH, resumable
+version_added: 0.1.0
+description:
+  - Runs on the box that needs the revision. Makes C(<model_dir>/<org>/<name>/<revision>)
+    hold every file of O(files) (the lock's sizes and sha256), copying each file not already
+    whole from O(source), a box that holds the whole revision, so the hub is asked once per
+    fleet, not once per box.
+  - Each file is streamed by C(ssh <ssh_user>@<source> read <org>/<name> <revision> <path> <offset>)
+    into C(<model_dir>/.partial/<org>/<name>/<revision>). On O(source) that key's forced
+    command is C(lobes_model_serve.py), which serves only whole revisions, read only
+    (M(lobes.fleet.model_copy_key) writes that line).
+  - A file the staging directory already holds in part is resumed from its size; one larger
+    than the lock's size is truncated first. A cut connection leaves the part copied for the
+    next run. A file whose sha256 differs from the lock's is copied once more from its start,
+    then the run fails naming it with the hash expected and the hash found.
+  - When every file is whole the staging directory is renamed into place with its manifest.
+    A final directory already whole changes nothing and opens no SSH connection.
+  - SSH reads no config file (C(-F none)), uses only O(ssh_key), never asks for a password
+    and accepts a host key it has not seen before into C(<model_dir>/.ssh/known_hosts)
+    (C(StrictHostKeyChecking=accept-new)); a changed host key fails the run.
+  - In check mode no SSH connection is opened at all; the run reports the files it would copy.
+  - File names holding a space cannot be copied box to box (the request's fields are
+    separated by spaces) and fail the run.
+author:
+  - lobes.fleet maintainers (@lobes-fleet)
+extends_documentation_fragment:
+  - lobes.fleet.attributes
+  - lobes.fleet.attributes.changes
+  - lobes.fleet.attributes.posix
+options:
+  checkpoint:
+    description: The hub repo id, C(org/name).
+    type: str
+    required: true
+  revision:
+    description: The 40-hex commit, as the lock pins it.
+    type: str
+    required: true
+  files:
+    description: "The lock's files of the revision, C({path: {size, sha256}})."
+    type: dict
+    required: true
+  model_dir:
+    description: The directory that holds the box's checkpoints (inventory C(fleet_model_dir)).
+    type: path
+    default: /var/lib/lobes/models
+  source:
+    description: The host name or address of a box that holds the whole revision.
+    type: str
+    required: true
+  ssh_user:
+    description: The user to log in as on O(source).
+    type: str
+    default: root
+  ssh_key:
+    description:
+      - The private key on this box to log in with; C(<model_dir>/.ssh/lobes_model_copy) when
+        not set (where M(lobes.fleet.model_copy_key) writes it).
+    type: path
+  ssh_port:
+    description: The SSH port of O(source).
+    type: int
+    default: 22
+  timeout:
+    description: Seconds to wait for the connection, and then for the source's next bytes.
+    type: int
+    default: 30
+"""
+
+EXAMPLES = r"""
+- name: Copy the chat checkpoint from a box of an earlier round
+  lobes.fleet.model_pull:
+    checkpoint: Qwen/Qwen3.5-4B
+    revision: "{{ lock.checkpoints['Qwen/Qwen3.5-4B'].revision }}"
+    files: "{{ lock.checkpoints['Qwen/Qwen3.5-4B'].files }}"
+    source: box-a.tailnet.example
+    model_dir: /var/lib/lobes/models
+"""
+
+RETURN = r"""
+path:
+  description: The final directory of the revision.
+  returned: always
+  type: str
+  sample: /var/lib/lobes/models/Qwen/Qwen3.5-4B/0123456789abcdef0123456789abcdef01234567
+pulled:
+  description: The files copied from O(source) (in check mode, the files a run would copy).
+  returned: always
+  type: list
+  elements: str
+  sample: [model-00001-of-00002.safetensors]
+resumed:
+  description: The files whose copy went on from an offset past 0, what a cut run left.
+  returned: always
+  type: list
+  elements: str
+  sample: [model-00001-of-00002.safetensors]
+bytes_copied:
+  description: Bytes received from O(source) (in check mode, the bytes a run would copy).
+  returned: always
+  type: int
+  sample: 8053063680
+bytes_total:
+  description: The size of the whole revision.
+  returned: always
+  type: int
+  sample: 8053063680
+seconds:
+  description: Wall time of the run.
+  returned: always
+  type: float
+  sample: 41.7
+rate:
+  description: Bytes copied per second.
+  returned: always
+  type: float
+  sample: 193118194.2
+"""
+
+import os  # noqa: E402 - modules keep imports below their documentation
+import select  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  # noqa: E402
+    CHUNK,
+    COPY_KEY,
+    check_dir,
+    digest,
+    final_dir,
+    inside,
+    lock_files,
+    manifest_entry,
+    promote,
+    read_manifest,
+    staging_dir,
+    write_manifest,
+)
+
+
+class PullError(Exception):
+    """A failure reported as is."""
+
+
+class Source:
+    """The source box's file server, one ssh command per request."""
+
+    def __init__(self, params):
+        ssh_dir = os.path.join(params["model_dir"], ".ssh")
+        self.timeout = params["timeout"]
+        self.where = f"{params['ssh_user']}@{params['source']}"
+        self.argv = [
+            "ssh",
+            "-F",
+            "none",
+            "-T",
+            "-x",
+            "-a",
+            "-i",
+            params["ssh_key"] or os.path.join(params["model_dir"], COPY_KEY),
+            "-p",
+            str(params["ssh_port"]),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "StrictHostKeyChecking=accept-new",
+            "-o",
+            f"UserKnownHostsFile={os.path.join(ssh_dir, 'known_hosts')}",
+            "-o",
+            f"ConnectTimeout={self.timeout}",
+            "-o",
+            f"ServerAliveInterval={max(1, self.timeout // 3)}",
+            "-o",
+            "ServerAliveCountMax=3",
+            "-l",
+            params["ssh_user"],
+            "--",
+            params["source"],
+        ]
+
+    def read(self, command, out):
+        """Append what `command` sends to the file object out; the bytes received."""
+        with tempfile.TemporaryFile() as errors:
+            # stderr to a file: a pipe left unread could fill and stall ssh.
+            proc = subprocess.Popen(
+                [*self.argv, command],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+            )
+            try:
+                received = self._stream(proc.stdout, out)
+            except BaseException:
+                proc.kill()  # stalled, or the run is stopped: what arrived stays in out
+                raise
+            finally:
+                proc.stdout.close()
+                code = self._reap(proc)
+            errors.seek(0)
+            said = errors.read().decode("utf-8", "replace").strip().splitlines()
+        if code != 0:
+            reason = said[-1] if said else f"ssh exited {code}"
+            raise PullError(f"ssh {self.where} {command!r}: {reason}")
+        return received
+
+    def _stream(self, pipe, out):
+        """Copy pipe to out until it ends, flushing each chunk; fails when it stalls."""
+        received = 0
+        while True:
+            ready, _w, _x = select.select([pipe], [], [], self.timeout)
+            if not ready:
+                raise PullError(f"{self.where} sent nothing for {self.timeout}s")
+            chunk = os.read(pipe.fileno(), CHUNK)
+            if not chunk:
+                return received
+            out.write(chunk)
+            out.flush()  # what arrived is kept if the run is cut
+            received += len(chunk)
+
+    def _reap(self, proc):
+        """ssh's exit status, once it ends (killed when it does not within the timeout)."""
+        try:
+            return proc.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+
+class Puller:
+    """Copies the files of one revision into its staging directory, resuming and checking them."""
+
+    def __init__(self, source, checkpoint, revision, staging):
+        self.source = source
+        self.checkpoint = checkpoint
+        self.revision = revision
+        self.staging = staging
+        self.bytes_copied = 0
+        self.pulled = []
+        self.resumed = []
+
+    def _copy(self, path, target, size):
+        """Bring target up to size bytes from what it holds; fails naming a short copy."""
+        have = os.path.getsize(target) if os.path.isfile(target) else 0
+        if have > size:
+            os.truncate(target, 0)
+            have = 0
+        if have == size:
+            return
+        if have and path not in self.resumed:
+            self.resumed.append(path)
+        command = f"read {self.checkpoint} {self.revision} {path} {have}"
+        with open(target, "ab") as out:
+            try:
+                self.bytes_copied += self.source.read(command, out)
+            finally:
+                if path not in self.pulled:
+                    self.pulled.append(path)
+        got = os.path.getsize(target)
+        if got != size:
+            raise PullError(
+                f"{path} of {self.checkpoint} at {self.revision}: {self.source.where} "
+                f"sent {got} of {size} bytes; the next run resumes from {min(got, size)}"
+            )
+
+    def checked(self, path, want):
+        """Copy (or keep) path in staging and check it; copied again from 0 once if it fails."""
+        if " " in path:
+            raise PullError(
+                f"{path!r} of {self.checkpoint} holds a space: it cannot be copied "
+                "box to box; fetch it from the hub (lobes.fleet.model_fetch)"
+            )
+        target = inside(self.staging, path)
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        for _attempt in range(2):
+            self._copy(path, target, want["size"])
+            found = digest(target)
+            if found.size == want["size"] and found.sha256 == want["sha256"]:
+                return manifest_entry(target, found.sha256)
+            os.truncate(target, 0)
+        raise PullError(
+            f"{path} of {self.checkpoint} at {self.revision} from {self.source.where} "
+            f"fails its check twice: expected sha256 {want['sha256']} ({want['size']} "
+            f"bytes), found {found.sha256} ({found.size} bytes)"
+        )
+
+
+def _staged_bytes(staging, files, paths):
+    """Bytes of paths the staging directory already holds, up to each file's size."""
+    total = 0
+    for path in paths:
+        target = os.path.join(staging, path)
+        if os.path.isfile(target) and os.path.getsize(target) <= files[path]["size"]:
+            total += os.path.getsize(target)
+    return total
+
+
+def _result(final, pulled, resumed, copied, total, started):
+    seconds = round(time.monotonic() - started, 3)
+    return dict(
+        path=final,
+        pulled=pulled,
+        resumed=resumed,
+        bytes_copied=copied,
+        bytes_total=total,
+        seconds=seconds,
+        rate=round(copied / seconds, 1) if seconds > 0 else 0.0,
+    )
+
+
+def run(module):
+    """The module's work; raises PullError (or ValueError) for a failure to report."""
+    params = module.params
+    started = time.monotonic()
+    checkpoint, revision = params["checkpoint"], params["revision"]
+    final = final_dir(params["model_dir"], checkpoint, revision)
+    staging = staging_dir(params["model_dir"], checkpoint, revision)
+    files = lock_files(checkpoint, params["files"])
+    total = sum(entry["size"] for entry in files.values())
+    report = check_dir(final, files, use_manifest=True)
+    if report.whole:
+        if report.manifest != read_manifest(final) and not module.check_mode:
+            write_manifest(final, report.manifest)  # files re-hashed: spare it next time
+        return dict(changed=False, **_result(final, [], [], 0, total, started))
+    need = report.not_whole()
+    diff = dict(
+        before=f"{final}: not whole ({len(need)} of {len(files)} files to copy)\n",
+        after=f"{final}: whole (copied from {params['source']})\n",
+    )
+    if module.check_mode:
+        would = sum(files[p]["size"] for p in need) - _staged_bytes(staging, files, need)
+        return dict(changed=True, diff=diff, **_result(final, need, [], would, total, started))
+    os.makedirs(os.path.join(params["model_dir"], ".ssh"), mode=0o700, exist_ok=True)
+    if os.path.isdir(final) and not os.path.exists(staging):
+        # Not whole: its good files are kept by checking them again in staging.
+        os.makedirs(os.path.dirname(staging), mode=0o755, exist_ok=True)
+        os.rename(final, staging)
+    os.makedirs(staging, mode=0o755, exist_ok=True)
+    puller = Puller(Source(params), checkpoint, revision, staging)
+    manifest = {path: puller.checked(path, files[path]) for path in sorted(files)}
+    promote(staging, final, manifest)
+    return dict(
+        changed=True,
+        diff=diff,
+        **_result(final, puller.pulled, puller.resumed, puller.bytes_copied, total, started),
+    )
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            checkpoint=dict(type="str", required=True),
+            revision=dict(type="str", required=True),
+            files=dict(type="dict", required=True),
+            model_dir=dict(type="path", default="/var/lib/lobes/models"),
+            source=dict(type="str", required=True),
+            ssh_user=dict(type="str", default="root"),
+            ssh_key=dict(type="path"),
+            ssh_port=dict(type="int", default=22),
+            timeout=dict(type="int", default=30),
+        ),
+        supports_check_mode=True,
+    )
+    try:
+        result = run(module)
+    except (PullError, ValueError, OSError) as error:
+        module.fail_json(msg=str(error))
+    if not module._diff:
+        result.pop("diff", None)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
