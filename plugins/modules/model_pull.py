@@ -128,15 +128,14 @@ rate:
 """
 
 import os  # noqa: E402 - modules keep imports below their documentation
-import select  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.lobes.fleet.plugins.module_utils.model_copy import (  # noqa: E402
+    PullError,
+    Source,
+)
 from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  # noqa: E402
-    CHUNK,
-    COPY_KEY,
     check_dir,
     digest,
     final_dir,
@@ -148,98 +147,6 @@ from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  
     staging_dir,
     write_manifest,
 )
-
-
-class PullError(Exception):
-    """A failure reported as is."""
-
-
-class Source:
-    """The source box's file server, one ssh command per request."""
-
-    def __init__(self, params):
-        ssh_dir = os.path.join(params["model_dir"], ".ssh")
-        self.timeout = params["timeout"]
-        self.where = f"{params['ssh_user']}@{params['source']}"
-        self.argv = [
-            "ssh",
-            "-F",
-            "none",
-            "-T",
-            "-x",
-            "-a",
-            "-i",
-            params["ssh_key"] or os.path.join(params["model_dir"], COPY_KEY),
-            "-p",
-            str(params["ssh_port"]),
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            "LogLevel=ERROR",
-            "-o",
-            "StrictHostKeyChecking=accept-new",
-            "-o",
-            f"UserKnownHostsFile={os.path.join(ssh_dir, 'known_hosts')}",
-            "-o",
-            f"ConnectTimeout={self.timeout}",
-            "-o",
-            f"ServerAliveInterval={max(1, self.timeout // 3)}",
-            "-o",
-            "ServerAliveCountMax=3",
-            "-l",
-            params["ssh_user"],
-            "--",
-            params["source"],
-        ]
-
-    def read(self, command, out):
-        """Append what `command` sends to the file object out; the bytes received."""
-        with tempfile.TemporaryFile() as errors:
-            # stderr to a file: a pipe left unread could fill and stall ssh.
-            proc = subprocess.Popen(
-                [*self.argv, command],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=errors,
-            )
-            try:
-                received = self._stream(proc.stdout, out)
-            except BaseException:
-                proc.kill()  # stalled, or the run is stopped: what arrived stays in out
-                raise
-            finally:
-                proc.stdout.close()
-                code = self._reap(proc)
-            errors.seek(0)
-            said = errors.read().decode("utf-8", "replace").strip().splitlines()
-        if code != 0:
-            reason = said[-1] if said else f"ssh exited {code}"
-            raise PullError(f"ssh {self.where} {command!r}: {reason}")
-        return received
-
-    def _stream(self, pipe, out):
-        """Copy pipe to out until it ends, flushing each chunk; fails when it stalls."""
-        received = 0
-        while True:
-            ready, _w, _x = select.select([pipe], [], [], self.timeout)
-            if not ready:
-                raise PullError(f"{self.where} sent nothing for {self.timeout}s")
-            chunk = os.read(pipe.fileno(), CHUNK)
-            if not chunk:
-                return received
-            out.write(chunk)
-            out.flush()  # what arrived is kept if the run is cut
-            received += len(chunk)
-
-    def _reap(self, proc):
-        """ssh's exit status, once it ends (killed when it does not within the timeout)."""
-        try:
-            return proc.wait(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
 
 
 class Puller:

@@ -1,6 +1,7 @@
 """playbooks/models.yml on boxes of this machine, against the hub stand-in: a checkpoint fetched
-once and locked, a second run that moves nothing, and a box without room refused before any
-byte moves."""
+once and locked, then copied box to box over real SSH (an sshd per box); a second run that moves
+nothing; a corrupted copy repaired from another box; a box without room refused before any byte
+moves."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import yaml
 
 from tests.support.hub_standin import HubStandin
 from tests.support.ports import free_block
+from tests.support.sshd import Sshd, require_openssh
 
 from .conftest import ROOT, VENV_BIN, ansible_env
 
@@ -40,7 +42,8 @@ def box_vars(port: int, model_dir: Path, endpoint: str) -> dict:
 class Boxes:
     """An inventory of boxes on this machine, each with a models directory of its own."""
 
-    def __init__(self, tmp_path: Path, hosts: list[str], endpoint: str) -> None:
+    def __init__(self, tmp_path: Path, hosts: list[str], endpoint: str,
+                 sshds: dict[str, Sshd] | None = None) -> None:
         self.inventory = tmp_path / "inventory"
         (self.inventory / "host_vars").mkdir(parents=True)
         self.model_dirs = {host: tmp_path / "models" / host for host in hosts}
@@ -48,8 +51,12 @@ class Boxes:
             {"sim": {"hosts": {host: None for host in hosts}}}))
         for host in hosts:
             port = free_block(13)
-            (self.inventory / "host_vars" / f"{host}.yml").write_text(yaml.safe_dump(
-                box_vars(port, self.model_dirs[host], endpoint)))
+            values = box_vars(port, self.model_dirs[host], endpoint)
+            values["fleet_deploy_dir"] = str(tmp_path / "deploy" / host)
+            if sshds:  # the box's own sshd: where the others copy from
+                values["fleet_copy_ssh_port"] = sshds[host].port
+                values["models_authorized_keys"] = str(sshds[host].authorized_keys)
+            (self.inventory / "host_vars" / f"{host}.yml").write_text(yaml.safe_dump(values))
         self.lock_file = self.inventory / "fleet.lock.yml"
 
     def playbook(self, *args: str) -> subprocess.CompletedProcess:
@@ -112,3 +119,52 @@ def test_a_box_without_room_is_refused_before_any_byte_moves(hub, tmp_path):
     assert f"host alpha, path {model_dir}: needs" in run.stdout
     assert "is free; free" in run.stdout
     assert not hub.log(file="model.safetensors") and not boxes.lock_file.exists()
+
+
+HOSTS = ["alpha", "beta", "gamma"]
+
+
+def weights_sent(hub: HubStandin) -> int:
+    """Bytes of the weights the hub (and its CDN) sent, over every request."""
+    return sum(request.bytes_sent for request in hub.log(file="model.safetensors"))
+
+
+@pytest.fixture
+def sshds(tmp_path):
+    require_openssh()
+    servers = {host: Sshd(tmp_path / "sshd" / host).start() for host in HOSTS}
+    yield servers
+    for server in servers.values():
+        server.stop()
+
+
+def test_three_boxes_get_one_download_box_to_box_and_a_corrupt_copy_is_repaired(
+        hub, sshds, tmp_path):
+    commit = hub.add_commit(REPO, FILES, lfs={"model.safetensors"})
+    boxes = Boxes(tmp_path, HOSTS, hub.endpoint, sshds)
+    first = boxes.playbook()
+    assert first.returncode == 0, first.stdout[-4000:]
+    for host in HOSTS:
+        final = boxes.revision_dir(host, commit)
+        assert {name: (final / name).read_bytes() for name in FILES} == FILES, host
+    # One download from the hub: the weights left it once; alpha, the first box, fetched them
+    # and beta and gamma copied them from a box that held them (beta in the first round).
+    assert weights_sent(hub) == len(FILES["model.safetensors"])
+    assert sshds["alpha"].connections() > 0 and sshds["gamma"].connections() == 0
+    logins = {host: server.connections() for host, server in sshds.items()}
+
+    second = boxes.playbook()
+    assert second.returncode == 0, second.stdout[-4000:]
+    assert all("changed=0" in recap(second, host) for host in HOSTS), second.stdout[-2000:]
+    assert {host: server.connections() for host, server in sshds.items()} == logins
+    assert weights_sent(hub) == len(FILES["model.safetensors"])
+
+    weights = boxes.revision_dir("gamma", commit) / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[4096] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    third = boxes.playbook()
+    assert third.returncode == 0, third.stdout[-4000:]
+    assert weights.read_bytes() == FILES["model.safetensors"]
+    assert "changed=0" in recap(third, "alpha") and "changed=0" not in recap(third, "gamma")
+    assert weights_sent(hub) == len(FILES["model.safetensors"])
