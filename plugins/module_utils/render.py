@@ -268,7 +268,7 @@ def _local_audio_url(plan: dict) -> str | None:
     return gear_base_url(plan, audio[0]) if audio else None
 
 
-_PLAIN = re.compile(r"^[A-Za-z0-9_./:@,=+-]*$")
+_PLAIN = re.compile(r"^[A-Za-z0-9_./:@,=+-]*\Z")
 
 
 def env_line(name: str, value: str) -> str:
@@ -496,7 +496,7 @@ def _bracketed(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
-_KEY = re.compile(r"^[A-Za-z0-9_.-]+$")
+_KEY = re.compile(r"^[A-Za-z0-9_.-]+\Z")
 
 
 def to_yaml(value, indent: int = 0) -> str:

@@ -20,7 +20,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.service_files import (
 )
 
 _UNIT_CHARS = re.compile(r"[^A-Za-z0-9:_.-]")
-_PLAIN_WORD = re.compile(r"^[A-Za-z0-9_./:=+,@-]+$")
+_PLAIN_WORD = re.compile(r"^[A-Za-z0-9_./:=+,@-]+\Z")
 RESTART_SEC = 2
 
 

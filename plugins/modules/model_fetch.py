@@ -138,8 +138,8 @@ from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  
     write_manifest,
 )
 
-_BRANCH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_BRANCH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*\Z")
+_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 _ATTEMPTS = 3  # connections per file before a cut download fails the run
 _REDIRECTS = 5
 

@@ -215,6 +215,13 @@ def test_an_unknown_repo_or_revision_fails_naming_both_and_the_fix(hub, tmp_path
     assert missing["failed"] is True and "a" * 40 in missing["msg"] and REPO in missing["msg"]
 
 
+def test_a_revision_ending_in_a_newline_is_refused_before_the_hub_is_asked(hub, tmp_path):
+    hub.add_commit(REPO, FILES)
+    refused = fetch(hub, tmp_path, revision="main\n")
+    assert refused["failed"] is True and "is not a branch or a commit" in refused["msg"]
+    assert not hub.log()
+
+
 def test_check_mode_reports_the_bytes_and_writes_nothing(hub, tmp_path):
     commit = hub.add_commit(REPO, FILES)
 
