@@ -17,45 +17,34 @@ class PullError(Exception):
     """A failure reported as is."""
 
 
+def ssh_argv(key, port, user, host, known_hosts, timeout):
+    """The ssh command line one request to a source box runs with (the command follows):
+    no config file, no agent or X forwarding, the copy key alone, a new host key accepted into
+    known_hosts and a changed one refused, a dead connection given up after `timeout`."""
+    return [
+        "ssh", "-F", "none", "-T", "-x", "-a", "-i", key, "-p", str(port),
+        "-o", "BatchMode=yes",
+        "-o", "IdentitiesOnly=yes",
+        "-o", "LogLevel=ERROR",
+        "-o", "StrictHostKeyChecking=accept-new",
+        "-o", f"UserKnownHostsFile={known_hosts}",
+        "-o", f"ConnectTimeout={timeout}",
+        "-o", f"ServerAliveInterval={max(1, timeout // 3)}",
+        "-o", "ServerAliveCountMax=3",
+        "-l", user, "--", host,
+    ]
+
+
 class Source:
     """The source box's file server, one ssh command per request."""
 
     def __init__(self, params):
-        ssh_dir = os.path.join(params["model_dir"], ".ssh")
         self.timeout = params["timeout"]
         self.where = f"{params['ssh_user']}@{params['source']}"
-        self.argv = [
-            "ssh",
-            "-F",
-            "none",
-            "-T",
-            "-x",
-            "-a",
-            "-i",
+        self.argv = ssh_argv(
             params["ssh_key"] or os.path.join(params["model_dir"], COPY_KEY),
-            "-p",
-            str(params["ssh_port"]),
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            "LogLevel=ERROR",
-            "-o",
-            "StrictHostKeyChecking=accept-new",
-            "-o",
-            f"UserKnownHostsFile={os.path.join(ssh_dir, 'known_hosts')}",
-            "-o",
-            f"ConnectTimeout={self.timeout}",
-            "-o",
-            f"ServerAliveInterval={max(1, self.timeout // 3)}",
-            "-o",
-            "ServerAliveCountMax=3",
-            "-l",
-            params["ssh_user"],
-            "--",
-            params["source"],
-        ]
+            params["ssh_port"], params["ssh_user"], params["source"],
+            os.path.join(params["model_dir"], ".ssh", "known_hosts"), self.timeout)
 
     def read(self, command, out):
         """Append what `command` sends to the file object out; the bytes received."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from ansible_collections.lobes.fleet.plugins.module_utils.model_copy import ssh_argv
 
 from tests.support.ports import free_port
 from tests.support.tools import not_installed
@@ -99,31 +100,9 @@ class Sshd:
 
 
 def ssh(key: Path, server: Sshd, command: str, known_hosts: Path) -> subprocess.CompletedProcess:
-    """One ssh command to the server with key, as model_pull runs it."""
-    argv = [
-        "ssh",
-        "-F",
-        "none",
-        "-T",
-        "-i",
-        str(key),
-        "-p",
-        str(server.port),
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "IdentitiesOnly=yes",
-        "-o",
-        "LogLevel=ERROR",
-        "-o",
-        "StrictHostKeyChecking=accept-new",
-        "-o",
-        f"UserKnownHostsFile={known_hosts}",
-        "-l",
-        server.user,
-        "127.0.0.1",
-        command,
-    ]
+    """One ssh command to the server with key, with model_pull's own command line."""
+    argv = [*ssh_argv(str(key), server.port, server.user, "127.0.0.1", str(known_hosts), 60),
+            command]
     return subprocess.run(
         argv, capture_output=True, timeout=60, check=False, stdin=subprocess.DEVNULL
     )
