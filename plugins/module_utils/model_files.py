@@ -17,6 +17,9 @@ import re
 import shutil
 from dataclasses import dataclass, field
 
+# The argument specs of the options doc fragment lobes.fleet.model documents.
+MODEL_DIR_OPTION = {"model_dir": {"type": "path", "default": "/var/lib/lobes/models"}}
+CHECKPOINT_OPTION = {"checkpoint": {"type": "str", "required": True}}
 MANIFEST = ".lobes-manifest.json"
 PARTIAL = ".partial"
 # The private key a box copies checkpoints from other boxes with, under its model_dir.

@@ -26,16 +26,13 @@ extends_documentation_fragment:
   - lobes.fleet.attributes
   - lobes.fleet.attributes.changes
   - lobes.fleet.attributes.posix
+  - lobes.fleet.model
 options:
   state:
     description: C(keypair) to ensure this box's key, C(authorized) to trust O(public_keys).
     type: str
     choices: [keypair, authorized]
     default: keypair
-  model_dir:
-    description: The directory that holds the box's checkpoints (inventory C(fleet_model_dir)).
-    type: path
-    default: /var/lib/lobes/models
   public_keys:
     description:
       - The public keys (C(ssh-ed25519 AAAA... comment)) to trust, with O(state=authorized).
@@ -104,7 +101,10 @@ import socket  # noqa: E402
 import tempfile  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.lobes.fleet.plugins.module_utils.model_files import COPY_KEY  # noqa: E402
+from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  # noqa: E402
+    COPY_KEY,
+    MODEL_DIR_OPTION,
+)
 
 # Key types ssh-keygen writes, a base64 blob and a plain comment (or none): nothing that could
 # add options or a second line to authorized_keys.
@@ -212,8 +212,8 @@ def _authorized(module):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
+            **MODEL_DIR_OPTION,
             state=dict(type="str", choices=["keypair", "authorized"], default="keypair"),
-            model_dir=dict(type="path", default="/var/lib/lobes/models"),
             public_keys=dict(type="list", elements="str", default=[]),
             authorized_keys=dict(type="path", default="/root/.ssh/authorized_keys"),
             serve=dict(type="path", default="/srv/lobes/gateway/lobes_model_serve.py"),

@@ -29,11 +29,9 @@ extends_documentation_fragment:
   - lobes.fleet.attributes
   - lobes.fleet.attributes.changes
   - lobes.fleet.attributes.posix
+  - lobes.fleet.model
+  - lobes.fleet.model.checkpoint
 options:
-  checkpoint:
-    description: The hub repo id, C(org/name).
-    type: str
-    required: true
   revision:
     description: A 40-hex commit, or a branch resolved to its commit now.
     type: str
@@ -47,10 +45,6 @@ options:
       - A hub access token, for gated or private checkpoints. Sent only to O(endpoint)'s
         origin, never to the host a download is redirected to.
     type: str
-  model_dir:
-    description: The directory that holds the box's checkpoints (inventory C(fleet_model_dir)).
-    type: path
-    default: /var/lib/lobes/models
   timeout:
     description: Seconds a request may wait for the hub's next bytes.
     type: int
@@ -122,8 +116,10 @@ from urllib.parse import quote, urljoin, urlsplit  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  # noqa: E402
+    CHECKPOINT_OPTION,
     CHUNK,
     COMMIT,
+    MODEL_DIR_OPTION,
     UnsafePath,
     cached_sha256,
     check_checkpoint,
@@ -435,11 +431,11 @@ def run(module, hub):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            checkpoint=dict(type="str", required=True),
+            **CHECKPOINT_OPTION,
+            **MODEL_DIR_OPTION,
             revision=dict(type="str", default="main"),
             endpoint=dict(type="str", default="https://huggingface.co"),
             token=dict(type="str", no_log=True),
-            model_dir=dict(type="path", default="/var/lib/lobes/models"),
             timeout=dict(type="int", default=60),
         ),
         supports_check_mode=True,

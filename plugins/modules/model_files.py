@@ -26,21 +26,15 @@ extends_documentation_fragment:
   - lobes.fleet.attributes
   - lobes.fleet.attributes.changes
   - lobes.fleet.attributes.posix
+  - lobes.fleet.model
+  - lobes.fleet.model.checkpoint
 options:
-  checkpoint:
-    description: The hub repo id, C(org/name).
-    type: str
-    required: true
   revision:
     description:
       - The 40-hex commit pinned in the lock.
       - Omitted (with O(state=checked)), only the room is reported (RV(free_bytes)), where a
         checkpoint not locked yet will land.
     type: str
-  model_dir:
-    description: The directory that holds the box's checkpoints (inventory C(fleet_model_dir)).
-    type: path
-    default: /var/lib/lobes/models
   files:
     description: "The lock's files of the revision, C({path: {size, sha256}})."
     type: dict
@@ -132,6 +126,8 @@ import os  # noqa: E402 - modules keep imports below their documentation
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  # noqa: E402
+    CHECKPOINT_OPTION,
+    MODEL_DIR_OPTION,
     check_dir,
     final_dir,
     free_bytes,
@@ -194,9 +190,9 @@ def room_only(module):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            checkpoint=dict(type="str", required=True),
+            **CHECKPOINT_OPTION,
+            **MODEL_DIR_OPTION,
             revision=dict(type="str"),
-            model_dir=dict(type="path", default="/var/lib/lobes/models"),
             files=dict(type="dict", default={}),
             state=dict(type="str", choices=["checked", "present"], default="checked"),
             staging=dict(type="path"),

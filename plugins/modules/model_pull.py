@@ -37,11 +37,9 @@ extends_documentation_fragment:
   - lobes.fleet.attributes
   - lobes.fleet.attributes.changes
   - lobes.fleet.attributes.posix
+  - lobes.fleet.model
+  - lobes.fleet.model.checkpoint
 options:
-  checkpoint:
-    description: The hub repo id, C(org/name).
-    type: str
-    required: true
   revision:
     description: The 40-hex commit, as the lock pins it.
     type: str
@@ -50,10 +48,6 @@ options:
     description: "The lock's files of the revision, C({path: {size, sha256}})."
     type: dict
     required: true
-  model_dir:
-    description: The directory that holds the box's checkpoints (inventory C(fleet_model_dir)).
-    type: path
-    default: /var/lib/lobes/models
   source:
     description: The host name or address of a box that holds the whole revision.
     type: str
@@ -136,6 +130,8 @@ from ansible_collections.lobes.fleet.plugins.module_utils.model_copy import (  #
     Source,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  # noqa: E402
+    CHECKPOINT_OPTION,
+    MODEL_DIR_OPTION,
     check_dir,
     digest,
     final_dir,
@@ -271,10 +267,10 @@ def run(module):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            checkpoint=dict(type="str", required=True),
+            **CHECKPOINT_OPTION,
+            **MODEL_DIR_OPTION,
             revision=dict(type="str", required=True),
             files=dict(type="dict", required=True),
-            model_dir=dict(type="path", default="/var/lib/lobes/models"),
             source=dict(type="str", required=True),
             ssh_user=dict(type="str", default="root"),
             ssh_key=dict(type="path"),
