@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from tests.conformance.servers import DIRECT, VLLM_CPU, Engine, target
 from tests.support.metrics import Scrape
@@ -64,3 +64,13 @@ def finished_since(before: Scrape, after: Scrape) -> float:
     """Requests the engine finished (any reason) between two scrapes."""
     return (after.value("vllm:request_success_total")
             - before.value("vllm:request_success_total"))
+
+
+def act_mid_answer(engine: Engine, before: Scrape, act: Callable[[], None]) -> bool:
+    """With the engine held, `act` (a fault) if no answer has finished since `before`:
+    whether it acted."""
+    with generation_held(engine):
+        unfinished = finished_since(before, settled(engine)) == 0
+        if unfinished:
+            act()
+    return unfinished

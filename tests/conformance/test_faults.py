@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.conformance.midanswer import finished_since, generation_held, settled
+from tests.conformance.midanswer import act_mid_answer, settled
 from tests.conformance.servers import (
     CHAT_NAME,
     DIRECT,
@@ -129,10 +129,7 @@ def streams_under(engine: Engine, fault: Callable[[], None]) -> dict[str, Read] 
         thread.start()
     for read in reads.values():
         assert read.opened.wait(timeout=60), "a stream did not start"
-    with generation_held(engine):
-        mid_answer = finished_since(before, settled(engine)) == 0
-        if mid_answer:
-            fault()
+    mid_answer = act_mid_answer(engine, before, fault)
     for thread in threads:
         thread.join(timeout=60)
     assert not any(thread.is_alive() for thread in threads), reads
@@ -247,10 +244,8 @@ def _hung_once(engine: Engine, path: str) -> tuple[Read, bool]:
     stopped = threading.Event()
 
     def stop_mid_answer() -> None:
-        with generation_held(engine):
-            if finished_since(before, settled(engine)) == 0:
-                os.kill(pid, signal.SIGSTOP)
-                stopped.set()
+        if act_mid_answer(engine, before, lambda: os.kill(pid, signal.SIGSTOP)):
+            stopped.set()
 
     read = Read()
     thread = threading.Thread(target=read_stream, daemon=True,
