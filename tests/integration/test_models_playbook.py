@@ -5,6 +5,7 @@ moves."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -91,12 +92,24 @@ def test_a_checkpoint_is_fetched_once_locked_and_then_left_alone(hub, tmp_path):
     lock = yaml.safe_load(boxes.lock_file.read_text())
     assert lock["models"][REPO]["revision"] == commit
     assert set(lock["models"][REPO]["files"]) == set(FILES)
+    assert_not_an_inventory_source(boxes.inventory)
     fetched = len(hub.log())
     second = boxes.playbook()
     assert second.returncode == 0, second.stdout[-3000:]
     assert "changed=0" in recap(second, "alpha")
     # Locked and whole on the box: the hub is not asked again.
     assert len(hub.log()) == fetched
+
+
+def assert_not_an_inventory_source(inventory: Path) -> None:
+    """The lock file in the inventory's directory is not read as inventory (Ansible would make
+    a group of each top-level key, `models`, `images`, and warn on every run)."""
+    listed = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(inventory), "--list"],
+                            cwd=ROOT, env=ansible_env(), capture_output=True, text=True,
+                            timeout=60, check=True)
+    groups = set(json.loads(listed.stdout)["all"]["children"])
+    assert not groups & {"models", "images", "version"}, groups
+    assert "WARNING" not in listed.stderr, listed.stderr
 
 
 def test_check_mode_says_what_would_move_and_moves_nothing(hub, tmp_path):
