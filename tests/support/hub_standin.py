@@ -97,28 +97,30 @@ class Faults:
 
 
 class HubStandin:
-    """The hub and its CDN: two ThreadingHTTPServers on 127.0.0.1, in threads."""
+    """The hub and its CDN: two ThreadingHTTPServers on `host` (127.0.0.1 unless a benchmark
+gives its network namespace's address), in threads."""
 
     chunk = 4096
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.repos: dict[str, Repo] = {}
         self.faults = Faults()
         self.requests: list[Request] = []
         self._lock = threading.Lock()
         self._blobs: dict[str, tuple[str, bytes]] = {}  # sha256 -> (path, data)
-        self._servers = [ThreadingHTTPServer(("127.0.0.1", 0), self._handler(origin))
+        self._servers = [ThreadingHTTPServer((host, 0), self._handler(origin))
                          for origin in ("hub", "cdn")]
         for server in self._servers:
             server.daemon_threads = True
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self._servers[0].server_port}"
+        return f"http://{self.host}:{self._servers[0].server_port}"
 
     @property
     def cdn(self) -> str:
-        return f"http://127.0.0.1:{self._servers[1].server_port}"
+        return f"http://{self.host}:{self._servers[1].server_port}"
 
     def start(self) -> HubStandin:
         for server in self._servers:
