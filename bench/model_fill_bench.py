@@ -21,7 +21,10 @@ left in the host's namespace. Every veth end gets the same tbf rate on its egres
 shapes what that host sends (its uplink: the hub's or the seed's, shared by every copy it serves),
 the bridge's end shapes what it receives (its downlink). Linux shapes only egress (ingress can
 only be policed, which drops packets), so shaping both ends of each pair is how every link gets
-the same rate in both directions; the uplinks are what the three ways differ in.
+the same rate in both directions (200 Mbit/s unless --rate-mbit says otherwise); the uplinks are
+what the three ways differ in. The table's last column, the host's CPU busy share during each
+fill, says what bound it: near 100 %, the CPUs (ssh, sshd and the copies' processes of every
+concurrent copy on one small host), not the links.
 
 The copies are the collection's own code as ansible runs it on a box: lobes.fleet.model_fetch and
 lobes.fleet.model_pull started as `python -m ansible_collections.lobes.fleet.plugins.modules.<name>
@@ -52,6 +55,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -137,7 +141,7 @@ class Layout:
     prefix: str = "lfill"
     subnet: str = "10.231.77"
     count: int = 8
-    rate_mbit: float = 300.0  # 0: no limit
+    rate_mbit: float = 200.0  # 0: no limit
 
     @property
     def switch(self) -> str:
@@ -376,13 +380,24 @@ FILLS: dict[str, Callable[[Fleet, list[Box]], None]] = {
     HUB: from_hub, SEED: from_seed, BOX_TO_BOX: box_to_box}
 
 
-def fill(fleet: Fleet, way: str, count: int) -> float:
-    """Empty every box, fill the first `count` one way; the seconds it took."""
+def cpu_ticks() -> tuple[int, int]:
+    """The host's CPU ticks so far: (busy, all), from /proc/stat."""
+    ticks = [int(field) for field in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle and iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
+def fill(fleet: Fleet, way: str, count: int) -> tuple[float, float]:
+    """Empty every box, fill the first `count` one way; the seconds it took and the share of
+    the host's CPU time that was busy meanwhile (near 1: the CPUs, not the links, bound it)."""
     for box in fleet.boxes:
         box.empty()
+    busy, total = cpu_ticks()
     started = time.monotonic()
     FILLS[way](fleet, fleet.boxes[:count])
-    return time.monotonic() - started
+    seconds = time.monotonic() - started
+    busy_after, total_after = cpu_ticks()
+    return seconds, (busy_after - busy) / max(1, total_after - total)
 
 
 def one_copy(fleet: Fleet, repeats: int) -> tuple[float, float]:
@@ -449,6 +464,7 @@ class Row:
     way: str
     seconds: float
     ratio: float
+    busy: float = 0.0  # the host's CPU busy share during the fill
 
     @property
     def bound(self) -> float | None:
@@ -470,13 +486,14 @@ def whole_rounds(count: int) -> int:
 
 def table(rows: list[Row], hub_one: float, unit: float) -> str:
     lines = ["| boxes | way | seconds | ratio to one copy | log2(N+1) | bar: 1.2 x whole rounds | "
-             "box to box |", "|---:|---|---:|---:|---:|---:|---|",
-             f"| 1 | one copy from the hub | {hub_one:.2f} | {hub_one / unit:.2f}x | | | |",
-             f"| 1 | one copy box to box (the unit) | {unit:.2f} | 1.00x | | | |"]
+             "box to box | host CPU busy |", "|---:|---|---:|---:|---:|---:|---|---:|",
+             f"| 1 | one copy from the hub | {hub_one:.2f} | {hub_one / unit:.2f}x | | | | |",
+             f"| 1 | one copy box to box (the unit) | {unit:.2f} | 1.00x | | | | |"]
     for row in rows:
         bound = f"{row.bound:.2f}x ({whole_rounds(row.count)} rounds)" if row.bound else ""
         lines.append(f"| {row.count} | {row.way} | {row.seconds:.2f} | {row.ratio:.2f}x | "
-                     f"{math.log2(row.count + 1):.2f} | {bound} | {row.verdict} |")
+                     f"{math.log2(row.count + 1):.2f} | {bound} | {row.verdict} | "
+                     f"{row.busy:.0%} |")
     return "\n".join(lines)
 
 
@@ -488,12 +505,16 @@ def host_line() -> str:
            f"{platform.python_version()}"
 
 
-def method(args: argparse.Namespace, total: int) -> str:
+def method(args: argparse.Namespace, total: int, loads: tuple[float, float]) -> str:
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     commit = run("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD", check=False).stdout
+    counts = ", ".join(str(count) for count in sorted(args.boxes))
     return (
-        f"Measured on {host_line()}, {when}, at `{commit.strip()}`: a checkpoint of four files, "
-        f"{total / MIB:.0f} MiB in all, onto 2, 4 and 8 boxes, each box and the hub stand-in a "
+        f"Measured on {host_line()}, {when}, at `{commit.strip()}`, the host's 1-minute load "
+        f"average {loads[0]:.1f} at the start and {loads[1]:.1f} at the end (other work shares "
+        "this machine; the last column is the host's CPU busy share during each fill): a "
+        f"checkpoint of four files, {total / MIB:.0f} MiB in all, onto {counts} boxes, each box "
+        "and the hub stand-in a "
         f"network namespace on one bridge, every link limited to {args.rate_mbit:g} Mbit/s "
         "(tbf on both ends of each veth, so each host's uplink and downlink). The copies are "
         "`lobes.fleet.model_fetch` (from the hub) and `lobes.fleet.model_pull` (over a real "
@@ -501,19 +522,21 @@ def method(args: argparse.Namespace, total: int) -> str:
         "exec`; every box is checked whole against the lock after each fill. Each time is a "
         "ratio to one box's copy alone, box to box, the median of "
         f"{args.repeats} in the same run. Box to box's bar is 1.2 x the whole rounds it needs "
-        "(the hub fetch to the seed, then ceil(log2(N)) doubling rounds: 2, 3 and 4 copies); "
-        "the issue's 1.2 x log2(N+1) is below those for N = 2, 4, 8. The command (root): "
-        "`.venv/bin/python bench/model_fill_bench.py --write-docs`.")
+        "(the hub fetch to the seed, then ceil(log2(N)) doubling rounds: 2, 3 and 4 copies for "
+        "2, 4 and 8 boxes); the issue's 1.2 x log2(N+1) is below those for N = 2, 4, 8. The "
+        "command (root): `.venv/bin/python bench/model_fill_bench.py --write-docs`.")
 
 
 def figure_row(rows: list[Row], hub_one: float, unit: float) -> str:
     def ratios(way: str) -> str:
         return " / ".join(f"{row.ratio:.2f}x" for row in rows if row.way == way)
 
-    verdicts = " / ".join(row.verdict for row in rows if row.way == BOX_TO_BOX)
+    mine = [row for row in rows if row.way == BOX_TO_BOX]
+    verdicts = " / ".join(row.verdict for row in mine)
+    bars = " / ".join(f"{row.bound:.1f}x" for row in mine)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (f"{FIGURE_ROW} one box's copy alone, same run (bar: 1.2x the whole rounds, "
-            f"2 / 3 / 4) | **{ratios(BOX_TO_BOX)}** ({verdicts}); every box from the hub "
+            f"{bars}) | **{ratios(BOX_TO_BOX)}** ({verdicts}); every box from the hub "
             f"{ratios(HUB)}, all from one seed {ratios(SEED)}; one copy {unit:.2f} s "
             f"(from the hub {hub_one / unit:.2f}x) | {host_line()}, {when} | "
             "`.venv/bin/python bench/model_fill_bench.py --write-docs` (root; the method is in "
@@ -543,12 +566,13 @@ def measure(fleet: Fleet, counts: list[int], repeats: int) -> tuple[list[Row], f
     rows = []
     for count in counts:
         for way in WAYS:
-            seconds = fill(fleet, way, count)
+            seconds, busy = fill(fleet, way, count)
             broken = [box.name for box in fleet.boxes[:count] if not fleet.whole(box)]
             if broken:
                 raise BenchError(f"{way}, {count} boxes: not whole on {', '.join(broken)}")
-            rows.append(Row(count, way, seconds, seconds / unit))
-            print(f"{count} boxes, {way}: {seconds:.2f} s ({seconds / unit:.2f}x)", flush=True)
+            rows.append(Row(count, way, seconds, seconds / unit, busy))
+            print(f"{count} boxes, {way}: {seconds:.2f} s ({seconds / unit:.2f}x), host CPU "
+                  f"{busy:.0%} busy", flush=True)
     return rows, hub_one, unit
 
 
@@ -556,7 +580,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--boxes", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--mib", type=float, default=64, help="the checkpoint's size")
-    parser.add_argument("--rate-mbit", type=float, default=300, help="every link's rate")
+    parser.add_argument("--rate-mbit", type=float, default=200, help="every link's rate")
     parser.add_argument("--repeats", type=int, default=3, help="copies alone for the unit")
     parser.add_argument("--prefix", default="lfill", help="the namespaces' name prefix")
     parser.add_argument("--work", type=Path, default=Path("/tmp/lobes-model-fill-bench"))
@@ -591,15 +615,18 @@ def main(argv: list[str] | None = None) -> int:
     total = int(args.mib * MIB)
     layout = Layout(prefix=args.prefix, count=max(max(args.boxes), 2), rate_mbit=args.rate_mbit)
     clean(layout, args.work)
+    load_before = os.getloadavg()[0]
     try:
         fleet = start_fleet(layout, args.work, total, args.lifetime)
         rows, hub_one, unit = measure(fleet, sorted(args.boxes), args.repeats)
     finally:
         clean(layout, args.work)
+    loads = (load_before, os.getloadavg()[0])
     text = table(rows, hub_one, unit)
     print(text)
     if args.write_docs:
-        write_section(SECTION, f"{method(args, total)}\n\n{text}", SECTION_TITLE, OPERATIONS_MD)
+        paragraph = textwrap.fill(method(args, total, loads), 100, break_on_hyphens=False)
+        write_section(SECTION, f"{paragraph}\n\n{text}", SECTION_TITLE, OPERATIONS_MD)
         write_figure_row(figure_row(rows, hub_one, unit))
     return 0
 
