@@ -1,4 +1,5 @@
-"""A real OpenSSH server on 127.0.0.1 for one test: its own host key, authorized_keys and log."""
+"""A real OpenSSH server for one test or benchmark: its own host key, authorized_keys and log,
+on 127.0.0.1 or on an address of a network namespace."""
 
 from __future__ import annotations
 
@@ -37,12 +38,15 @@ def require_openssh() -> None:
 
 @dataclass
 class Sshd:
-    """sshd -D as a child process, logging (VERBOSE) to a file the test reads."""
+    """sshd -D as a child process, logging (VERBOSE) to a file the test reads; listening on
+    `address`, inside the network namespace `netns` when one is named (`ip netns exec`)."""
 
     root: Path
     port: int = field(default_factory=free_port)
     user: str = field(default_factory=getpass.getuser)
     proc: subprocess.Popen | None = None
+    address: str = "127.0.0.1"
+    netns: str | None = None
 
     @property
     def authorized_keys(self) -> Path:
@@ -69,6 +73,7 @@ class Sshd:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [
+                    *(["ip", "netns", "exec", self.netns] if self.netns else []),
                     SSHD,
                     "-D",
                     "-e",
@@ -77,7 +82,7 @@ class Sshd:
                     "-p",
                     str(self.port),
                     "-o",
-                    "ListenAddress=127.0.0.1",
+                    f"ListenAddress={self.address}",
                 ],
                 stdout=log,
                 stderr=log,
