@@ -12,8 +12,9 @@ whole, and each time is printed as a ratio to ONE box's copy (box to box, alone)
    by round (each round's pulls at once), every box that holds it sending from the next round.
 Box to box should take the whole rounds it needs: the hub fetch to the seed, then ceil(log2(N))
 doubling rounds (`rounds_needed(1, N - 1)`), so 2, 3 and 4 copies one after the other for 2, 4
-and 8 boxes. The bar printed is 1.2 x those whole rounds. The issue's 1.2 x log2(N + 1) is below
-them for these N (8 boxes: 3.80 < 4 copies), so it is printed beside the bar, not used as it.
+and 8 boxes. The bar printed is 1.2 x those whole rounds. The ideal 1.2 x log2(N + 1), rounds
+counted as if fractional, is below them for these N (8 boxes: 3.80 < 4 copies), so it is
+printed beside the bar, not used as it.
 
 Each box and the hub stand-in is a network namespace with one veth into a bridge that lives in a
 namespace of its own, so no packet of the run touches the host's network and nothing of it is
@@ -523,7 +524,8 @@ def method(args: argparse.Namespace, total: int, loads: tuple[float, float]) -> 
         "ratio to one box's copy alone, box to box, the median of "
         f"{args.repeats} in the same run. Box to box's bar is 1.2 x the whole rounds it needs "
         "(the hub fetch to the seed, then ceil(log2(N)) doubling rounds: 2, 3 and 4 copies for "
-        "2, 4 and 8 boxes); the issue's 1.2 x log2(N+1) is below those for N = 2, 4, 8. The "
+        "2, 4 and 8 boxes); 1.2 x log2(N+1), rounds counted as if fractional, is below those "
+        "for N = 2, 4, 8. The "
         "command (root): `.venv/bin/python bench/model_fill_bench.py --write-docs`.")
 
 
