@@ -27,6 +27,9 @@ from ansible_collections.lobes.fleet.plugins.module_utils.models import (
 NAMED, LOCKED, RESOLVE = "digest", "locked", "resolve"
 # The plan's gears section holds one image per kind of gear container.
 GEAR_SLOT, AUDIO_SLOT, SIM_SLOT = "image", "audio_image", "sim_image"
+# The inventory variable that declares each.
+SLOT_FIELDS = {GEAR_SLOT: "fleet_gear_image", AUDIO_SLOT: "fleet_audio_image",
+               SIM_SLOT: "fleet_sim_image"}
 UPDATE_STEP = (f"delete the image's entry from {LOCK_FILE} and deploy (the boxes pull the tag "
                "again and the new digest is locked), or declare the new reference "
                "(fleet_gear_image, fleet_audio_image, fleet_sim_image)")
@@ -83,7 +86,10 @@ def parse_ref(ref: object) -> ImageRef:
 def canonical_name(name: str) -> str:
     """docker.io/library/python for python: two spellings of one repository compare equal."""
     first, slash, _rest = name.partition("/")
-    has_domain = slash and ("." in first or ":" in first or first == "localhost")
+    # Docker's rule: the first component is a registry when it has a dot, a port, capitals or
+    # is localhost.
+    has_domain = slash and ("." in first or ":" in first or first == "localhost"
+                            or first != first.lower())
     if has_domain:
         return name
     return f"{DEFAULT_REGISTRY}/{name if slash else 'library/' + name}"
@@ -147,7 +153,8 @@ def gear_images(plan: dict, lock: FleetLock) -> tuple:
             try:
                 run, state = image_to_run(ref, lock)
             except ImageRefError as error:
-                errors.append(FleetError(host, role, f"fleet_{slot}", str(error), value=repr(ref)))
+                errors.append(FleetError(host, role, SLOT_FIELDS[slot], str(error),
+                                         value=repr(ref)))
                 continue
             images.append(GearImage(host, box["hardware"]["name"], role, gear["service"], slot,
                                     ref, run, state))
@@ -185,11 +192,12 @@ def group_splits(images: list) -> list:
     for image in images:
         seen = first.setdefault((image.group, image.slot), image)
         if seen.run != image.run:
+            field = SLOT_FIELDS[image.slot]
             errors.append(FleetError(
-                image.host, image.role, f"fleet_{image.slot}",
+                image.host, image.role, field,
                 f"runs {image.run} but host {seen.host} of the same hardware group "
                 f"{image.group} runs {seen.run}; every box of a group runs the same image: "
-                f"declare one {image.slot} for the group"))
+                f"declare one {field} for the group"))
     return errors
 
 
