@@ -11,12 +11,12 @@ module: image_digest
 short_description: Read the digest a box holds for each image tag, and what its gears run
 version_added: 0.1.0
 description:
-  - For each reference of O(refs) (an image named by tag), the digest the box holds for it:
+  - For each reference of O(refs) (an image named by tag), the digest the box holds for it,
     the registry digest of that repository in C(docker image inspect)'s C(RepoDigests). With
     O(pull), a reference the box does not hold yet is pulled first (changed=true).
   - Nothing is made up. An image with no registry digest of its repository (built on the box,
     or loaded from a file) gets null and a reason, and the lock gets no entry for it.
-  - With O(project_dir), what every container of the compose project there runs: its image id
+  - With O(project_dir), what every container of the compose project there runs, its image id
     and that image's C(RepoDigests), by compose service. M(lobes.fleet.verify) compares them
     with the digests the plan and the lock pin.
   - Check mode pulls nothing; it reads what the box holds.

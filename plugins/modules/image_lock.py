@@ -20,7 +20,7 @@ description:
     writes nothing. A reference no box holds a registry digest for (an image built on the box)
     is left unlocked, with a warning.
   - The file is rewritten whole, keys sorted; an entry already equal leaves it untouched
-    (changed=false). An entry the lock holds is never replaced here: to move it, delete it
+    (changed=false). An entry the lock holds is never replaced here; to move it, delete it
     (docs/operations.md).
   - "Run it on the controller (C(delegate_to: localhost), C(run_once)); it needs PyYAML."
 author:

@@ -24,7 +24,7 @@ description:
   - With O(images) (what M(lobes.fleet.image_digest) read of the box's gear containers), for
     every gear whose image is named by digest or locked in C(fleet.lock.yml) it compares
     the digest of the image the gear's container runs with that digest, before it reads the
-    gateway: a skew does not go away by waiting, so verify fails at once, naming host, role,
+    gateway. A skew does not go away by waiting, so verify fails at once, naming host, role,
     the pinned digest and the one running, with a table of both. Under the process runtime no
     image runs; the CPU engine's installed version is what C(engine_version) compares.
   - On failure the message is a per-role table of declared vs advertised values, the
