@@ -212,11 +212,6 @@ def with_images_to_run(plan: dict, images: list) -> None:
         gear["image_state"] = image.state
 
 
-def to_resolve(images: list, host: str) -> list:
-    """The tag-named references a box pulls and reads, sorted, each once."""
-    return sorted({image.ref for image in images if image.host == host and image.state == RESOLVE})
-
-
 # ---------------------------------------------------------------- what the boxes hold
 
 
@@ -272,8 +267,8 @@ def resolve_from_boxes(images: list, found: Mapping) -> Resolution:
         elif distinct:
             entries.append((ref, distinct[0]))
         else:
-            notes.append(f"{ref}: no box holds a registry digest for it (built on the box?); "
-                         "it stays unlocked")
+            notes.append(f"{ref}: no box reported a registry digest for it (built on the box, "
+                         "or not pulled in check mode); it stays unlocked")
     return Resolution(tuple(entries), tuple(errors), tuple(notes))
 
 

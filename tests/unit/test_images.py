@@ -11,7 +11,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.hardware import (
     VLLM_NIGHTLY,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
-from ansible_collections.lobes.fleet.plugins.modules import image_lock
+from ansible_collections.lobes.fleet.plugins.modules import image_digest, image_lock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -114,11 +114,16 @@ def test_the_plan_runs_the_locked_digest_on_every_box_of_the_group_and_leaves_na
     assert images.expected_digest(gear) == D1
 
 
-def test_unlocked_tag_images_are_the_boxes_to_pull():
-    plan = plan_mesh(compose_mesh())
-    found, _errors = images.gear_images(plan, models.FleetLock())
-    assert images.to_resolve(found, "thor") == [VLLM_JETSON]
-    assert images.to_resolve(found, "spark") == []  # the nightly is named by digest
+def test_an_unlocked_tag_image_runs_by_tag_until_the_deploy_resolves_it():
+    found, _errors = images.gear_images(plan_mesh(compose_mesh()), models.FleetLock())
+    by_box = {(image.host, image.role): (image.run, image.state) for image in found}
+    assert by_box[("thor", "cortex")] == (VLLM_JETSON, images.RESOLVE)
+    assert by_box[("spark", "cortex")] == (VLLM_NIGHTLY, images.NAMED)
+
+
+def test_image_digest_refuses_a_text_that_is_no_reference_before_it_runs_docker():
+    result = run_module(image_digest.main, {"refs": ["Not An Image"], "pull": True})
+    assert result["failed"] is True and "refs: 'Not An Image'" in result["msg"]
 
 
 def test_a_group_whose_boxes_declare_two_images_is_refused_naming_both_hosts():
