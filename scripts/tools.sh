@@ -6,6 +6,7 @@
 #   promtool, prometheus  check /metrics, unit-test the alert rules, run the monitoring tests
 #   chromium, chromedriver  the live page's browser tests
 #   sshd (openssh-server)  the box-to-box checkpoint copy tests start a real sshd on 127.0.0.1
+#   docker-registry  the image pin test pushes its own builds to a registry on 127.0.0.1
 # The packages' own daemons are not wanted: stopped where an install started them. Needs root
 # (or password-less sudo); without it, says what is missing and the tests needing it skip,
 # naming it.
@@ -21,6 +22,8 @@ command -v dot >/dev/null || missing+=(graphviz)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 # A real sshd (and the ssh client): lobes.fleet.model_pull's tests copy a checkpoint through it.
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+# The distribution registry: the image pin test pulls a tag from it to read a real digest.
+[ -x /usr/bin/docker-registry ] || missing+=(docker-registry)
 # Prometheus without its recommends (exporters and their daemons).
 lean=()
 command -v promtool >/dev/null || lean+=(prometheus)
@@ -48,4 +51,7 @@ if [[ " ${missing[*]} " == *" openssh-server "* ]] && command -v systemctl >/dev
 fi
 if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
   "${as_root[@]}" systemctl disable --now prometheus >/dev/null
+fi
+if command -v systemctl >/dev/null && systemctl is-active --quiet docker-registry 2>/dev/null; then
+  "${as_root[@]}" systemctl disable --now docker-registry >/dev/null
 fi

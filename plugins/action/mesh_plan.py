@@ -15,6 +15,12 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetErrors
+from ansible_collections.lobes.fleet.plugins.module_utils.images import (
+    gear_images,
+    group_splits,
+    lock_contradictions,
+    with_images_to_run,
+)
 from ansible_collections.lobes.fleet.plugins.module_utils.inventory import Unreadable
 from ansible_collections.lobes.fleet.plugins.module_utils.models import (
     LOCK_FILE,
@@ -110,13 +116,20 @@ def lock_path(args: dict, task_vars: dict) -> str | None:
     return os.path.join(inventory_dir, LOCK_FILE) if inventory_dir else None
 
 
-def check_pins(plan: dict, path: str | None) -> tuple:
+def check_pins(plan: dict, lock: FleetLock) -> tuple:
     """(pins as dicts, warnings, errors): each gear's checkpoint revision against the lock."""
-    lock = read_lock_file(path) if path else FleetLock()
     pins = model_pins(plan, lock)
     findings = pin_findings(pins)
     return ([{**vars(pin)} for pin in pins], [str(item) for item in findings.warnings],
             [str(item) for item in findings.errors])
+
+
+def check_images(plan: dict, lock: FleetLock) -> tuple:
+    """(each gear container's image as a GearImage, errors): the lock's images section read
+    against itself, and every box of a hardware group running one image."""
+    images, errors = gear_images(plan, lock)
+    problems = lock_contradictions(lock)
+    return images, problems + [str(error) for error in [*errors, *group_splits(images)]]
 
 
 def with_pinned_revisions(plan: dict, pins: list) -> None:
@@ -154,13 +167,18 @@ class ActionModule(ActionBase):
                     "errors": [str(error) for error in errors.errors]}
         path = lock_path(args, task_vars)
         try:
-            pins, warnings, errors = check_pins(plan, path)
+            lock = read_lock_file(path) if path else FleetLock()
         except LockError as error:
             return {**result, "failed": True, "msg": f"the lock file cannot be used:\n{error}"}
+        pins, warnings, errors = check_pins(plan, lock)
+        images, image_errors = check_images(plan, lock)
+        errors += image_errors
         if errors:
             return {**result, "failed": True, "msg": "the mesh cannot work:\n" + "\n".join(errors),
                     "errors": errors}
         if warnings:
             result["warnings"] = [*result.get("warnings", []), *warnings]
         with_pinned_revisions(plan, pins)
-        return {**result, "changed": False, "plan": plan, "pins": pins, "lock_file": path}
+        with_images_to_run(plan, images)
+        return {**result, "changed": False, "plan": plan, "pins": pins,
+                "images": [{**vars(image)} for image in images], "lock_file": path}

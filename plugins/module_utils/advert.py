@@ -153,17 +153,18 @@ def _cell(value) -> str:
     return str(value)
 
 
-def table(expected: dict, advertised: dict, differences: dict) -> str:
-    """Per role: a declared row and an advertised row; mismatching fields are flagged."""
-    header = ["role", "side", *FIELDS]
+def table(expected: dict, advertised: dict, differences: dict, fields: tuple = FIELDS) -> str:
+    """Per role: a declared row and an advertised row of `fields`; mismatching fields are
+    flagged."""
+    header = ["role", "side", *fields]
     rows = [header]
-    for role, fields in expected.items():
+    for role, declared in expected.items():
         seen = advertised.get(role) or {}
-        rows.append([role, "declared", *(_cell(fields[field]) for field in FIELDS)])
+        rows.append([role, "declared", *(_cell(declared[field]) for field in fields)])
         flagged = differences.get(role, [])
         rows.append(["", "advertised",
                      *(_cell(seen.get(field)) + ("  <-" if field in flagged else "")
-                       for field in FIELDS)])
+                       for field in fields)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(row[i].ljust(widths[i]) for i in range(len(row))).rstrip()
                      for row in rows)

@@ -10,7 +10,9 @@ the inventory, the catalog or the lock, and a gear with none is reported as unpi
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -24,7 +26,7 @@ except ImportError:  # the controller has PyYAML; a box running a module may not
 
 LOCK_FILE = "fleet.lock.yml"
 LOCK_VERSION = 1
-LOCK_HEADER = ("# Written by lobes.fleet (playbooks/models.yml); review and commit it. "
+LOCK_HEADER = ("# Written by lobes.fleet (playbooks/models.yml, site.yml); review and commit it. "
                "docs/operations.md")
 UPDATE_STEP = ("declare the wanted revision in the inventory, or delete the checkpoint's entry "
                f"from {LOCK_FILE} and run playbooks/models.yml to lock what the hub holds")
@@ -315,6 +317,21 @@ def dump_lock(lock: FleetLock) -> str:
     lines.append("images:" if lock.images else "images: {}")
     lines += [f"  {_scalar(ref)}: {_scalar(digest)}" for ref, digest in sorted(lock.images)]
     return "\n".join(lines) + "\n"
+
+
+def write_lock_file(path: str, text: str) -> None:
+    """The whole file at once: a reader never sees half a lock."""
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, staged = tempfile.mkstemp(prefix=".fleet.lock.", dir=directory)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.chmod(staged, 0o644)
+        os.replace(staged, path)
+    except BaseException:
+        if os.path.exists(staged):
+            os.unlink(staged)
+        raise
 
 
 def _file_entry(item: object) -> object:

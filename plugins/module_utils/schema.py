@@ -495,7 +495,9 @@ BOX_SECTIONS: tuple = (
               "where the box reaches its own gateway for verify"),
     )),
     ("Gears", (
-        Field("fleet_gear_image", Text(IMAGE), "the profile's", "compose: the gears' vLLM image"),
+        Field("fleet_gear_image", Text(IMAGE), "the profile's",
+              "compose: the gears' vLLM image, one per hardware group; a tag is locked to the "
+              "digest the boxes pull (`fleet.lock.yml`, docs/operations.md)"),
         Field("fleet_audio_image", Text(IMAGE), "unset",
               "compose: the realtime/audio bridge image; required to serve `stt`/`tts` with vLLM"),
         Field("fleet_gateway_image", Text(IMAGE), "`python:3.12-slim`",

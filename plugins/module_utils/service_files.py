@@ -15,6 +15,17 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+# ---------------------------------------------------------------- compose
+
+
+def ps_rows(text: str) -> list:
+    """`docker compose ps --format json`: one object a line (Compose >= 2.21), or one array."""
+    text = text.strip()
+    if text.startswith("["):
+        return json.loads(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 # ---------------------------------------------------------------- .env
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

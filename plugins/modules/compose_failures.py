@@ -79,8 +79,7 @@ summary:
   type: str
 """
 
-import json  # noqa: E402 - modules keep imports below their documentation
-import os  # noqa: E402
+import os  # noqa: E402 - modules keep imports below their documentation
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.contract import (  # noqa: E402
@@ -91,6 +90,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.service_files import (
     env_file_secrets,
     log_quote,
     masked_tail,
+    ps_rows,
 )
 
 # Container states of a service that is not up; "created" is one never started.
@@ -99,14 +99,6 @@ _NOT_HEALTHY = frozenset({"unhealthy", "starting"})
 # Compose 2.26 leaves Health empty for a container that has just (re)started, while its Status
 # says "(health: starting)": a crash loop caught right after a restart reads so.
 _HEALTH_IN_STATUS = (("(health: starting)", "starting"), ("(unhealthy)", "unhealthy"))
-
-
-def ps_rows(text):
-    """`docker compose ps --format json`: one object a line (Compose >= 2.21), or one array."""
-    text = text.strip()
-    if text.startswith("["):
-        return json.loads(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def health(row):

@@ -48,6 +48,9 @@ options:
         lock's) is a warning, or an error on a box with C(fleet_models_require_pins). A declared
         revision the lock contradicts, one checkpoint pinned at two revisions and a lock file
         that cannot be read are errors. Either way the plan fails before anything is deployed.
+      - Its C(images) section pins each gear image named by tag to a digest (docs/operations.md,
+        "How engine images are pinned"). An entry that contradicts another, or a hardware group
+        whose boxes would run two images, is an error.
     type: path
 notes:
   - The budget rule. The sum of a box's C(--gpu-memory-utilization) fractions
@@ -119,6 +122,18 @@ pins:
     - "Each has: host, role, checkpoint, revision (null when unpinned), source (declared,
       locked or unpinned), locked (the lock's revision, or null), required (the box sets
       C(fleet_models_require_pins))."
+  returned: success
+  type: list
+  elements: dict
+images:
+  description:
+    - Every gear container of a compose box (the process runtime runs no image), with the image
+      it runs. Its plan's C(gears) image and the gear's C(image) name what it runs; the gear's
+      C(image_state) says how.
+    - "Each has: host, group (the hardware group), role, service, slot (C(image),
+      C(audio_image) or C(sim_image)), ref (as declared), run (what compose runs) and state
+      (C(digest): named by digest; C(locked): a tag the lock file pins, run as
+      repository@digest; C(resolve): a tag to pull and lock on the next deploy)."
   returned: success
   type: list
   elements: dict

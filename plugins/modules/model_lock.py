@@ -71,7 +71,6 @@ revision:
 """
 
 import os  # noqa: E402 - modules keep imports below their documentation
-import tempfile  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.models import (  # noqa: E402
@@ -79,22 +78,8 @@ from ansible_collections.lobes.fleet.plugins.module_utils.models import (  # noq
     dump_lock,
     read_lock_file,
     with_model,
+    write_lock_file,
 )
-
-
-def write_atomically(path: str, text: str) -> None:
-    """The whole file at once: a reader never sees half a lock."""
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, staged = tempfile.mkstemp(prefix=".fleet.lock.", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.chmod(staged, 0o644)
-        os.replace(staged, path)
-    except BaseException:
-        if os.path.exists(staged):
-            os.unlink(staged)
-        raise
 
 
 def main():
@@ -124,7 +109,7 @@ def main():
     after = dump_lock(updated)
     changed = before != after
     if changed and not module.check_mode:
-        write_atomically(path, after)
+        write_lock_file(path, after)
     result = dict(changed=changed, path=path, revision=params["revision"])
     if module._diff:
         result["diff"] = {"before": before, "after": after,

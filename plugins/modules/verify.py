@@ -21,6 +21,12 @@ description:
   - For every gear whose checkpoint is pinned it compares C(model_revision), the last part of
     the model root the gear's C(/v1/models) names (it loads
     C(<models>/<org>/<name>/<revision>)), with the pinned revision.
+  - With O(images) (what M(lobes.fleet.image_digest) read of the box's gear containers), for
+    every gear whose image is named by digest or locked in C(fleet.lock.yml) it compares
+    the digest of the image the gear's container runs with that digest, before it reads the
+    gateway. A skew does not go away by waiting, so verify fails at once, naming host, role,
+    the pinned digest and the one running, with a table of both. Under the process runtime no
+    image runs; the CPU engine's installed version is what C(engine_version) compares.
   - On failure the message is a per-role table of declared vs advertised values, the
     mismatching fields flagged.
   - Read-only; check mode runs the same reads.
@@ -58,6 +64,12 @@ options:
         Turn off to verify one box of a mesh whose peers are not deployed yet.
     type: bool
     default: true
+  images:
+    description:
+      - The box's gear containers by compose service, as M(lobes.fleet.image_digest) returns
+        them in RV(lobes.fleet.image_digest#module:containers); left out, images are not
+        compared.
+    type: dict
 """
 
 EXAMPLES = r"""
@@ -94,8 +106,13 @@ table:
   description: The declared vs advertised table (also the failure message).
   returned: always
   type: str
+images:
+  description: Per role whose gear is pinned by digest, the digest its container runs.
+  returned: when O(images) is given and they agree
+  type: dict
+  sample: {cortex: "sha256:7c5a10e9a8b3c8642f4d0463a41215176c0dd834b4f0967287c7e3e517cf1be9"}
 attempts:
-  description: How many times the gateway was read.
+  description: How many times the gateway was read (0 when an image skew failed first).
   returned: always
   type: int
 """
@@ -111,6 +128,10 @@ from ansible_collections.lobes.fleet.plugins.module_utils import advert  # noqa:
 from ansible_collections.lobes.fleet.plugins.module_utils.contract import (  # noqa: E402
     VERSION,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.images import (  # noqa: E402
+    expected_digest,
+    running_digest,
+)
 
 
 def read_json(url: str, timeout: float) -> dict:
@@ -118,6 +139,32 @@ def read_json(url: str, timeout: float) -> dict:
     with open_url(url, method="GET", timeout=timeout, use_proxy=False,
                   validate_certs=False) as response:
         return json.loads(response.read())
+
+
+def image_report(plan: dict, containers: dict) -> tuple:
+    """(role -> {image: pinned digest}, role -> {image: what its container runs}, differences)
+    for the gears pinned by digest."""
+    pinned = {name: {"image": expected_digest(role.get("gear"))}
+              for name, role in plan["roles"].items() if expected_digest(role.get("gear"))}
+    running = {name: {"image": running_digest(plan["roles"][name]["gear"], containers)}
+               for name in pinned}
+    return pinned, running, advert.compare(pinned, running)
+
+
+def check_images(module: AnsibleModule, plan: dict, containers: dict) -> dict:
+    """role -> the digest its gear's container runs, for the gears pinned by digest; fails at
+    once when one runs another image than its pin."""
+    pinned, running, differences = image_report(plan, containers)
+    if not differences:
+        return {name: seen["image"] for name, seen in running.items()}
+    host = plan.get("host")
+    lines = ["the gear containers do not run the images the plan and the lock pin"]
+    lines += [f"host {host}, {line}" if host else line
+              for line in advert.explained(pinned, running, differences)]
+    shown = advert.table(pinned, running, differences, ("image",))
+    lines += [shown, "redeploy the box (site.yml) to run the pinned images; "
+              "docs/operations.md says how to move a pin"]
+    module.fail_json(msg="\n".join(lines), table=shown, attempts=0, version=None)
 
 
 def observe(base: str, plan: dict, expected: dict, version: str, timeout: float,
@@ -159,6 +206,7 @@ def run(module: AnsibleModule) -> dict:
     plan = params["plan"]
     base = (params["url"] or f"http://127.0.0.1:{plan['gateway']['port']}").rstrip("/")
     version = params["version"] or VERSION
+    images = None if params["images"] is None else check_images(module, plan, params["images"])
     expected = advert.expected_roles(plan, params["peers_must_be_ready"])
     started = time.monotonic()
     attempts = 0
@@ -176,8 +224,11 @@ def run(module: AnsibleModule) -> dict:
                          table=shown,
                          attempts=attempts, version=seen["version"])
     roles = {role: seen["advertised"][role] for role in expected}
-    return {"changed": False, "version": seen["version"], "roles": roles, "table": shown,
-            "attempts": attempts}
+    result = {"changed": False, "version": seen["version"], "roles": roles, "table": shown,
+              "attempts": attempts}
+    if images is not None:
+        result["images"] = images
+    return result
 
 
 def main() -> None:
@@ -189,6 +240,7 @@ def main() -> None:
             "timeout": {"type": "float", "default": 600},
             "interval": {"type": "float", "default": 5},
             "peers_must_be_ready": {"type": "bool", "default": True},
+            "images": {"type": "dict"},
         },
         supports_check_mode=True,
     )

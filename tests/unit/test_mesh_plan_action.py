@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import yaml
+from ansible_collections.lobes.fleet.plugins.module_utils.hardware import VLLM_JETSON
 
 from tests.unit import rendering
 from tests.unit.rendering import GOLDEN, run_render
@@ -85,3 +86,38 @@ def test_an_unpinned_gear_is_a_warning_and_a_broken_lock_file_stops_the_play(tmp
     assert result.returncode == 0, result.stdout + result.stderr
     assert "host spark, role embedder, field revision: Qwen/Qwen3-Embedding-0.6B has no " \
            "pinned revision" in result.stdout + result.stderr
+
+
+JETSON_DIGEST = "sha256:" + "3c" * 32
+
+
+def test_a_locked_image_renders_by_digest_on_every_box_of_its_groups_and_the_rest_stays(tmp_path):
+    lock = f"version: 1\nimages:\n  {VLLM_JETSON}: {JETSON_DIGEST}\n"
+    name = _tailnet_copy(tmp_path, lock)
+    try:
+        result = run_render(name, tmp_path / "out")
+    finally:
+        del rendering.INVENTORIES[name]
+    assert result.returncode == 0, result.stdout + result.stderr
+    for host, gear in (("agx-orin", "vllm-worker"), ("agx-thor", "vllm-cortex")):
+        compose = yaml.safe_load((tmp_path / "out" / host / "compose.yaml").read_text())
+        golden = yaml.safe_load((GOLDEN / "tailnet" / host / "compose.yaml").read_text())
+        assert golden["services"][gear]["image"] == VLLM_JETSON
+        assert compose["services"][gear]["image"] == f"nvcr.io/nvidia/vllm@{JETSON_DIGEST}"
+        # Only the locked image changed: the rest is the golden file's.
+        golden["services"][gear]["image"] = f"nvcr.io/nvidia/vllm@{JETSON_DIGEST}"
+        assert compose == golden
+    spark = (tmp_path / "out" / "spark" / "compose.yaml").read_text()
+    assert spark == (GOLDEN / "tailnet" / "spark" / "compose.yaml").read_text()
+
+
+def test_a_lock_whose_images_contradict_themselves_stops_the_play_before_render(tmp_path):
+    lock = f"version: 1\nimages:\n  \"nvcr.io/nvidia/vllm@{JETSON_DIGEST}\": sha256:{'4d' * 32}\n"
+    name = _tailnet_copy(tmp_path, lock)
+    try:
+        result = run_render(name, tmp_path / "out")
+    finally:
+        del rendering.INVENTORIES[name]
+    assert result.returncode != 0
+    assert f"names {JETSON_DIGEST} but is locked to sha256:{'4d' * 32}" in result.stdout
+    assert not (tmp_path / "out").exists()

@@ -37,7 +37,7 @@ REV_B = "89abcdef0123456789abcdef0123456789abcdef"
 SHA = "ab" * 32
 SOURCE = "inventories/prod/fleet.lock.yml"
 EXAMPLE = f"""\
-# Written by lobes.fleet (playbooks/models.yml); review and commit it. docs/operations.md
+# Written by lobes.fleet (playbooks/models.yml, site.yml); review and commit it. docs/operations.md
 version: 1
 models:
   Qwen/Qwen3.5-4B:

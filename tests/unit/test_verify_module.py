@@ -178,6 +178,38 @@ def test_a_gear_on_other_weights_than_its_pin_fails_naming_both_revisions(mesh):
         alpha.start("gear-embedder")
 
 
+LOCKED = "sha256:" + "1a" * 32
+PULLED = "sha256:" + "2b" * 32
+REPO = "127.0.0.1:5000/lobes/sim"
+
+
+def _container(*digests: str) -> dict:
+    """A gear container as image_digest reports it, its image holding these digests of REPO."""
+    return {"container": "c0ffee", "config_image": f"{REPO}@{LOCKED}",
+            "image_id": "sha256:" + "9" * 64,
+            "repo_digests": [f"{REPO}@{digest}" for digest in digests]}
+
+
+def test_a_gear_container_on_another_image_than_its_pin_fails_at_once_naming_both(mesh):
+    plan = copy.deepcopy(mesh.plan["boxes"]["alpha"])
+    plan["roles"]["embedder"]["gear"]["image"] = f"{REPO}@{LOCKED}"
+    service = plan["roles"]["embedder"]["gear"]["service"]
+    skewed = verify(plan, timeout=20, images={service: _container(PULLED)})
+    # A skew is not waited on: it fails before the gateway is read.
+    assert skewed["failed"] is True and skewed["attempts"] == 0, skewed["msg"]
+    assert f"host alpha, role embedder, field image: declared {LOCKED}, advertised {PULLED}" \
+        in skewed["msg"]
+    flagged = [line for line in skewed["msg"].splitlines() if "<-" in line]
+    assert len(flagged) == 1 and f"{PULLED}  <-" in flagged[0]
+    gone = verify(plan, timeout=1, images={})
+    assert f"role embedder, field image: declared {LOCKED}, advertised no container" in gone["msg"]
+    agreed = verify(plan, images={service: _container(PULLED, LOCKED)})
+    assert agreed.get("failed") is not True and agreed["images"] == {"embedder": LOCKED}
+    # Without the containers' report (the process runtime, or verify from the controller)
+    # the image is not compared.
+    assert verify(plan).get("failed") is not True
+
+
 def test_a_version_other_than_the_collections_fails(mesh):
     plan = mesh.plan
     result = verify(plan["boxes"]["alpha"], version="9.9.9", timeout=0.5)
