@@ -6,14 +6,17 @@ the line), so whatever a client asks arrives in SSH_ORIGINAL_COMMAND and nothing
     command="python3 /srv/lobes/gateway/lobes_model_serve.py /var/lib/lobes/models",restrict \
         ssh-ed25519 AAAA...        (one line in authorized_keys)
 
-Two commands, fields split by single spaces:
+Four commands, fields split by single spaces:
 
     read <org>/<name> <revision> <relpath> <offset>   the file's bytes from offset to its end
     list <org>/<name> <revision>                      {relpath: size} of the revision, as JSON
+    image <64 hex> <offset>      an exported image's tar (.images/<hex>.tar) from offset
+    imageinfo <64 hex>           that tar's manifest {size, sha256, id, ref}, as JSON
 
-Only files the manifest of a promoted (final, whole) revision lists are served: never its
-staging directory, never a symlink, never a path that leads out. Anything else exits 2 with
-one line on stderr naming what was refused. Standard library only.
+Only files the manifest of a promoted (final, whole) revision lists are served, and only image
+tars whose manifest says they are whole (size): never a staging directory, never a symlink,
+never a path that leads out. Anything else exits 2 with one line on stderr naming what was
+refused. Standard library only.
 """
 
 from __future__ import annotations
@@ -28,15 +31,21 @@ from dataclasses import dataclass
 from lobes_model_files import (
     CHUNK,
     COMMIT,
+    IMAGES,
     MANIFEST,
+    SHA256,
     UnsafePath,
     check_checkpoint,
     final_dir,
+    image_paths,
+    read_image_manifest,
     read_manifest,
     safe_relpath,
 )
 
 REFUSED = 2
+_ARITY = {"read": 5, "list": 3, "image": 3, "imageinfo": 2}
+_VERBS = ", ".join(f"'{verb}'" for verb in _ARITY)
 _OFFSET = re.compile(r"^[0-9]{1,19}\Z")
 _MAX_COMMAND = 4096
 
@@ -47,13 +56,15 @@ class Refused(Exception):
 
 @dataclass(frozen=True)
 class Request:
-    """One checked request: a `read` names relpath and offset, a `list` neither."""
+    """One checked request: a `read` names relpath and offset, a `list` neither; an `image`
+    names the image (digest hex) and offset, an `imageinfo` the image alone."""
 
     verb: str
-    checkpoint: str
-    revision: str
+    checkpoint: str = ""
+    revision: str = ""
     relpath: str = ""
     offset: int = 0
+    image: str = ""
 
 
 def _one_line(text: str) -> str:
@@ -64,18 +75,20 @@ def _one_line(text: str) -> str:
 def parse(command: object) -> Request:
     """The request SSH_ORIGINAL_COMMAND holds, every field checked, else Refused."""
     if not isinstance(command, str) or not command:
-        raise Refused("no command: only 'read' and 'list' are served")
+        raise Refused(f"no command: only {_VERBS} are served")
     if len(command) > _MAX_COMMAND:
         raise Refused(f"a command of {len(command)} characters")
     fields = command.split(" ")
     verb = fields[0]
-    arity = {"read": 5, "list": 3}.get(verb)
+    arity = _ARITY.get(verb)
     if arity is None:
-        raise Refused(f"command {_one_line(verb)}: only 'read' and 'list' are served")
+        raise Refused(f"command {_one_line(verb)}: only {_VERBS} are served")
     if len(fields) != arity:
         raise Refused(
             f"{verb} takes {arity - 1} fields separated by single spaces, not {_one_line(command)}"
         )
+    if verb in ("image", "imageinfo"):
+        return _parse_image(verb, fields)
     checkpoint, revision = fields[1], fields[2]
     try:
         check_checkpoint(checkpoint)
@@ -91,9 +104,21 @@ def parse(command: object) -> Request:
         raise Refused(
             f"file name {_one_line(fields[3])} is not a plain path inside a revision"
         ) from None
-    if not _OFFSET.match(fields[4]):
-        raise Refused(f"offset {_one_line(fields[4])} is not a decimal count of bytes")
-    return Request(verb, checkpoint, revision, relpath, int(fields[4]))
+    return Request(verb, checkpoint, revision, relpath, _offset(fields[4]))
+
+
+def _offset(field: str) -> int:
+    if not _OFFSET.match(field):
+        raise Refused(f"offset {_one_line(field)} is not a decimal count of bytes")
+    return int(field)
+
+
+def _parse_image(verb: str, fields: list) -> Request:
+    """An `image` or `imageinfo` request: the image is named by its digest's hex alone."""
+    if not SHA256.match(fields[1]):
+        raise Refused(f"image {_one_line(fields[1])} is not the 64 hex digits of a digest")
+    offset = _offset(fields[2]) if verb == "image" else 0
+    return Request(verb, offset=offset, image=fields[1])
 
 
 def _whole_dir(model_dir: str, request: Request) -> str:
@@ -136,10 +161,7 @@ def serve_read(model_dir: str, request: Request, out: int) -> None:
                 f"offset {request.offset} is past the end of {request.relpath} ({size} bytes)"
             )
         source.seek(request.offset)
-        for chunk in iter(lambda: source.read(CHUNK), b""):
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(out, view) :]
+        _send(source, out)
 
 
 def serve_list(model_dir: str, request: Request) -> dict:
@@ -160,6 +182,52 @@ def serve_list(model_dir: str, request: Request) -> dict:
     return sizes
 
 
+def _whole_image(model_dir: str, request: Request) -> tuple:
+    """(a descriptor of the image's whole tar, its manifest), both reached through no symlink."""
+    root = os.path.realpath(model_dir)
+    tar, _manifest = image_paths(root, request.image)
+    if os.path.realpath(os.path.join(model_dir, IMAGES)) != os.path.join(root, IMAGES):
+        raise Refused(f"{IMAGES} of this box leads elsewhere (a symlink)")
+    entry = read_image_manifest(root, request.image)
+    if entry is None or os.path.realpath(tar) != tar:
+        raise Refused(f"image {request.image} is not exported whole on this box")
+    try:
+        handle = os.open(tar, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as error:
+        raise Refused(f"image {request.image} cannot be opened: {error.strerror}") from None
+    info = os.fstat(handle)
+    if not stat.S_ISREG(info.st_mode) or info.st_size != entry["size"]:
+        os.close(handle)
+        raise Refused(f"image {request.image} is not exported whole on this box")
+    return handle, entry
+
+
+def serve_image(model_dir: str, request: Request, out: int) -> None:
+    """Write the image tar's bytes from the request's offset to its end to the descriptor out."""
+    handle, entry = _whole_image(model_dir, request)
+    with os.fdopen(handle, "rb") as source:
+        if request.offset > entry["size"]:
+            raise Refused(f"offset {request.offset} is past the end of image {request.image} "
+                          f"({entry['size']} bytes)")
+        source.seek(request.offset)
+        _send(source, out)
+
+
+def serve_image_info(model_dir: str, request: Request) -> dict:
+    """The manifest of an image exported whole."""
+    handle, entry = _whole_image(model_dir, request)
+    os.close(handle)
+    return entry
+
+
+def _send(source, out: int) -> None:
+    """Copy the rest of the open file source to the descriptor out."""
+    for chunk in iter(lambda: source.read(CHUNK), b""):
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(out, view) :]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Serve one request from SSH_ORIGINAL_COMMAND; 0 when served, 2 with one line when refused."""
     args = sys.argv[1:] if argv is None else argv
@@ -171,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         request = parse(os.environ.get("SSH_ORIGINAL_COMMAND"))
         if request.verb == "list":
             sys.stdout.write(json.dumps(serve_list(args[0], request), sort_keys=True) + "\n")
+        elif request.verb == "imageinfo":
+            sys.stdout.write(json.dumps(serve_image_info(args[0], request), sort_keys=True) + "\n")
+        elif request.verb == "image":
+            serve_image(args[0], request, sys.stdout.fileno())
         else:
             serve_read(args[0], request, sys.stdout.fileno())
     except Refused as refusal:

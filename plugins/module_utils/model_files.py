@@ -229,3 +229,64 @@ def free_bytes(path: str) -> int:
         probe = os.path.dirname(probe)
     stat = os.statvfs(probe)
     return stat.f_bavail * stat.f_frsize
+
+
+# ---------------------------------------------------------------- exported engine images
+
+# A gear image exported for boxes that cannot reach a registry lives beside the checkpoints, in
+# its own directory no checkpoint can be named (an org never starts with a dot): one tar per
+# image, named by the hex of the registry digest it was pulled by, and a manifest beside it.
+IMAGES = ".images"
+IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}\Z")
+
+
+def image_paths(model_dir: str, digest_hex: str) -> tuple:
+    """(the tar, its manifest) of the image pulled by registry digest sha256:<digest_hex>."""
+    if not SHA256.match(digest_hex or ""):
+        raise ValueError(f"image digest {digest_hex!r} is not 64 lowercase hex digits")
+    base = os.path.join(model_dir, IMAGES, digest_hex)
+    return base + ".tar", base + ".json"
+
+
+def image_staging(model_dir: str) -> str:
+    """Where image tars are written (exported or copied) until they are whole."""
+    return os.path.join(model_dir, IMAGES, PARTIAL)
+
+
+def check_image_manifest(entry: object) -> dict:
+    """An image manifest {size, sha256, id, ref} with every field checked, else ValueError."""
+    if not isinstance(entry, dict):
+        raise ValueError("the image manifest is not a JSON object")
+    size, sha256, image_id = entry.get("size"), entry.get("sha256"), entry.get("id")
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise ValueError("the image manifest's size is not a positive count of bytes")
+    if not isinstance(sha256, str) or not SHA256.match(sha256):
+        raise ValueError("the image manifest's sha256 is not 64 lowercase hex digits")
+    if not isinstance(image_id, str) or not IMAGE_ID.match(image_id):
+        raise ValueError("the image manifest's id is not sha256:<64 lowercase hex digits>")
+    ref = entry.get("ref")
+    return {"size": size, "sha256": sha256, "id": image_id,
+            "ref": ref if isinstance(ref, str) else ""}
+
+
+def read_image_manifest(model_dir: str, digest_hex: str) -> dict | None:
+    """The checked manifest of an exported image whose tar is whole by size; None otherwise."""
+    tar, manifest = image_paths(model_dir, digest_hex)
+    try:
+        with open(manifest, encoding="utf-8") as handle:
+            entry = check_image_manifest(json.load(handle))
+        if os.stat(tar).st_size != entry["size"]:
+            return None
+    except (OSError, ValueError):
+        return None
+    return entry
+
+
+def write_image_manifest(model_dir: str, digest_hex: str, entry: dict) -> None:
+    """Write the manifest of a whole tar (the tar already in place): written last, so a
+    manifest always speaks of a whole file."""
+    _tar, manifest = image_paths(model_dir, digest_hex)
+    tmp = manifest + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(check_image_manifest(entry), handle, indent=1, sort_keys=True)
+    os.replace(tmp, manifest)
