@@ -1,7 +1,7 @@
 """A checkpoint's files read from another box over SSH: one ssh command per request to the
 source box's read-only file server (gateway/lobes_model_serve.py, its copy key's forced
 command), its output streamed to a file as it arrives so a cut copy keeps what came.
-Used by lobes.fleet.model_pull."""
+Used by lobes.fleet.model_pull (checkpoint files) and lobes.fleet.image_pull (exported images)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ import select
 import subprocess
 import tempfile
 
-from ansible_collections.lobes.fleet.plugins.module_utils.model_files import CHUNK, COPY_KEY
+from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (
+    CHUNK,
+    COPY_KEY,
+    digest,
+    inside,
+    manifest_entry,
+)
 
 
 class PullError(Exception):
@@ -92,3 +98,59 @@ class Source:
         except subprocess.TimeoutExpired:
             proc.kill()
             return proc.wait()
+
+
+class Puller:
+    """Copies files into a staging directory from a Source, resuming and checking each.
+
+    `label` names what the files belong to in messages ("of org/name at <revision>");
+    `request(path, offset)` is the server command that sends path from offset to its end.
+    """
+
+    def __init__(self, source, label, staging, request):
+        self.source = source
+        self.label = label
+        self.staging = staging
+        self.request = request
+        self.bytes_copied = 0
+        self.pulled = []
+        self.resumed = []
+
+    def _copy(self, path, target, size):
+        """Bring target up to size bytes from what it holds; fails naming a short copy."""
+        have = os.path.getsize(target) if os.path.isfile(target) else 0
+        if have > size:
+            os.truncate(target, 0)
+            have = 0
+        if have == size:
+            return
+        if have and path not in self.resumed:
+            self.resumed.append(path)
+        with open(target, "ab") as out:
+            try:
+                self.bytes_copied += self.source.read(self.request(path, have), out)
+            finally:
+                if path not in self.pulled:
+                    self.pulled.append(path)
+        got = os.path.getsize(target)
+        if got != size:
+            raise PullError(
+                f"{path} {self.label}: {self.source.where} "
+                f"sent {got} of {size} bytes; the next run resumes from {min(got, size)}"
+            )
+
+    def checked(self, path, want):
+        """Copy (or keep) path in staging and check it; copied again from 0 once if it fails."""
+        target = inside(self.staging, path)
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        for _attempt in range(2):
+            self._copy(path, target, want["size"])
+            found = digest(target)
+            if found.size == want["size"] and found.sha256 == want["sha256"]:
+                return manifest_entry(target, found.sha256)
+            os.truncate(target, 0)
+        raise PullError(
+            f"{path} {self.label} from {self.source.where} "
+            f"fails its check twice: expected sha256 {want['sha256']} ({want['size']} "
+            f"bytes), found {found.sha256} ({found.size} bytes)"
+        )

@@ -126,6 +126,7 @@ import time  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.model_copy import (  # noqa: E402
+    Puller,
     PullError,
     Source,
 )
@@ -133,74 +134,13 @@ from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  
     CHECKPOINT_OPTION,
     MODEL_DIR_OPTION,
     check_dir,
-    digest,
     final_dir,
-    inside,
     lock_files,
-    manifest_entry,
     promote,
     read_manifest,
     staging_dir,
     write_manifest,
 )
-
-
-class Puller:
-    """Copies the files of one revision into its staging directory, resuming and checking them."""
-
-    def __init__(self, source, checkpoint, revision, staging):
-        self.source = source
-        self.checkpoint = checkpoint
-        self.revision = revision
-        self.staging = staging
-        self.bytes_copied = 0
-        self.pulled = []
-        self.resumed = []
-
-    def _copy(self, path, target, size):
-        """Bring target up to size bytes from what it holds; fails naming a short copy."""
-        have = os.path.getsize(target) if os.path.isfile(target) else 0
-        if have > size:
-            os.truncate(target, 0)
-            have = 0
-        if have == size:
-            return
-        if have and path not in self.resumed:
-            self.resumed.append(path)
-        command = f"read {self.checkpoint} {self.revision} {path} {have}"
-        with open(target, "ab") as out:
-            try:
-                self.bytes_copied += self.source.read(command, out)
-            finally:
-                if path not in self.pulled:
-                    self.pulled.append(path)
-        got = os.path.getsize(target)
-        if got != size:
-            raise PullError(
-                f"{path} of {self.checkpoint} at {self.revision}: {self.source.where} "
-                f"sent {got} of {size} bytes; the next run resumes from {min(got, size)}"
-            )
-
-    def checked(self, path, want):
-        """Copy (or keep) path in staging and check it; copied again from 0 once if it fails."""
-        if " " in path:
-            raise PullError(
-                f"{path!r} of {self.checkpoint} holds a space: it cannot be copied "
-                "box to box; fetch it from the hub (lobes.fleet.model_fetch)"
-            )
-        target = inside(self.staging, path)
-        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
-        for _attempt in range(2):
-            self._copy(path, target, want["size"])
-            found = digest(target)
-            if found.size == want["size"] and found.sha256 == want["sha256"]:
-                return manifest_entry(target, found.sha256)
-            os.truncate(target, 0)
-        raise PullError(
-            f"{path} of {self.checkpoint} at {self.revision} from {self.source.where} "
-            f"fails its check twice: expected sha256 {want['sha256']} ({want['size']} "
-            f"bytes), found {found.sha256} ({found.size} bytes)"
-        )
 
 
 def _staged_bytes(staging, files, paths):
@@ -254,7 +194,14 @@ def run(module):
         os.makedirs(os.path.dirname(staging), mode=0o755, exist_ok=True)
         os.rename(final, staging)
     os.makedirs(staging, mode=0o755, exist_ok=True)
-    puller = Puller(Source(params), checkpoint, revision, staging)
+    for path in files:
+        if " " in path:
+            raise PullError(
+                f"{path!r} of {checkpoint} holds a space: it cannot be copied "
+                "box to box; fetch it from the hub (lobes.fleet.model_fetch)"
+            )
+    puller = Puller(Source(params), f"of {checkpoint} at {revision}", staging,
+                    lambda path, offset: f"read {checkpoint} {revision} {path} {offset}")
     manifest = {path: puller.checked(path, files[path]) for path in sorted(files)}
     promote(staging, final, manifest)
     return dict(
