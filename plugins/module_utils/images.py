@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ansible_collections.lobes.fleet.plugins.module_utils.engines import SIM, VLLM
 from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetError
@@ -42,6 +42,11 @@ _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _NAME = re.compile(rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 DEFAULT_REGISTRY = "docker.io"
+# fleet_images_from: where a box gets its gears' images.
+FROM_REGISTRY, FROM_BOXES = "registry", "boxes"
+# The tag a copied image is given on a box that loaded it: `docker load` keeps no registry
+# digest, so `repository@digest` cannot resolve there without a registry; this tag can.
+COPY_TAG_PREFIX = "lobes-sha256-"
 
 
 class ImageRefError(ValueError):
@@ -106,6 +111,15 @@ def image_to_run(ref: str, lock: FleetLock) -> tuple:
     return ref, RESOLVE
 
 
+def copy_tag(ref: str) -> str:
+    """The local tag a box that loads a copied `repository@sha256:<hex>` runs it by:
+    `repository:lobes-sha256-<hex>` (the digest in the tag, so it names one image)."""
+    parts = parse_ref(ref)
+    if not parts.digest:
+        raise ImageRefError("names no digest: only an image pinned by digest is copied")
+    return f"{parts.name}:{COPY_TAG_PREFIX}{parts.digest.split(':', 1)[1]}"
+
+
 def digest_of(ref: str) -> str | None:
     """The digest a reference names, or None (named by tag)."""
     return parse_ref(ref).digest
@@ -126,6 +140,7 @@ class GearImage:
     ref: str
     run: str
     state: str
+    copy: str = ""  # on a box whose images come from boxes: the repository@digest copied
 
 
 def gear_slot(gear: Mapping) -> str | None:
@@ -156,9 +171,26 @@ def gear_images(plan: dict, lock: FleetLock) -> tuple:
                 errors.append(FleetError(host, role, SLOT_FIELDS[slot], str(error),
                                          value=repr(ref)))
                 continue
-            images.append(GearImage(host, box["hardware"]["name"], role, gear["service"], slot,
-                                    ref, run, state))
+            image = GearImage(host, box["hardware"]["name"], role, gear["service"], slot, ref,
+                              run, state)
+            if box["gears"].get("images_from") == FROM_BOXES:
+                if state == RESOLVE:
+                    errors.append(_not_copyable(image))
+                    continue
+                image = replace(image, copy=run)
+            images.append(image)
     return images, errors
+
+
+def _not_copyable(image: GearImage) -> FleetError:
+    """A tag-named image not locked yet, on a box that cannot pull it to read its digest."""
+    return FleetError(
+        image.host, image.role, SLOT_FIELDS[image.slot],
+        f"{image.ref} is named by tag and not locked, and this box copies its images from "
+        f"other boxes (fleet_images_from: {FROM_BOXES}): only a pinned digest can be copied; "
+        f"name the image by digest (repository@sha256:...), or add its digest to the "
+        f"{LOCK_FILE} images section, or deploy once with fleet_images_from: "
+        f"{FROM_REGISTRY} on a box that reaches the registry")
 
 
 def lock_contradictions(lock: FleetLock) -> list:
@@ -203,13 +235,17 @@ def group_splits(images: list) -> list:
 
 def with_images_to_run(plan: dict, images: list) -> None:
     """The plan names what each gear container runs: the box's image slots (what render
-    writes) and each gear's `image`, `image_state` (what verify holds it to)."""
+    writes) and each gear's `image`, `image_state` (what verify holds it to). A box whose
+    images are copied runs the copy's local tag, and its gear names the digest copied."""
     for image in images:
         box = plan["boxes"][image.host]
-        box["gears"][image.slot] = image.run
+        run = copy_tag(image.copy) if image.copy else image.run
+        box["gears"][image.slot] = run
         gear = box["roles"][image.role]["gear"]
-        gear["image"] = image.run
+        gear["image"] = run
         gear["image_state"] = image.state
+        if image.copy:
+            gear["image_copy"] = image.copy
 
 
 # ---------------------------------------------------------------- what the boxes hold
@@ -295,20 +331,26 @@ def expected_digest(gear: Mapping | None) -> str | None:
     if not gear or not gear.get("image"):
         return None
     try:
-        return parse_ref(gear["image"]).digest
+        return parse_ref(gear.get("image_copy") or gear["image"]).digest
     except ImageRefError:
         return None
 
 
 def running_digest(gear: Mapping, containers: Mapping) -> str:
     """What the gear's container runs, as verify shows it: the digest of its image for the
-    gear's repository (the expected one where the image holds several), else why none."""
+    gear's repository (the expected one where the image holds several), else why none. A
+    copied image has no registry digest on the box: its container runs the digest copied when
+    its image is the one the copy's local tag names (by image ID: a tag names one image)."""
     container = containers.get(gear["service"]) if isinstance(containers, Mapping) else None
     if not isinstance(container, Mapping):
         return "no container"
+    expected = expected_digest(gear)
+    copied = gear.get("image_copy")
+    tags = container.get("repo_tags")
+    if copied and isinstance(tags, list) and copy_tag(copied) in tags:
+        return expected
     name = parse_ref(gear["image"]).name
     held = held_digests(name, container.get("repo_digests"))
-    expected = expected_digest(gear)
     if expected in held:
         return expected
     if held:

@@ -138,6 +138,7 @@ class BoxDecl:
     # vLLM's CPU build on the box: its venvs, and the checkpoints it loads (<model_dir>/<name>).
     engine_dir: str = "/var/lib/lobes/engines"
     model_dir: str = "/var/lib/lobes/models"
+    images_from: str = "registry"  # or "boxes": the gears' images are copied box to box
     require_pins: bool = False  # fleet_models_require_pins: an unpinned gear is refused
     client_keys: tuple = ()  # ClientKeyDecl, by name
     pool_policy: str | None = None  # GATEWAY_POOL_POLICY; None: the gateway's default
@@ -244,6 +245,7 @@ def _box(host, values, roles, client_keys, aliases, tuning, damaged, damaged_rol
         proc_root=get("fleet_proc_root"),
         engine_dir=get("fleet_engine_dir", "/var/lib/lobes/engines"),
         model_dir=get("fleet_model_dir", "/var/lib/lobes/models"),
+        images_from=get("fleet_images_from", "registry"),
         require_pins=get("fleet_models_require_pins", False),
         client_keys=client_keys,
         pool_policy=get("fleet_gateway_pool_policy"),

@@ -606,6 +606,7 @@ def _box_plan(box: BoxDecl, boxes: dict, local: dict) -> dict:
             "sim_image": box.sim_image or box.gateway_image,
             "engine_dir": box.engine_dir,
             "model_dir": box.model_dir,
+            "images_from": box.images_from,
             "engine_build": _engine_build(local[box.host]),
             "require_pins": box.require_pins,
         },

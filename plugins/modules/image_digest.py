@@ -66,7 +66,8 @@ reasons:
 containers:
   description:
     - Compose service -> its container (C(container)), the image it was created from
-      (C(config_image)), the image id it runs (C(image_id)) and that image's C(repo_digests).
+      (C(config_image)), the image id it runs (C(image_id)) and that image's C(repo_digests)
+      and C(repo_tags) (a copied image is known by its local tag: it has no registry digest).
   returned: when O(project_dir) is given
   type: dict
 """
@@ -145,6 +146,7 @@ def read_containers(docker: Docker, module: AnsibleModule, project: str) -> dict
             "config_image": (details[0].get("Config") or {}).get("Image") if details else None,
             "image_id": image_id,
             "repo_digests": sorted(image[0].get("RepoDigests") or []) if image else [],
+            "repo_tags": sorted(image[0].get("RepoTags") or []) if image else [],
         }
     return containers
 

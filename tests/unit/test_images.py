@@ -121,6 +121,50 @@ def test_an_unlocked_tag_image_runs_by_tag_until_the_deploy_resolves_it():
     assert by_box[("spark", "cortex")] == (VLLM_NIGHTLY, images.NAMED)
 
 
+def test_a_box_whose_images_come_from_boxes_runs_the_copy_tag_of_the_locked_digest():
+    mesh = compose_mesh()
+    mesh["thor2"]["fleet_images_from"] = "boxes"
+    plan = plan_mesh(mesh)
+    found, errors = images.gear_images(plan, locked((VLLM_JETSON, D1)))
+    assert errors == []
+    pinned = f"nvcr.io/nvidia/vllm@{D1}"
+    by_box = {image.host: image for image in found if image.role == "cortex"}
+    assert (by_box["thor2"].run, by_box["thor2"].copy) == (pinned, pinned)
+    assert by_box["thor"].copy == ""  # a box that reaches the registry pulls as before
+    assert images.group_splits(found) == []  # one digest for the group, however it arrives
+    images.with_images_to_run(plan, found)
+    tag = f"nvcr.io/nvidia/vllm:lobes-sha256-{D1.split(':')[1]}"
+    assert plan["boxes"]["thor2"]["gears"]["image"] == tag
+    gear = plan["boxes"]["thor2"]["roles"]["cortex"]["gear"]
+    assert (gear["image"], gear["image_copy"]) == (tag, pinned)
+    assert images.expected_digest(gear) == D1
+    assert images.parse_ref(tag).tag == tag.split(":")[1]  # a tag Docker accepts
+
+
+def test_an_unlocked_tag_on_a_box_that_copies_its_images_is_refused_naming_the_fix():
+    mesh = compose_mesh()
+    mesh["thor2"]["fleet_images_from"] = "boxes"
+    _found, errors = images.gear_images(plan_mesh(mesh), models.FleetLock())
+    assert [(error.host, error.role, error.field) for error in errors] == [
+        ("thor2", "cortex", "fleet_gear_image")]
+    assert VLLM_JETSON in str(errors[0]) and "name the image by digest" in str(errors[0])
+    assert "fleet.lock.yml images section" in str(errors[0])
+
+
+def test_a_copied_image_runs_its_digest_when_its_container_runs_the_copy_tags_image():
+    pinned = f"127.0.0.1:5000/lobes/sim@{D1}"
+    tag = images.copy_tag(pinned)
+    gear = {"service": "vllm-cortex", "image": tag, "image_copy": pinned}
+    runs = {"vllm-cortex": {"image_id": "sha256:" + "9" * 64, "repo_digests": [],
+                            "repo_tags": [tag]}}
+    assert images.running_digest(gear, runs) == D1
+    runs["vllm-cortex"]["repo_tags"] = [images.copy_tag(f"127.0.0.1:5000/lobes/sim@{D2}")]
+    assert images.running_digest(gear, runs) == f"image sha256:{'9' * 64} without a digest " \
+        "of 127.0.0.1:5000/lobes/sim"
+    with pytest.raises(images.ImageRefError):
+        images.copy_tag(LOCAL)
+
+
 def test_image_digest_refuses_a_text_that_is_no_reference_before_it_runs_docker():
     result = run_module(image_digest.main, {"refs": ["Not An Image"], "pull": True})
     assert result["failed"] is True and "refs: 'Not An Image'" in result["msg"]
