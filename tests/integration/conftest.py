@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
+
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY_SRC = ROOT / "gateway"
 VENV_BIN = Path(sys.executable).parent
+REGISTRY = shutil.which("docker-registry") or "/usr/bin/docker-registry"
 
 
 def supervisor(state_dir: Path, *args: str, services: Path | None = None) -> dict:
@@ -77,3 +85,87 @@ def ansible_module(module: str, args: str, *, check: bool = False,
         argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
     )
     return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+def run(*argv: str, timeout: float = 300, cwd: Path | None = None) -> str:
+    """Run a command that must succeed; its stdout."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
+                          cwd=cwd)
+    assert done.returncode == 0, f"{' '.join(argv)}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[None]:
+    """The Docker engine and the base image; scripts/engine.sh skips what is there already. An
+    engine this test started is stopped after it (a daemon left running would outlive the run)."""
+    was_running = subprocess.run(["docker", "info"], capture_output=True, timeout=60,
+                                 check=False).returncode == 0
+    run("bash", str(ROOT / "scripts" / "engine.sh"), "up", timeout=1200)
+    yield
+    if not was_running:
+        run("bash", str(ROOT / "scripts" / "engine.sh"), "down", timeout=120)
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory, engine) -> str:
+    """A distribution registry on 127.0.0.1 (Docker trusts loopback registries over plain
+    HTTP); its address."""
+    if not Path(REGISTRY).exists():
+        run("bash", str(ROOT / "scripts" / "tools.sh"), timeout=900)
+    root = tmp_path_factory.mktemp("registry")
+    address = f"127.0.0.1:{free_port()}"
+    config = root / "config.yml"
+    config.write_text(yaml.safe_dump({
+        "version": 0.1, "log": {"level": "error"},
+        "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
+        "http": {"addr": address}}))
+    process = subprocess.Popen([REGISTRY, "serve", str(config)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{address}/v2/", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the registry did not answer"
+                time.sleep(0.2)
+        yield address
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def second_engine(engine) -> Iterator[str]:
+    """A second Docker daemon of its own (data root, exec root, socket; no bridge, no iptables
+    rules), for a box that shares nothing with the first engine but the kernel: its
+    DOCKER_HOST. Stopped, and its directories removed, after the module's tests."""
+    # A short directory: the daemon's sockets live under it, and a socket path is <= 107 bytes.
+    root = Path(tempfile.mkdtemp(prefix="lobes-d2-", dir="/tmp"))
+    host = f"unix://{root}/docker.sock"
+    log = open(root / "dockerd.log", "wb")  # noqa: SIM115 - open for the daemon's lifetime
+    daemon = subprocess.Popen(
+        ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
+         "--pidfile", str(root / "dockerd.pid"), "--host", host, "--bridge=none",
+         "--iptables=false", "--ip-masq=false", "--ip-forward=false"],
+        stdout=log, stderr=subprocess.STDOUT)
+    env = {**os.environ, "DOCKER_HOST": host}
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run(["docker", "info"], env=env, capture_output=True, timeout=30,
+                             check=False).returncode != 0:
+            assert daemon.poll() is None, (root / "dockerd.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "the second dockerd did not answer"
+            time.sleep(0.3)
+        yield host
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        log.close()
+        shutil.rmtree(root, ignore_errors=True)

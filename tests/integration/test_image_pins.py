@@ -11,75 +11,21 @@ digest and the one running.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import time
-import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from ansible_collections.lobes.fleet.plugins.module_utils.models import read_lock_file
 
-from tests.support.ports import free_block, free_port
+from tests.support.ports import free_block
 
-from .conftest import ROOT, VENV_BIN, ansible_env
+from .conftest import ROOT, VENV_BIN, ansible_env, run
 from .test_playbooks import GEAR_PORT_SPAN, _ok, _recap
 
 BASE_IMAGE = "lobes/base:bookworm"  # scripts/engine.sh builds it
-REGISTRY = shutil.which("docker-registry") or "/usr/bin/docker-registry"
 GEAR = "vllm-embedder"
-
-
-def run(*argv: str, timeout: float = 300, cwd: Path | None = None) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
-                          cwd=cwd)
-    assert done.returncode == 0, f"{' '.join(argv)}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
-    return done.stdout
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[None]:
-    """The Docker engine and the base image; scripts/engine.sh skips what is there already. An
-    engine this test started is stopped after it (a daemon left running would outlive the run)."""
-    was_running = subprocess.run(["docker", "info"], capture_output=True, timeout=60,
-                                 check=False).returncode == 0
-    run("bash", str(ROOT / "scripts" / "engine.sh"), "up", timeout=1200)
-    yield
-    if not was_running:
-        run("bash", str(ROOT / "scripts" / "engine.sh"), "down", timeout=120)
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory, engine) -> str:
-    """A distribution registry on 127.0.0.1 (Docker trusts loopback registries over plain
-    HTTP); its address."""
-    if not Path(REGISTRY).exists():
-        run("bash", str(ROOT / "scripts" / "tools.sh"), timeout=900)
-    root = tmp_path_factory.mktemp("registry")
-    address = f"127.0.0.1:{free_port()}"
-    config = root / "config.yml"
-    config.write_text(yaml.safe_dump({
-        "version": 0.1, "log": {"level": "error"},
-        "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
-        "http": {"addr": address}}))
-    process = subprocess.Popen([REGISTRY, "serve", str(config)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{address}/v2/", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "the registry did not answer"
-                time.sleep(0.2)
-        yield address
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def push_build(ref: str, build: str, context: Path) -> str:

@@ -1,0 +1,225 @@
+"""Gear images copied box to box (fleet_images_from: boxes) on real Docker engines: the source
+box is this machine's engine, which pulled the image from a registry of the test's own; the
+target box is a second dockerd of its own (data root, socket), so what it holds is only what
+crossed. The tar crosses over a real sshd, through the copy key's forced command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from ansible_collections.lobes.fleet.plugins.module_utils.images import copy_tag
+from ansible_collections.lobes.fleet.plugins.module_utils.model_files import image_paths
+
+from tests.support.sshd import Sshd, require_openssh
+
+from .conftest import GATEWAY_SRC, run
+from .test_model_fetch import _args_file, _env, _module_argv
+
+LAYER = random.Random(11).randbytes(6 << 20)  # a layer big enough to cut a copy midway
+
+
+def build_and_pull(registry: str, build: str, context: Path) -> str:
+    """An image of its own (a random layer, a label per build) pushed to the registry, removed,
+    and pulled back by digest, as a box that reaches the registry holds it: its pinned ref."""
+    context.mkdir(parents=True, exist_ok=True)
+    (context / "layer.bin").write_bytes(LAYER)
+    (context / "Dockerfile").write_text(
+        f"FROM scratch\nCOPY layer.bin /\nLABEL lobes.test={build}\n")
+    name = f"{registry}/lobes-test/copy-{uuid.uuid4().hex[:8]}"
+    run("docker", "build", "-q", "-t", f"{name}:v1", str(context))
+    run("docker", "push", f"{name}:v1")
+    held = json.loads(run("docker", "image", "inspect", "--format", "{{json .RepoDigests}}",
+                          f"{name}:v1"))
+    [pinned] = [entry for entry in held if entry.startswith(name + "@")]
+    run("docker", "rmi", f"{name}:v1")
+    run("docker", "pull", pinned)
+    return pinned
+
+
+def docker_on(host: str | None, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, **({"DOCKER_HOST": host} if host else {})}
+    return subprocess.run(["docker", *args], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def image_id(host: str | None, ref: str) -> str | None:
+    done = docker_on(host, "image", "inspect", "--format", "{{.Id}}", ref)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+@dataclass
+class Boxes:
+    """The source box (this engine, its model_dir served by sshd) and the target's engine."""
+
+    base: Path
+    source: Path
+    key: Path
+    sshd: Sshd
+    commands: Path
+    target_host: str
+    pinned: str
+    other: str
+
+    def served(self) -> list[str]:
+        return self.commands.read_text().splitlines() if self.commands.exists() else []
+
+    def module(self, name: str, tmp_path: Path, *, on_target: bool, check: bool = False,
+               **args: object) -> dict:
+        env = {**_env(), **({"DOCKER_HOST": self.target_host} if on_target else {})}
+        done = subprocess.run(_module_argv(name, _args_file(tmp_path, args, check)), env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
+        return json.loads(done.stdout)
+
+    def pull(self, tmp_path: Path, dest: Path, *, check: bool = False, **args: object) -> dict:
+        args = {"ref": self.pinned, "model_dir": str(dest), "source": "127.0.0.1",
+                "host": "target", "ssh_user": self.sshd.user, "ssh_port": self.sshd.port,
+                "ssh_key": str(self.key), "timeout": 20, **args}
+        return self.module("image_pull", tmp_path, on_target=True, check=check, **args)
+
+
+def hex_of(ref: str) -> str:
+    return ref.rsplit(":", 1)[1]
+
+
+@pytest.fixture(scope="module")
+def boxes(tmp_path_factory: pytest.TempPathFactory, registry: str,
+          second_engine: str) -> Iterator[Boxes]:
+    require_openssh()
+    base = tmp_path_factory.mktemp("imgcopy")
+    pinned = build_and_pull(registry, "1", base / "build-1")
+    other = build_and_pull(registry, "2", base / "build-2")
+    commands = base / "commands.log"
+    wrapper = base / "python"
+    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$SSH_ORIGINAL_COMMAND" >> {commands}\n'
+                       f'exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    source = base / "source"
+    run_args = {"tmp_path": base}
+    boxes = Boxes(base, source, Path(), Sshd(base / "sshd"), commands, second_engine, pinned,
+                  other)
+    made = boxes.module("model_copy_key", **run_args, on_target=True, model_dir=str(base / "keys"))
+    boxes.key = Path(made["path"])
+    boxes.sshd.start()
+    trusted = boxes.module("model_copy_key", **run_args, on_target=False, state="authorized",
+                           public_keys=[made["public_key"]],
+                           authorized_keys=str(boxes.sshd.authorized_keys), python=str(wrapper),
+                           serve=str(GATEWAY_SRC / "lobes_model_serve.py"), model_dir=str(source))
+    assert trusted["changed"] is True, trusted
+    try:
+        yield boxes
+    finally:
+        boxes.sshd.stop()
+        docker_on(None, "rmi", "-f", pinned, other)
+
+
+def test_the_source_exports_once_and_check_mode_writes_nothing(boxes, tmp_path):
+    fresh = tmp_path / "models"
+    would = boxes.module("image_export", tmp_path, on_target=False, check=True,
+                         refs=[boxes.pinned], model_dir=str(fresh))
+    assert (would["changed"], would["exported"]) == (True, [boxes.pinned]), would
+    assert not fresh.exists()
+
+    first = boxes.module("image_export", tmp_path, on_target=False, refs=[boxes.pinned],
+                         model_dir=str(boxes.source))
+    assert (first["changed"], first["exported"], first["held"]) == (
+        True, [boxes.pinned], [boxes.pinned]), first
+    tar, manifest = image_paths(str(boxes.source), hex_of(boxes.pinned))
+    entry = json.loads(Path(manifest).read_text())
+    assert entry["id"] == image_id(None, boxes.pinned)
+    assert entry["size"] == os.path.getsize(tar)
+    assert not os.listdir(os.path.join(boxes.source, ".images", ".partial"))
+
+    again = boxes.module("image_export", tmp_path, on_target=False, refs=[boxes.pinned],
+                         model_dir=str(boxes.source))
+    assert (again["changed"], again["exported"]) == (False, []), again
+    nowhere = boxes.module("image_export", tmp_path, on_target=True, refs=[boxes.pinned],
+                           model_dir=str(tmp_path / "target"))
+    assert (nowhere["changed"], nowhere["missing"]) == (False, [boxes.pinned]), nowhere
+
+
+def test_the_tar_crosses_once_is_loaded_by_id_tagged_and_a_second_run_opens_no_ssh(boxes,
+                                                                                   tmp_path):
+    boxes.module("image_export", tmp_path, on_target=False, refs=[boxes.pinned],
+                 model_dir=str(boxes.source))
+    dest = tmp_path / "target"
+    hexd = hex_of(boxes.pinned)
+    logins, served = boxes.sshd.connections(), len(boxes.served())
+
+    would = boxes.pull(tmp_path, dest, check=True)
+    assert (would["changed"], would["pulled"]) == (True, True), would
+    assert boxes.sshd.connections() == logins and not dest.exists()
+
+    first = boxes.pull(tmp_path, dest)
+    assert first.get("failed") is not True, first
+    size = json.loads(Path(image_paths(str(boxes.source), hexd)[1]).read_text())["size"]
+    assert boxes.served()[served:] == [f"imageinfo {hexd}", f"image {hexd} 0"]
+    assert (first["pulled"], first["resumed"], first["bytes_copied"]) == (True, False, size)
+    source_id = image_id(None, boxes.pinned)
+    assert first["image_id"] == source_id
+    assert image_id(boxes.target_host, copy_tag(boxes.pinned)) == source_id
+    # docker load keeps no registry digest: the pinned reference does not resolve there.
+    assert image_id(boxes.target_host, boxes.pinned) is None
+    assert os.path.getsize(image_paths(str(dest), hexd)[0]) == size  # kept, to serve on
+
+    logins, served = boxes.sshd.connections(), len(boxes.served())
+    second = boxes.pull(tmp_path, dest)
+    assert (second["changed"], second["pulled"], second["bytes_copied"]) == (False, False, 0)
+    assert boxes.sshd.connections() == logins and len(boxes.served()) == served
+
+
+def test_a_cut_copy_resumes_from_its_offset_and_a_corrupt_one_is_copied_again(boxes, tmp_path):
+    boxes.module("image_export", tmp_path, on_target=False, refs=[boxes.pinned],
+                 model_dir=str(boxes.source))
+    hexd = hex_of(boxes.pinned)
+    whole = Path(image_paths(str(boxes.source), hexd)[0]).read_bytes()
+    for case, staged_bytes, offset in (
+            ("cut", whole[:3_000_001], 3_000_001),
+            ("corrupt", whole[:-1] + bytes([whole[-1] ^ 0xFF]), 0)):
+        docker_on(boxes.target_host, "rmi", "-f", copy_tag(boxes.pinned))
+        dest = tmp_path / case
+        staged = dest / ".images" / ".partial" / f"{hexd}.tar"
+        staged.parent.mkdir(parents=True)
+        staged.write_bytes(staged_bytes)
+        served = len(boxes.served())
+
+        result = boxes.pull(tmp_path, dest)
+
+        assert result.get("failed") is not True, (case, result)
+        assert boxes.served()[served:] == [f"imageinfo {hexd}", f"image {hexd} {offset}"], case
+        assert result["bytes_copied"] == len(whole) - offset, case
+        assert result["resumed"] is (offset > 0), case
+        assert Path(image_paths(str(dest), hexd)[0]).read_bytes() == whole, case
+        assert image_id(boxes.target_host, copy_tag(boxes.pinned)) == image_id(None, boxes.pinned)
+
+
+def test_a_loaded_image_whose_id_is_not_the_manifests_fails_and_is_removed(boxes, tmp_path):
+    boxes.module("image_export", tmp_path, on_target=False, refs=[boxes.other],
+                 model_dir=str(boxes.source))
+    hexd = hex_of(boxes.other)
+    manifest = Path(image_paths(str(boxes.source), hexd)[1])
+    entry = json.loads(manifest.read_text())
+    found = entry["id"]
+    claimed = "sha256:" + "e" * 64
+    manifest.write_text(json.dumps({**entry, "id": claimed}))
+    dest = tmp_path / "target"
+    try:
+        result = boxes.pull(tmp_path, dest, ref=boxes.other)
+    finally:
+        manifest.write_text(json.dumps(entry))
+
+    assert result.get("failed") is True, result
+    for part in ("host target", boxes.other, f"expected {claimed}", found):
+        assert part in result["msg"], (part, result["msg"])
+    assert image_id(boxes.target_host, found) is None
+    assert image_id(boxes.target_host, copy_tag(boxes.other)) is None
+    assert not os.path.exists(image_paths(str(dest), hexd)[0])
