@@ -29,17 +29,6 @@ def digest_hex(ref: str) -> str:
     return digest.split(":", 1)[1]
 
 
-def refs_by_host(images: list) -> dict:
-    """host -> the pinned references it runs that some box copies: what it may hold and serve."""
-    copied = {image["copy"] for image in images if image.get("copy")}
-    runs: dict = {}
-    for image in images:
-        ref = image.get("copy") or image.get("run")
-        if ref in copied:
-            runs.setdefault(image["host"], set()).add(ref)
-    return {host: sorted(refs) for host, refs in sorted(runs.items())}
-
-
 def copy_pulls(images: list, held: Mapping, boxes: Mapping) -> tuple:
     """(host -> its pulls {round, ref, source, address}, rounds, errors): each copied
     reference goes from the boxes that hold it (`held`: host -> refs) to the boxes that copy it
