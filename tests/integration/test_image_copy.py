@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import uuid
@@ -17,13 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible_collections.lobes.fleet.plugins.module_utils.images import copy_tag
 from ansible_collections.lobes.fleet.plugins.module_utils.model_files import image_paths
 
+from tests.support.ports import free_block
 from tests.support.sshd import Sshd, require_openssh
 
-from .conftest import GATEWAY_SRC, run
+from .conftest import GATEWAY_SRC, ROOT, VENV_BIN, ansible_env, run
 from .test_model_fetch import _args_file, _env, _module_argv
+from .test_playbooks import GEAR_PORT_SPAN
 
 LAYER = random.Random(11).randbytes(6 << 20)  # a layer big enough to cut a copy midway
 
@@ -223,3 +227,96 @@ def test_a_loaded_image_whose_id_is_not_the_manifests_fails_and_is_removed(boxes
     assert image_id(boxes.target_host, found) is None
     assert image_id(boxes.target_host, copy_tag(boxes.other)) is None
     assert not os.path.exists(image_paths(str(dest), hexd)[0])
+
+
+# ---------------------------------------------------------------- through the playbook
+
+PLAY = """\
+- name: Plan, then copy the gears' images as site.yml does
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Plan the mesh
+      lobes.fleet.mesh_plan:
+      run_once: true
+      register: site_plan
+    - name: Copy the images of every box that copies its images
+      ansible.builtin.include_role:
+        name: lobes.fleet.models
+        tasks_from: images
+      vars:
+        models_mesh_plan: "{{ site_plan.plan }}"
+        models_images: "{{ site_plan.images }}"
+"""
+
+
+def _inventory(boxes: Boxes, root: Path) -> Path:
+    """Two boxes on this machine, of one hardware group, running the pinned image: box-a pulls
+    from the registry (this engine), box-b copies (its modules see only the second engine,
+    through an interpreter that sets DOCKER_HOST) and reaches box-a's sshd."""
+    inventory = root / "inventory"
+    (inventory / "host_vars").mkdir(parents=True)
+    (inventory / "hosts.yml").write_text("all:\n  hosts:\n    box-a:\n    box-b:\n")
+    python_b = root / "python-b"
+    python_b.write_text(f'#!/bin/sh\nDOCKER_HOST={boxes.target_host} exec {sys.executable} "$@"\n')
+    python_b.chmod(0o755)
+    serve_log = root / "python-serve"
+    serve_log.write_text(f'#!/bin/sh\nprintf "%s\\n" "$SSH_ORIGINAL_COMMAND" >> {boxes.commands}\n'
+                         f'exec {sys.executable} "$@"\n')
+    serve_log.chmod(0o755)
+    block = free_block(2 * (GEAR_PORT_SPAN + 1))
+    for number, (host, python, images_from) in enumerate(
+            (("box-a", sys.executable, "registry"), ("box-b", str(python_b), "boxes"))):
+        port = block + number * (GEAR_PORT_SPAN + 1)
+        (inventory / "host_vars" / f"{host}.yml").write_text(yaml.safe_dump({
+            "ansible_connection": "local", "ansible_python_interpreter": python,
+            "fleet_hardware": "sim", "fleet_runtime": "compose",
+            "fleet_gateway_host": "127.0.0.1", "fleet_gateway_port": port,
+            "fleet_origin": f"http://127.0.0.1:{port}", "fleet_gear_port_base": port + 1,
+            "fleet_deploy_dir": str(root / host / "deploy"),
+            "fleet_model_dir": str(root / host / "models"),
+            "fleet_sim_image": boxes.pinned, "fleet_images_from": images_from,
+            "fleet_copy_ssh_user": boxes.sshd.user, "fleet_copy_ssh_port": boxes.sshd.port,
+            "models_authorized_keys": str(root / host / "authorized_keys"),
+            "models_serve_python": str(serve_log),
+            "fleet_roles": {"embedder": {}},
+        }, sort_keys=False))
+    # box-a's sshd is the test's: it reads the authorized_keys the role writes for box-a.
+    boxes.sshd.authorized_keys.unlink(missing_ok=True)
+    boxes.sshd.authorized_keys.symlink_to(root / "box-a" / "authorized_keys")
+    return inventory
+
+
+def _play(inventory: Path, root: Path, *extra: str) -> tuple:
+    playbook = root / "copy.yml"
+    playbook.write_text(PLAY)
+    done = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory),
+                           str(playbook), *extra], cwd=ROOT, env=ansible_env(),
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    recap = done.stdout.split("PLAY RECAP")[-1]
+    changed = {host: int(count) for host, count in re.findall(r"(box-\w)\s+:.*?changed=(\d+)",
+                                                              recap)}
+    return changed, done.stdout
+
+
+def test_site_copies_the_pinned_image_to_the_box_that_cannot_pull_and_a_second_run_changes_nothing(
+        boxes, tmp_path):
+    docker_on(boxes.target_host, "rmi", "-f", copy_tag(boxes.pinned))
+    inventory = _inventory(boxes, tmp_path)
+    hexd = hex_of(boxes.pinned)
+
+    would, _out = _play(inventory, tmp_path, "--check", "--diff")
+    assert would["box-b"] > 0 and image_id(boxes.target_host, copy_tag(boxes.pinned)) is None
+    assert not (tmp_path / "box-a" / "models" / ".images").exists()
+
+    served = len(boxes.served())
+    first, out = _play(inventory, tmp_path)
+    assert first["box-a"] > 0 and first["box-b"] > 0, out
+    assert boxes.served()[served:] == [f"imageinfo {hexd}", f"image {hexd} 0"]
+    assert image_id(boxes.target_host, copy_tag(boxes.pinned)) == image_id(None, boxes.pinned)
+
+    served = len(boxes.served())
+    second, out = _play(inventory, tmp_path)
+    assert second == {"box-a": 0, "box-b": 0}, out
+    assert len(boxes.served()) == served
