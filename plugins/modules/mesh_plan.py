@@ -133,7 +133,10 @@ images:
     - "Each has: host, group (the hardware group), role, service, slot (C(image),
       C(audio_image) or C(sim_image)), ref (as declared), run (what compose runs) and state
       (C(digest): named by digest; C(locked): a tag the lock file pins, run as
-      repository@digest; C(resolve): a tag to pull and lock on the next deploy)."
+      repository@digest; C(resolve): a tag to pull and lock on the next deploy), and copy:
+      on a box with C(fleet_images_from=boxes), the pinned repository@digest it copies from
+      another box (its gears then run the copy's local tag, C(repository:lobes-sha256-<hex>)),
+      else empty."
   returned: success
   type: list
   elements: dict
