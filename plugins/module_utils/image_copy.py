@@ -10,11 +10,13 @@ box that loads it checks the ID against the manifest and tags it (images.copy_ta
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from ansible_collections.lobes.fleet.plugins.module_utils.images import copy_tag, parse_ref
+from ansible_collections.lobes.fleet.plugins.module_utils.model_files import image_paths
 from ansible_collections.lobes.fleet.plugins.module_utils.models import fill_rounds
 
 # `docker load` names each image it loaded without a tag on a line of its own.
@@ -93,3 +95,31 @@ class Engine:
     def tag_copy(self, image_id: str, ref: str) -> None:
         """Give the loaded image the local tag the box's gears run it by."""
         self.must("tag", image_id, copy_tag(ref))
+
+
+def load_checked(engine: Engine, model_dir: str, ref: str, entry: dict, where: str) -> str:
+    """Load the image's whole tar and check the ID it loaded is the manifest's: the ID. Else
+    remove what this load added, and the tar with its manifest (copied again next run), and
+    fail (RuntimeError) naming `where` (host, reference), the ID expected and the ID found."""
+    tar, manifest = image_paths(model_dir, digest_hex(ref))
+    before = engine.ids()
+    try:
+        loaded = engine.load(tar)
+    except RuntimeError:
+        _remove(manifest, tar)  # not a tar the engine reads
+        raise
+    if loaded == [entry["id"]]:
+        return entry["id"]
+    for image_id in loaded:
+        if image_id not in before:
+            engine.run("image", "rm", "--force", image_id)
+    _remove(manifest, tar)
+    raise RuntimeError(f"{where} loaded image {', '.join(loaded) or 'none'}, expected "
+                       f"{entry['id']} (the exporting box's manifest); the image and the tar "
+                       "were removed")
+
+
+def _remove(*paths: str) -> None:
+    for path in paths:
+        if os.path.lexists(path):
+            os.remove(path)

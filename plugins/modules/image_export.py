@@ -23,6 +23,10 @@ description:
     box's copy, M(lobes.fleet.image_pull)).
   - With O(pull), a reference the engine does not hold is pulled first (a box that reaches
     the registry). A reference neither held nor pulled is reported in RV(missing).
+  - With O(tag) (a box that copies its images), the engine is also made to hold each image
+    under its copy tag C(repository:lobes-sha256-<hex>), what the box's gears run: an image
+    held by its reference is tagged, and a whole tar the engine lacks (an engine emptied since
+    the copy) is loaded, its image ID checked against the manifest, and tagged.
   - The box's read-only copy server (C(lobes_model_serve.py)) serves only these whole tars,
     by digest hex, to the fleet's copy keys.
   - Check mode pulls and writes nothing; it reports what a run would export.
@@ -41,6 +45,10 @@ options:
     required: true
   pull:
     description: Pull a reference the engine does not hold first.
+    type: bool
+    default: false
+  tag:
+    description: Make the engine hold each image under its copy tag (a box that copies its images).
     type: bool
     default: false
 """
@@ -77,6 +85,7 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.image_copy import (  # noqa: E402
     Engine,
     digest_hex,
+    load_checked,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.images import (  # noqa: E402
     ImageRefError,
@@ -118,13 +127,33 @@ def export(engine: Engine, model_dir: str, ref: str, image_id: str) -> None:
         "size": found.size, "sha256": found.sha256, "id": image_id, "ref": ref})
 
 
+def tagged(engine: Engine, model_dir: str, ref: str, entry: dict | None, check: bool) -> bool:
+    """Make the engine hold the image under its copy tag, from the image held by its reference
+    or from the whole tar; whether that changed (would change, in check mode) anything."""
+    tag = copy_tag(ref)
+    if engine.image_id(tag):
+        return False
+    held = engine.image_id(ref)
+    if check or not (held or entry):
+        return bool(held or entry)
+    if held:
+        engine.must("tag", held, tag)
+        return True
+    engine.tag_copy(load_checked(engine, model_dir, ref, entry,
+                                 f"{ref} (its tar in {model_dir})"), ref)
+    return True
+
+
 def run(module: AnsibleModule) -> dict:
     params = module.params
     engine = Engine(module)
     held, exported, missing = [], [], []
     changed = False
     for ref in sorted(set(params["refs"])):
-        if read_image_manifest(params["model_dir"], digest_hex(ref)):
+        entry = read_image_manifest(params["model_dir"], digest_hex(ref))
+        if params["tag"]:
+            changed = tagged(engine, params["model_dir"], ref, entry, module.check_mode) or changed
+        if entry:
             held.append(ref)
             continue
         image_id, pulled = engine_image(engine, ref, params["pull"] and not module.check_mode)
@@ -146,6 +175,7 @@ def main():
             **MODEL_DIR_OPTION,
             "refs": {"type": "list", "elements": "str", "required": True},
             "pull": {"type": "bool", "default": False},
+            "tag": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )

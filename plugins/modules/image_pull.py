@@ -109,6 +109,7 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.image_copy import (  # noqa: E402
     Engine,
     digest_hex,
+    load_checked,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.images import (  # noqa: E402
     ImageRefError,
@@ -162,34 +163,6 @@ def copy_tar(params: dict, hex_digest: str) -> tuple:
     return entry, puller
 
 
-def load_checked(engine: Engine, params: dict, hex_digest: str, entry: dict) -> str:
-    """Load the tar and check the ID it loaded is the manifest's; else remove what this load
-    added, and the tar, and fail naming host, reference, expected and found."""
-    tar, manifest = image_paths(params["model_dir"], hex_digest)
-    before = engine.ids()
-    try:
-        loaded = engine.load(tar)
-    except RuntimeError:
-        _remove(manifest, tar)  # not a tar the engine reads: copied again on the next run
-        raise
-    if loaded == [entry["id"]]:
-        return entry["id"]
-    for image_id in loaded:
-        if image_id not in before:
-            engine.run("image", "rm", "--force", image_id)
-    _remove(manifest, tar)
-    host = params["host"] or "this box"
-    raise PullError(f"host {host}: {params['ref']} from {params['source']} loaded image "
-                    f"{', '.join(loaded) or 'none'}, expected {entry['id']} (the exporting box's "
-                    "manifest); the image and the tar were removed")
-
-
-def _remove(*paths: str) -> None:
-    for path in paths:
-        if os.path.lexists(path):
-            os.remove(path)
-
-
 def run(module: AnsibleModule) -> dict:
     params = module.params
     hex_digest = digest_hex(params["ref"])
@@ -204,7 +177,9 @@ def run(module: AnsibleModule) -> dict:
     if module.check_mode:
         return {"changed": True, "diff": diff, **result, "pulled": not whole}
     entry, puller = copy_tar(params, hex_digest)
-    image_id = load_checked(engine, params, hex_digest, entry)
+    where = f"{params['ref']} from {params['source']}"
+    image_id = load_checked(engine, params["model_dir"], params["ref"], entry,
+                            f"host {params['host'] or 'this box'}: {where}")
     engine.tag_copy(image_id, params["ref"])
     return {"changed": True, "diff": diff, **result, "image_id": image_id,
             "pulled": puller is not None, "resumed": bool(puller and puller.resumed),

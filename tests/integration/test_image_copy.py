@@ -320,3 +320,11 @@ def test_site_copies_the_pinned_image_to_the_box_that_cannot_pull_and_a_second_r
     second, out = _play(inventory, tmp_path)
     assert second == {"box-a": 0, "box-b": 0}, out
     assert len(boxes.served()) == served
+
+    # An engine emptied since the copy: box-b loads the tar it kept, checks and tags it again,
+    # and asks box-a for nothing.
+    docker_on(boxes.target_host, "rmi", "-f", copy_tag(boxes.pinned))
+    third, out = _play(inventory, tmp_path)
+    assert third == {"box-a": 0, "box-b": 1}, out
+    assert image_id(boxes.target_host, copy_tag(boxes.pinned)) == image_id(None, boxes.pinned)
+    assert len(boxes.served()) == served
