@@ -12,9 +12,9 @@ short_description: Plan the box-to-box copies of the gears' pinned images, round
 version_added: 0.1.0
 description:
   - For the boxes whose gears' images come from other boxes (inventory
-    C(fleet_images_from=boxes)). From the plan's images (M(lobes.fleet.mesh_plan) RV(images),
-    C(copy) naming the pinned reference a box copies) and what each box holds
-    (M(lobes.fleet.image_export) RV(held)), the copies to make in doubling rounds, as
+    C(fleet_images_from=boxes)). From the plan's images (M(lobes.fleet.mesh_plan) return value
+    C(images), C(copy) naming the pinned reference a box copies) and what each box holds
+    (M(lobes.fleet.image_export) return value C(held)), the copies to make in doubling rounds, as
     checkpoints are copied (a box filled in a round serves from the next).
   - A reference some box copies that no box holds fails the run, naming it, the boxes that
     wait for it and the fix. Changes nothing anywhere.
@@ -25,11 +25,11 @@ extends_documentation_fragment:
   - lobes.fleet.attributes.changes
 options:
   plan:
-    description: The mesh plan (M(lobes.fleet.mesh_plan) RV(plan)), for each box's address.
+    description: The mesh plan (M(lobes.fleet.mesh_plan) return value C(plan)), for addresses.
     type: dict
     required: true
   images:
-    description: The plan's gear images (M(lobes.fleet.mesh_plan) RV(images)).
+    description: The plan's gear images (M(lobes.fleet.mesh_plan) return value C(images)).
     type: list
     elements: dict
     required: true

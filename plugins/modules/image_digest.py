@@ -67,7 +67,7 @@ containers:
   description:
     - Compose service -> its container (C(container)), the image it was created from
       (C(config_image)), the image id it runs (C(image_id)) and that image's C(repo_digests)
-      and C(repo_tags) (a copied image is known by its local tag: it has no registry digest).
+      and C(repo_tags) (a copied image is known by its local tag; it has no registry digest).
   returned: when O(project_dir) is given
   type: dict
 """

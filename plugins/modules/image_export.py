@@ -24,7 +24,7 @@ description:
   - With O(pull), a reference the engine does not hold is pulled first (a box that reaches
     the registry). A reference neither held nor pulled is reported in RV(missing).
   - With O(tag) (a box that copies its images), the engine is also made to hold each image
-    under its copy tag C(repository:lobes-sha256-<hex>), what the box's gears run: an image
+    under its copy tag C(repository:lobes-sha256-<hex>), what the box's gears run. An image
     held by its reference is tagged, and a whole tar the engine lacks (an engine emptied since
     the copy) is loaded, its image ID checked against the manifest, and tagged.
   - The box's read-only copy server (C(lobes_model_serve.py)) serves only these whole tars,

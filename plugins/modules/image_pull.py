@@ -25,7 +25,7 @@ description:
     otherwise the image is removed (when the engine did not hold it before) with the tar, and
     the run fails naming the host, the reference, the ID expected and the ID found.
   - C(docker load) keeps no registry digest (no C(RepoDigests)), so C(repository@digest)
-    cannot resolve on this box without a registry: the local tag stands in for it, and
+    cannot resolve on this box without a registry; the local tag stands in for it, and
     M(lobes.fleet.verify) accepts a container whose image is the one that tag names.
   - An engine that already holds the image (the tag, or the reference itself) changes
     nothing and opens no SSH connection. In check mode no SSH connection is opened; the run
