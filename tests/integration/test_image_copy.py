@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.lobes.fleet.plugins.module_utils.images import copy_tag
+from ansible_collections.lobes.fleet.plugins.module_utils.images import copy_tag, running_digest
 from ansible_collections.lobes.fleet.plugins.module_utils.model_files import image_paths
 
 from tests.support.ports import free_block
@@ -328,3 +328,29 @@ def test_site_copies_the_pinned_image_to_the_box_that_cannot_pull_and_a_second_r
     assert third == {"box-a": 0, "box-b": 1}, out
     assert image_id(boxes.target_host, copy_tag(boxes.pinned)) == image_id(None, boxes.pinned)
     assert len(boxes.served()) == served
+
+
+def test_compose_finds_the_copy_tag_without_a_registry_and_verify_reads_the_pinned_digest(
+        boxes, tmp_path):
+    boxes.module("image_export", tmp_path, on_target=False, refs=[boxes.pinned],
+                 model_dir=str(boxes.source))
+    assert boxes.pull(tmp_path, tmp_path / "target").get("failed") is not True
+    tag = copy_tag(boxes.pinned)
+    project = tmp_path / "project"
+    project.mkdir()
+    # As render writes a box that copies its images: the copy tag, pulled only when missing.
+    (project / "compose.yaml").write_text(yaml.safe_dump({"services": {"gear": {
+        "image": tag, "pull_policy": "missing", "command": ["/layer.bin"]}}}))
+    compose = ("compose", "--project-directory", str(project))
+    try:
+        created = docker_on(boxes.target_host, *compose, "create")
+        assert created.returncode == 0, created.stderr
+        assert "Pulling" not in created.stdout + created.stderr  # the tag is found on the box
+
+        read = boxes.module("image_digest", tmp_path, on_target=True, project_dir=str(project))
+        container = read["containers"]["gear"]
+        assert tag in container["repo_tags"] and container["repo_digests"] == []
+        gear = {"service": "gear", "image": tag, "image_copy": boxes.pinned}
+        assert running_digest(gear, read["containers"]) == boxes.pinned.split("@", 1)[1]
+    finally:
+        docker_on(boxes.target_host, *compose, "down", "--remove-orphans")
