@@ -300,6 +300,7 @@ def _play(inventory: Path, root: Path, *extra: str) -> tuple:
     return changed, done.stdout
 
 
+@pytest.mark.slow
 def test_site_copies_the_pinned_image_to_the_box_that_cannot_pull_and_a_second_run_changes_nothing(
         boxes, tmp_path):
     docker_on(boxes.target_host, "rmi", "-f", copy_tag(boxes.pinned))
