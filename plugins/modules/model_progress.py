@@ -16,8 +16,8 @@ description:
     C(N MiB of M MiB, R MiB/s, T s left), or that it is stalled when its file was last
     rewritten more than O(stall_after) seconds ago (a copy cut or failed leaves its file until
     a later run makes the revision whole). A finished copy has no file, so none is shown.
-  - With O(jobs), the ids of copies started asynchronously (C(async), C(poll: 0)), it follows
-    them instead: every O(poll_s) seconds it prints each copy's line for the box, until every
+  - With O(jobs), the ids of copies started asynchronously (C(async) with C(poll) 0), it follows
+    them instead, and every O(poll_s) seconds prints each copy's line for the box, until every
     job has finished, and returns their results; it fails when one failed, with its message.
   - Reads only; a progress file that is not one (torn, hostile) is skipped.
 author:
