@@ -1,5 +1,6 @@
-"""Controller side of lobes.fleet.model_progress: with `jobs`, follow asynchronous copies until
-they finish, printing each box's progress lines as they move; without, read the box once."""
+"""Controller side of lobes.fleet.model_progress: with `jobs` (an empty list too), follow
+asynchronous copies until they finish, printing each box's progress lines as they move;
+without, read the box once."""
 
 from __future__ import annotations
 
@@ -54,8 +55,8 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         args = dict(self._task.args)
-        jobs = [str(jid) for jid in args.pop("jobs", None) or []]
-        if jobs:
+        if "jobs" in args:  # a loop that started nothing follows nothing, with results []
+            jobs = [str(jid) for jid in args.pop("jobs") or []]
             result.update(self._follow(args, jobs, task_vars))
         else:
             result.update(self._execute_module(module_name=MODULE, module_args=args,

@@ -36,7 +36,9 @@ options:
     type: int
     default: 120
   jobs:
-    description: Async job ids of copies to follow until they finish (action plugin).
+    description:
+      - Async job ids of copies to follow until they finish (action plugin); an empty list
+        follows nothing and returns RV(results) empty.
     type: list
     elements: str
   poll_s:
@@ -99,6 +101,7 @@ lines:
 results:
   description: With O(jobs), each job's final result, in order.
   returned: when O(jobs) is given
+  sample: [{"checkpoint": "acme/tiny-chat", "changed": true, "finished": true}]
   type: list
   elements: dict
 """

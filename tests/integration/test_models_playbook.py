@@ -255,6 +255,7 @@ def test_a_slow_copy_shows_bytes_rate_and_time_left_while_it_runs_and_none_once_
     # beta copies from alpha at about 160 KiB/s: some 13 s for the 2 MiB of weights.
     values["models_serve_python"] = str(slow_python(tmp_path / "slow-python", 8192))
     alpha_vars.write_text(yaml.safe_dump(values))
+    hub.faults.delay["model.safetensors"] = 0.02  # alpha's fetch from the hub: some 10 s
     progress = boxes.model_dirs["beta"] / ".progress" / f"acme__tiny-chat@{commit}.json"
     play = subprocess.Popen(
         [str(VENV_BIN / "ansible-playbook"), "-i", str(boxes.inventory),
@@ -282,7 +283,9 @@ def test_a_slow_copy_shows_bytes_rate_and_time_left_while_it_runs_and_none_once_
                for record in readings)
     moving = figures(readings[-1], now=readings[-1]["updated"], stall_after=60)
     assert moving and moving.rate > 0 and moving.seconds_left > 0
-    # The play said, while beta copied, how far it was.
+    # The play said, while alpha fetched and beta copied, how far each was.
+    assert re.search(rf"alpha: acme/tiny-chat@\w+ from {re.escape(hub.endpoint)}: [\d.]+ MiB "
+                     r"of 2\.0 MiB, [\d.]+ MiB/s, \d+ s left", out), out[-4000:]
     assert re.search(r"beta: acme/tiny-chat@\w+ from 127\.0\.0\.1: [\d.]+ MiB of 2\.0 MiB, "
                      r"[\d.]+ MiB/s, \d+ s left", out), out[-4000:]
     assert not progress.exists()
