@@ -8,6 +8,7 @@ lobes.fleet.model_prune.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import re
@@ -20,6 +21,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (
     PARTIAL,
     check_checkpoint,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.model_progress import progress_path
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
@@ -184,7 +186,8 @@ def listing(model_dir: str) -> list[str]:
 
 
 def remove(model_dir: str, held: Held) -> str:
-    """Remove one revision directory, and its checkpoint's directories left empty; its path.
+    """Remove one revision directory, its checkpoint's directories left empty and the progress
+    file of a copy of it that never finished; its path.
 
     Refuses (ValueError) a path that is a link or whose parents lead out of the models
     directory through a link: rmtree itself never follows links inside it.
@@ -195,6 +198,8 @@ def remove(model_dir: str, held: Held) -> str:
     if os.path.islink(path) or os.path.realpath(parent) != real_parent:
         raise ValueError(f"{path} is a link or lies behind one: not removed")
     shutil.rmtree(path)
+    with contextlib.suppress(FileNotFoundError):  # else status.yml shows it stalled for ever
+        os.unlink(progress_path(model_dir, held.checkpoint, held.revision))
     for _level in range(2):  # <name>, then <org>, when nothing else is left in them
         try:
             os.rmdir(parent)

@@ -14,7 +14,7 @@ description:
   - Lists the revision directories under O(model_dir), whole (C(<org>/<name>/<revision>)) and
     being assembled (C(.partial/<org>/<name>/<revision>)), and removes each that O(planned)
     does not name, so a role removed from a box, or a pin moved, leaves no files behind once
-    a prune is asked for.
+    a prune is asked for; the progress file of a copy of it that never finished goes too.
   - A revision a running process uses is never removed, planned or not; it is reported in
     RV(in_use), naming the path and the processes. A process uses a revision when an argument
     of its command line names a path in it (vLLM's C(--model)), directly, through a link or

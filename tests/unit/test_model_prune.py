@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible_collections.lobes.fleet.plugins.module_utils.model_progress import progress_path
 from ansible_collections.lobes.fleet.plugins.module_utils.model_prune import (
     Held,
     decide,
@@ -84,8 +85,13 @@ def test_links_are_never_listed_followed_or_removed_through(models: Path, tmp_pa
     assert (outside / "keep").read_text() == "mine"
 
 
-def test_removing_takes_empty_checkpoint_directories_along(models: Path):
+def test_removing_takes_empty_checkpoint_directories_and_a_stale_progress_file_along(
+        models: Path):
+    stale = Path(progress_path(str(models), "acme/chat", OTHER))
+    stale.parent.mkdir()
+    stale.write_text("{}")
     remove(str(models), Held("acme/chat", OTHER, True))
+    assert not stale.exists()
     assert not (models / ".partial" / "acme").exists() and (models / ".partial").is_dir()
     remove(str(models), Held("acme/chat", OLD, False))
     assert (models / "acme" / "chat" / NEW).is_dir()
