@@ -46,8 +46,9 @@ class Source:
             params["ssh_port"], params["ssh_user"], params["source"],
             os.path.join(params["model_dir"], ".ssh", "known_hosts"), self.timeout)
 
-    def read(self, command, out):
-        """Append what `command` sends to the file object out; the bytes received."""
+    def read(self, command, out, progress=None):
+        """Append what `command` sends to the file object out; the bytes received. progress,
+        when given, is called with the size of each chunk as it lands."""
         with tempfile.TemporaryFile() as errors:
             # stderr to a file: a pipe left unread could fill and stall ssh.
             proc = subprocess.Popen(
@@ -57,7 +58,7 @@ class Source:
                 stderr=errors,
             )
             try:
-                received = self._stream(proc.stdout, out)
+                received = self._stream(proc.stdout, out, progress)
             except BaseException:
                 proc.kill()  # stalled, or the run is stopped: what arrived stays in out
                 raise
@@ -71,7 +72,7 @@ class Source:
             raise PullError(f"ssh {self.where} {command!r}: {reason}")
         return received
 
-    def _stream(self, pipe, out):
+    def _stream(self, pipe, out, progress):
         """Copy pipe to out until it ends, flushing each chunk; fails when it stalls."""
         received = 0
         while True:
@@ -84,6 +85,8 @@ class Source:
             out.write(chunk)
             out.flush()  # what arrived is kept if the run is cut
             received += len(chunk)
+            if progress:
+                progress(len(chunk))
 
     def _reap(self, proc):
         """ssh's exit status, once it ends (killed when it does not within the timeout)."""

@@ -29,6 +29,10 @@ description:
     and accepts a host key it has not seen before into C(<model_dir>/.ssh/known_hosts)
     (C(StrictHostKeyChecking=accept-new)); a changed host key fails the run.
   - In check mode no SSH connection is opened at all; the run reports the files it would copy.
+  - While bytes arrive, C(<model_dir>/.progress/<org>__<name>@<revision>.json) says the bytes
+    done and in all, the rate, when the copy started and last moved, and its source; it is
+    rewritten at most four times a second and removed once the revision is whole. A failed
+    run leaves it, so status.yml shows the copy stalled (M(lobes.fleet.model_progress)).
   - File names holding a space cannot be copied box to box (the request's fields are
     separated by spaces) and fail the run.
 author:
@@ -143,13 +147,15 @@ from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  
     staging_dir,
     write_manifest,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.model_progress import Progress  # noqa: E402
 
 
 class Puller:
     """Copies the files of one revision into its staging directory, resuming and checking them."""
 
-    def __init__(self, source, checkpoint, revision, staging):
+    def __init__(self, source, checkpoint, revision, staging, progress):
         self.source = source
+        self.progress = progress
         self.checkpoint = checkpoint
         self.revision = revision
         self.staging = staging
@@ -170,7 +176,7 @@ class Puller:
         command = f"read {self.checkpoint} {self.revision} {path} {have}"
         with open(target, "ab") as out:
             try:
-                self.bytes_copied += self.source.read(command, out)
+                self.bytes_copied += self.source.read(command, out, self.progress.add)
             finally:
                 if path not in self.pulled:
                     self.pulled.append(path)
@@ -196,6 +202,7 @@ class Puller:
             if found.size == want["size"] and found.sha256 == want["sha256"]:
                 return manifest_entry(target, found.sha256)
             os.truncate(target, 0)
+            self.progress.add(-found.size)  # copied again from its start
         raise PullError(
             f"{path} of {self.checkpoint} at {self.revision} from {self.source.where} "
             f"fails its check twice: expected sha256 {want['sha256']} ({want['size']} "
@@ -254,9 +261,12 @@ def run(module):
         os.makedirs(os.path.dirname(staging), mode=0o755, exist_ok=True)
         os.rename(final, staging)
     os.makedirs(staging, mode=0o755, exist_ok=True)
-    puller = Puller(Source(params), checkpoint, revision, staging)
+    progress = Progress(params["model_dir"], checkpoint, revision, total=total,
+                        done=_staged_bytes(staging, files, files), source=params["source"])
+    puller = Puller(Source(params), checkpoint, revision, staging, progress)
     manifest = {path: puller.checked(path, files[path]) for path in sorted(files)}
     promote(staging, final, manifest)
+    progress.done()
     return dict(
         changed=True,
         diff=diff,
