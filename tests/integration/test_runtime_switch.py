@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from .test_playbooks import LocalMesh, _ok, _recap, mesh  # noqa: F401  (mesh is a fixture)
+from .test_playbooks import LocalMesh, _ok, _recap
 
 
 @pytest.mark.slow
-def test_a_failed_switch_to_systemd_runs_the_supervisor_again(mesh: LocalMesh,  # noqa: F811
+def test_a_failed_switch_to_systemd_runs_the_supervisor_again(mesh: LocalMesh,
                                                                tmp_path: Path) -> None:
     _ok(mesh.playbook("site.yml"))
     before = mesh.rendered()
