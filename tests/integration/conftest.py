@@ -77,3 +77,15 @@ def ansible_module(module: str, args: str, *, check: bool = False,
         argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
     )
     return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+@pytest.fixture
+def mesh(tmp_path: Path):
+    """A copy of inventories/local on the test's own ports and deploy directory (LocalMesh)."""
+    # Imported here: the test module that defines it imports this one.
+    from .test_playbooks import LocalMesh  # pylint: disable=import-outside-toplevel
+
+    deployed = LocalMesh(tmp_path)
+    yield deployed
+    # Whatever the test did, nothing it started outlives it.
+    supervisor(deployed.deploy_dir / "state", "down")
