@@ -52,8 +52,9 @@ class Source:
             params["ssh_port"], params["ssh_user"], params["source"],
             os.path.join(params["model_dir"], ".ssh", "known_hosts"), self.timeout)
 
-    def read(self, command, out):
-        """Append what `command` sends to the file object out; the bytes received."""
+    def read(self, command, out, progress=None):
+        """Append what `command` sends to the file object out; the bytes received. progress,
+        when given, is called with the size of each chunk as it lands."""
         with tempfile.TemporaryFile() as errors:
             # stderr to a file: a pipe left unread could fill and stall ssh.
             proc = subprocess.Popen(
@@ -63,7 +64,7 @@ class Source:
                 stderr=errors,
             )
             try:
-                received = self._stream(proc.stdout, out)
+                received = self._stream(proc.stdout, out, progress)
             except BaseException:
                 proc.kill()  # stalled, or the run is stopped: what arrived stays in out
                 raise
@@ -77,7 +78,7 @@ class Source:
             raise PullError(f"ssh {self.where} {command!r}: {reason}")
         return received
 
-    def _stream(self, pipe, out):
+    def _stream(self, pipe, out, progress):
         """Copy pipe to out until it ends, flushing each chunk; fails when it stalls."""
         received = 0
         while True:
@@ -90,6 +91,8 @@ class Source:
             out.write(chunk)
             out.flush()  # what arrived is kept if the run is cut
             received += len(chunk)
+            if progress:
+                progress(len(chunk))
 
     def _reap(self, proc):
         """ssh's exit status, once it ends (killed when it does not within the timeout)."""
@@ -104,14 +107,16 @@ class Puller:
     """Copies files into a staging directory from a Source, resuming and checking each.
 
     `label` names what the files belong to in messages ("of org/name at <revision>");
-    `request(path, offset)` is the server command that sends path from offset to its end.
+    `request(path, offset)` is the server command that sends path from offset to its end;
+    `progress(count)`, when given, counts bytes arrived (negative: thrown away to copy again).
     """
 
-    def __init__(self, source, label, staging, request):
+    def __init__(self, source, label, staging, request, progress=None):
         self.source = source
         self.label = label
         self.staging = staging
         self.request = request
+        self.progress = progress
         self.bytes_copied = 0
         self.pulled = []
         self.resumed = []
@@ -128,7 +133,8 @@ class Puller:
             self.resumed.append(path)
         with open(target, "ab") as out:
             try:
-                self.bytes_copied += self.source.read(self.request(path, have), out)
+                self.bytes_copied += self.source.read(self.request(path, have), out,
+                                                      self.progress)
             finally:
                 if path not in self.pulled:
                     self.pulled.append(path)
@@ -149,6 +155,8 @@ class Puller:
             if found.size == want["size"] and found.sha256 == want["sha256"]:
                 return manifest_entry(target, found.sha256)
             os.truncate(target, 0)
+            if self.progress:
+                self.progress(-found.size)  # copied again from its start
         raise PullError(
             f"{path} {self.label} from {self.source.where} "
             f"fails its check twice: expected sha256 {want['sha256']} ({want['size']} "

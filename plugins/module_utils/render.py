@@ -4,6 +4,7 @@ services.json (process runtime). Pure functions; the render module writes the fi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -43,6 +44,11 @@ SIM_HEALTH_TIMEOUT_S = 60
 # The gateway listens within seconds (its first window probe is bounded by the probe timeout);
 # `up` waits this long for its /health, and reports an exit before then with its log's end.
 GATEWAY_HEALTH_TIMEOUT_S = 60
+# What the gateway and the simulator run of the deployed source (each imports the contract module
+# beside its package): a change there restarts them (services.json's watch, compose's label), a
+# change elsewhere in the source (the supervisor, the model tools) leaves them running.
+INPUTS = {"gateway": ("lobes_gateway", "lobes_contract.py"),
+          "sim": ("lobes_sim", "lobes_contract.py")}
 # Where a gateway listening on every address is reached from its own box.
 _LOOPBACK_OF = {"0.0.0.0": "127.0.0.1", "::": "::1"}
 ENV_HEADER = "# Rendered by lobes.fleet.render from the mesh plan: edit the inventory, not this."
@@ -306,26 +312,33 @@ def secret_values(env: list) -> list:
 
 # ---------------------------------------------------------------- compose.yaml
 
-def render_compose(plan: dict, gateway_source: str | None = None) -> dict:
+def render_compose(plan: dict, sources: dict | None = None) -> dict:
     """The compose project: one service per local gear, the gateway, only it published.
 
-    gateway_source is a digest of the deployed gateway source: as a label on the containers
-    that run it (the gateway, simulated gears) it makes compose recreate them whenever the
-    mounted source changes. vLLM gears only start logwrap from it: they are left running."""
-    labels = {"lobes.fleet.gateway-source": gateway_source} if gateway_source else {}
+    sources holds digests of the deployed source each kind of container runs (source_digests):
+    as a label on the gateway and the simulated gears it makes compose recreate them when what
+    they run changes, and only then. vLLM gears only start logwrap from it: they are left
+    running."""
+    sources = sources or {}
+    sim_labels = _source_labels(sources.get("sim"))
     services = {}
     previous = None
     for role in start_order(plan):
-        service = _gear_service(plan, role, labels)
+        service = _gear_service(plan, role, sim_labels)
         if previous:
             service["depends_on"] = {previous: {"condition": "service_healthy"}}
         previous = role["gear"]["service"]
         services[previous] = service
     audio = _local_audio(plan)
     if audio:
-        services["audio"] = _audio_service(plan, audio[0], labels)
-    services["gateway"] = _gateway_service(plan, sorted(services), labels)
+        services["audio"] = _audio_service(plan, audio[0], sim_labels)
+    services["gateway"] = _gateway_service(plan, sorted(services),
+                                           _source_labels(sources.get("gateway")))
     return {"services": services}
+
+
+def _source_labels(digest: str | None) -> dict:
+    return {"lobes.fleet.gateway-source": digest} if digest else {}
 
 
 def schedules_by_priority(role: dict) -> bool:
@@ -463,11 +476,19 @@ def _audio_service(plan: dict, role: dict, labels: dict) -> dict:
     }
 
 
-def source_digest(directory: str) -> str | None:
-    """A short digest of every file under the gateway source (None when it is not there)."""
+def source_digests(directory: str) -> dict | None:
+    """Per kind of container ("gateway", "sim"), a short digest of the deployed source it runs
+    (its INPUTS); None when the source is not there."""
     if not os.path.isdir(os.path.join(directory, "lobes_gateway")):
         return None
-    return tree_digest(directory)
+    return {kind: _inputs_digest(directory, paths) for kind, paths in INPUTS.items()}
+
+
+def _inputs_digest(directory: str, paths: tuple) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(f"{path}:{tree_digest(os.path.join(directory, path))}".encode())
+    return digest.hexdigest()[:16]
 
 
 def _gateway_service(plan: dict, backends: list, labels: dict) -> dict:
@@ -584,8 +605,7 @@ def render_services(plan: dict, gateway_dir: str = "gateway") -> dict:
         "log": "gateway.log",
         "health": gateway_health_url(plan),
         "health_timeout_s": GATEWAY_HEALTH_TIMEOUT_S,
-        # The gateway imports the contract module beside its package: a change there restarts it.
-        "watch": [f"{gateway_dir}/lobes_gateway", f"{gateway_dir}/lobes_contract.py"],
+        "watch": [f"{gateway_dir}/{path}" for path in INPUTS["gateway"]],
     })
     return {"version": 1, "host": plan["host"], "services": services}
 
@@ -674,6 +694,5 @@ def _sim_entry(name: str, role: str, argv: list, env: dict, gateway_dir: str) ->
         "env": dict(env),
         "pidfile": f"{name}.pid",
         "log": f"{name}.log",
-        # The simulator reads the shared contract too (the engine version it reports).
-        "watch": [f"{gateway_dir}/lobes_sim", f"{gateway_dir}/lobes_contract.py"],
+        "watch": [f"{gateway_dir}/{path}" for path in INPUTS["sim"]],
     }

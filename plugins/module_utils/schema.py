@@ -531,6 +531,10 @@ BOX_SECTIONS: tuple = (
               "`true`: the plan refuses a gear whose hub checkpoint has no pinned revision "
               "(role `revision`, or the lock file `fleet.lock.yml` beside the inventory); "
               "`false` warns"),
+        Field("fleet_models_prune", Boolean(), "`false`",
+              "`true`: `models.yml` removes, on each box, the checkpoint revisions (whole or "
+              "being copied) under `fleet_model_dir` that no gear of the box loads, never one a "
+              "running gear uses; `false` only says what a prune would remove"),
         Field("fleet_hub_endpoint", HubOrigin(), "`https://huggingface.co`",
               "where the one box that fetches a checkpoint reaches the hub (`models.yml`)"),
         Field("fleet_hub_token", Secret(), "unset",

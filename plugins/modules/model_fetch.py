@@ -21,6 +21,9 @@ description:
   - A final directory already whole is left alone and no byte is fetched; its
     C(.lobes-manifest.json) (each file's size, sha256 and mtime) spares re-hashing files
     whose size and mtime did not change.
+  - While bytes arrive, C(<model_dir>/.progress/<org>__<name>@<commit>.json) says the bytes
+    done and in all, the rate and when the fetch last moved (M(lobes.fleet.model_progress)
+    reads it); it is removed once the revision is whole.
   - File names from the hub are refused when absolute, holding C(..), a backslash or a
     control character.
 author:
@@ -133,6 +136,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  
     staging_dir,
     write_manifest,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.model_progress import Progress  # noqa: E402
 
 _BRANCH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*\Z")
 _SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
@@ -266,8 +270,9 @@ def resolve(hub, checkpoint, revision):
 class Fetcher:
     """Fetches the files of one commit into its staging directory, resuming and checking them."""
 
-    def __init__(self, hub, checkpoint, commit, staging):
+    def __init__(self, hub, checkpoint, commit, staging, progress):
         self.hub = hub
+        self.progress = progress
         self.checkpoint = checkpoint
         self.commit = commit
         self.staging = staging
@@ -281,6 +286,7 @@ class Fetcher:
         have = os.path.getsize(target) if os.path.isfile(target) else 0
         if have > size:
             os.unlink(target)
+            self.progress.add(-size)  # counted up to its size: copied again from its start
             have = 0
         headers = {"Range": f"bytes={have}-"} if have else {}
         try:
@@ -304,6 +310,7 @@ class Fetcher:
                 out.write(chunk)
                 out.flush()
                 self.bytes_fetched += len(chunk)
+                self.progress.add(len(chunk))
 
     def fetch(self, path, size):
         """Download one file whole, over a few connections when one is cut."""
@@ -332,6 +339,7 @@ class Fetcher:
             if found.size == size and got == want:
                 return manifest_entry(target, found.sha256)
             os.unlink(target)
+            self.progress.add(-min(found.size, size))  # fetched again from its start
         raise FetchError(f"{path} of {self.checkpoint} at {self.commit} fails its check twice: "
                          f"expected {kind} {want} ({size} bytes), found {got} ({found.size} bytes)")
 
@@ -420,9 +428,12 @@ def run(module, hub):
         os.makedirs(os.path.dirname(staging), mode=0o755, exist_ok=True)
         os.rename(final, staging)
     os.makedirs(staging, mode=0o755, exist_ok=True)
-    fetcher = Fetcher(hub, checkpoint, commit, staging)
+    progress = Progress(params["model_dir"], checkpoint, commit, total=total,
+                        done=_staged_bytes(staging, expected), source=hub.endpoint)
+    fetcher = Fetcher(hub, checkpoint, commit, staging, progress)
     manifest = {path: fetcher.checked(path, *expected[path]) for path in sorted(expected)}
     promote(staging, final, manifest)
+    progress.done()
     files = {p: {"size": e["size"], "sha256": e["sha256"]} for p, e in manifest.items()}
     return dict(changed=True, diff=diff,
                 **_result(commit, final, files, fetcher.bytes_fetched, total, started))

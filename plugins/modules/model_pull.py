@@ -29,6 +29,10 @@ description:
     and accepts a host key it has not seen before into C(<model_dir>/.ssh/known_hosts)
     (C(StrictHostKeyChecking=accept-new)); a changed host key fails the run.
   - In check mode no SSH connection is opened at all; the run reports the files it would copy.
+  - While bytes arrive, C(<model_dir>/.progress/<org>__<name>@<revision>.json) says the bytes
+    done and in all, the rate, when the copy started and last moved, and its source; it is
+    rewritten at most four times a second and removed once the revision is whole. A failed
+    run leaves it, so status.yml shows the copy stalled (M(lobes.fleet.model_progress)).
   - File names holding a space cannot be copied box to box (the request's fields are
     separated by spaces) and fail the run.
 author:
@@ -141,6 +145,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  
     staging_dir,
     write_manifest,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.model_progress import Progress  # noqa: E402
 
 
 def _staged_bytes(staging, files, paths):
@@ -200,10 +205,14 @@ def run(module):
                 f"{path!r} of {checkpoint} holds a space: it cannot be copied "
                 "box to box; fetch it from the hub (lobes.fleet.model_fetch)"
             )
+    progress = Progress(params["model_dir"], checkpoint, revision, total=total,
+                        done=_staged_bytes(staging, files, files), source=params["source"])
     puller = Puller(Source(params), f"of {checkpoint} at {revision}", staging,
-                    lambda path, offset: f"read {checkpoint} {revision} {path} {offset}")
+                    lambda path, offset: f"read {checkpoint} {revision} {path} {offset}",
+                    progress.add)
     manifest = {path: puller.checked(path, files[path]) for path in sorted(files)}
     promote(staging, final, manifest)
+    progress.done()
     return dict(
         changed=True,
         diff=diff,

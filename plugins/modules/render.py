@@ -19,7 +19,9 @@ description:
     C(--hf-overrides)), backends unpublished on the project network, and the gateway run
     from the collection's own C(gateway/) source (mounted from O(dest)/gateway), the only
     published port. When that source is present, a label carries its digest, so compose
-    recreates the gateway whenever the deployed source changes.
+    recreates the gateway whenever the deployed source it runs changes (C(lobes_gateway),
+    C(lobes_contract.py)), and simulated gears whenever theirs does (C(lobes_sim),
+    C(lobes_contract.py)); a change elsewhere in the source leaves them running.
   - For runtime C(process), C(services.json) (mode 0644) for the process supervisor, and the
     .env points the gateway at gears on 127.0.0.1. Its shape is an object with C(version),
     C(host) and a C(services) list, each service with C(name), C(argv),
@@ -138,8 +140,8 @@ def rendered_files(plan: dict, secrets: dict, gateway_dir: str, dest: str) -> tu
     files = [(".env", render.format_env(env), render.format_env(env, mask_secrets=True),
               ENV_MODE)]
     if plan["runtime"] == "compose":
-        source = render.source_digest(os.path.join(dest, gateway_dir))
-        compose = render.render_compose(plan, source)
+        sources = render.source_digests(os.path.join(dest, gateway_dir))
+        compose = render.render_compose(plan, sources)
         text = render.to_yaml(compose)
         files.append(("compose.yaml", text, text, FILE_MODE))
         names = list(compose["services"])

@@ -169,3 +169,15 @@ def second_engine(engine) -> Iterator[str]:
             daemon.wait()
         log.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def mesh(tmp_path: Path):
+    """A copy of inventories/local on the test's own ports and deploy directory (LocalMesh)."""
+    # Imported here: the test module that defines it imports this one.
+    from .test_playbooks import LocalMesh  # pylint: disable=import-outside-toplevel
+
+    deployed = LocalMesh(tmp_path)
+    yield deployed
+    # Whatever the test did, nothing it started outlives it.
+    supervisor(deployed.deploy_dir / "state", "down")

@@ -1,17 +1,22 @@
 """playbooks/models.yml on boxes of this machine, against the hub stand-in: a checkpoint fetched
 once and locked, then copied box to box over real SSH (an sshd per box); a second run that moves
 nothing; a corrupted copy repaired from another box; a box without room refused before any byte
-moves."""
+moves; unplanned revisions pruned only when asked, never one a running process uses; a slowed
+copy watched mid-way through its progress file, the play's lines and status.yml."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.lobes.fleet.plugins.module_utils.model_progress import Progress, figures
 
 from tests.support.hub_standin import HubStandin
 from tests.support.ports import free_block
@@ -181,3 +186,130 @@ def test_three_boxes_get_one_download_box_to_box_and_a_corrupt_copy_is_repaired(
     assert weights.read_bytes() == FILES["model.safetensors"]
     assert "changed=0" in recap(third, "alpha") and "changed=0" not in recap(third, "gamma")
     assert weights_sent(hub) == len(FILES["model.safetensors"])
+
+
+def test_prune_removes_unplanned_revisions_only_when_asked_and_never_one_in_use(hub, tmp_path):
+    commit = hub.add_commit(REPO, FILES, lfs={"model.safetensors"})
+    boxes = Boxes(tmp_path, ["alpha"], hub.endpoint)
+    assert boxes.playbook().returncode == 0
+    root = boxes.model_dirs["alpha"]
+    old, staged, used = (root / REPO / ("1" * 40), root / ".partial" / "acme" / "gone" / ("2" * 40),
+                         root / "acme" / "gone" / ("3" * 40))
+    outside = tmp_path / "outside" / ("4" * 40)
+    for directory in (old, staged, used, outside):
+        directory.mkdir(parents=True)
+        (directory / "model.safetensors").write_bytes(b"w" * 64)
+    (root / "acme" / "linked").symlink_to(outside.parent)  # a checkpoint that leads outside
+    gear = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)",
+                             "--model", str(used)])
+    try:
+        told = boxes.playbook()
+        assert told.returncode == 0, told.stdout[-3000:]
+        assert f"alpha: unplanned, a prune (fleet_models_prune) would remove {old}" in told.stdout
+        assert f"would remove {staged}" in told.stdout
+        assert f"alpha: unplanned but in use by a running gear, kept: {used}" in told.stdout
+        assert "changed=0" in recap(told, "alpha") and old.is_dir() and staged.is_dir()
+
+        checked = boxes.playbook("-e", "fleet_models_prune=true", "--check", "--diff")
+        assert checked.returncode == 0, checked.stdout[-3000:]
+        assert "changed=1" in recap(checked, "alpha") and old.is_dir() and staged.is_dir()
+        assert f"-{old}" in checked.stdout
+
+        pruned = boxes.playbook("-e", "fleet_models_prune=true")
+        assert pruned.returncode == 0, pruned.stdout[-3000:]
+        assert f"alpha: removed {old}" in pruned.stdout
+        assert not old.exists() and not staged.exists() and not staged.parent.exists()
+        assert used.is_dir() and (outside / "model.safetensors").is_file()
+        assert {p.name for p in boxes.revision_dir("alpha", commit).iterdir()} >= set(FILES)
+
+        again = boxes.playbook("-e", "fleet_models_prune=true")
+        assert again.returncode == 0 and "changed=0" in recap(again, "alpha")
+    finally:
+        gear.kill()
+        gear.wait()
+    freed = boxes.playbook("-e", "fleet_models_prune=true")
+    assert freed.returncode == 0 and not used.exists()
+
+
+BIG = {"config.json": b'{"model_type": "tiny"}\n', "model.safetensors": bytes(range(256)) * 8192}
+
+
+def slow_python(path: Path, bytes_per_tick: int) -> Path:
+    """A Python that runs the model server and relays its output slowly: a slow link."""
+    path.write_text(
+        f"#!{sys.executable}\n"
+        "import subprocess, sys, time\n"
+        f"proc = subprocess.Popen([{sys.executable!r}, *sys.argv[1:]], stdout=subprocess.PIPE)\n"
+        f"while chunk := proc.stdout.read({bytes_per_tick}):\n"
+        "    sys.stdout.buffer.write(chunk)\n"
+        "    sys.stdout.buffer.flush()\n"
+        "    time.sleep(0.05)\n"
+        "sys.exit(proc.wait())\n")
+    path.chmod(0o755)
+    return path
+
+
+def status(boxes: Boxes, *args: str) -> subprocess.CompletedProcess:
+    """status.yml's copies play alone (the gateways it reads first are not running here)."""
+    return subprocess.run(
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(boxes.inventory),
+         str(ROOT / "playbooks" / "status.yml"), "--start-at-task", "Read the box's copy progress",
+         *args], cwd=ROOT, env=ansible_env(), capture_output=True, text=True, timeout=120,
+        check=False)
+
+
+def test_a_slow_copy_shows_bytes_rate_and_time_left_while_it_runs_and_none_once_whole(
+        hub, sshds, tmp_path):
+    commit = hub.add_commit(REPO, BIG, lfs={"model.safetensors"})
+    boxes = Boxes(tmp_path, ["alpha", "beta"], hub.endpoint, sshds)
+    alpha_vars = boxes.inventory / "host_vars" / "alpha.yml"
+    values = yaml.safe_load(alpha_vars.read_text())
+    # beta copies from alpha at about 160 KiB/s: some 13 s for the 2 MiB of weights.
+    values["models_serve_python"] = str(slow_python(tmp_path / "slow-python", 8192))
+    alpha_vars.write_text(yaml.safe_dump(values))
+    hub.faults.delay["model.safetensors"] = 0.02  # alpha's fetch from the hub: some 10 s
+    progress = boxes.model_dirs["beta"] / ".progress" / f"acme__tiny-chat@{commit}.json"
+    play = subprocess.Popen(
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(boxes.inventory),
+         str(ROOT / "playbooks" / "models.yml")],
+        cwd=ROOT, env=ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    readings = []
+    try:
+        while play.poll() is None:
+            if progress.exists():
+                with contextlib.suppress(FileNotFoundError):  # whole between the two calls
+                    record = json.loads(progress.read_text())
+                    if not readings or record["bytes_done"] != readings[-1]["bytes_done"]:
+                        readings.append(record)
+            time.sleep(0.2)
+        out = play.stdout.read()
+    finally:
+        play.kill()
+        play.wait()
+    assert play.returncode == 0, out[-4000:]
+    total = sum(map(len, BIG.values()))
+    assert len(readings) >= 3, readings
+    done = [record["bytes_done"] for record in readings]
+    assert done == sorted(done) and done[0] < done[-1] < total
+    assert all(record["bytes_total"] == total and record["source"] == "127.0.0.1"
+               for record in readings)
+    moving = figures(readings[-1], now=readings[-1]["updated"], stall_after=60)
+    assert moving and moving.rate > 0 and moving.seconds_left > 0
+    # The play said, while alpha fetched and beta copied, how far each was.
+    assert re.search(rf"alpha: acme/tiny-chat@\w+ from {re.escape(hub.endpoint)}: [\d.]+ MiB "
+                     r"of 2\.0 MiB, [\d.]+ MiB/s, \d+ s left", out), out[-4000:]
+    assert re.search(r"beta: acme/tiny-chat@\w+ from 127\.0\.0\.1: [\d.]+ MiB of 2\.0 MiB, "
+                     r"[\d.]+ MiB/s, \d+ s left", out), out[-4000:]
+    assert not progress.exists()
+    shown = status(boxes)
+    assert shown.returncode == 0, shown.stdout[-3000:]
+    assert "beta: no checkpoint copy under way" in shown.stdout
+
+    # A copy cut midway leaves its file: status.yml shows it stalled, with its figures.
+    cut = Progress(str(boxes.model_dirs["beta"]), "acme/other", "5" * 40, total=4 << 20,
+                   done=1 << 20, source="alpha", clock=lambda: time.time() - 600)
+    cut.write()
+    stalled = status(boxes)
+    assert re.search(r"beta: copying acme/other@5{12} from alpha: 1\.0 MiB of 4\.0 MiB, "
+                     r"0\.00 MiB/s, time left unknown; STALLED, no bytes for \d+ s",
+                     stalled.stdout), stalled.stdout[-3000:]

@@ -112,14 +112,6 @@ def _ok(result: subprocess.CompletedProcess) -> dict[str, int]:
     return _recap(result)
 
 
-@pytest.fixture
-def mesh(tmp_path: Path):
-    deployed = LocalMesh(tmp_path)
-    yield deployed
-    # Whatever the test did, nothing it started outlives it.
-    supervisor(deployed.deploy_dir / "state", "down")
-
-
 @pytest.mark.slow
 def test_local_default_lifecycle(mesh: LocalMesh) -> None:
     # 0. --check on a machine never deployed: it plans, and writes and starts nothing.

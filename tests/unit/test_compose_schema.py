@@ -104,7 +104,7 @@ def simulated_spark(engine_field: tuple) -> dict:
         target = target[key]
     target[engine_field[-1]] = "sim"
     plan = plan_mesh(mesh)["boxes"]["spark"]
-    return render_compose(plan, gateway_source="abc123")["services"]
+    return render_compose(plan, {"gateway": "abc123", "sim": "def456"})["services"]
 
 
 def test_a_box_switched_to_the_simulator_runs_lobes_sim_in_each_gears_place(validator):
@@ -116,9 +116,10 @@ def test_a_box_switched_to_the_simulator_runs_lobes_sim_in_each_gears_place(vali
     assert flags(["sim", *cortex["command"]])["--port"] == "8000"
     assert "runtime" not in cortex and cortex["image"] == "python:3.12-slim"
     assert cortex["healthcheck"]["test"][:2] == ["CMD", "python3"]
-    # Simulated gears run the mounted source: a change of it recreates them, like the gateway.
-    assert cortex["labels"] == services["gateway"]["labels"] == {
-        "lobes.fleet.gateway-source": "abc123"}
+    # Simulated gears run the mounted source: a change of what they run of it recreates them,
+    # as a change of what the gateway runs recreates the gateway.
+    assert cortex["labels"] == {"lobes.fleet.gateway-source": "def456"}
+    assert services["gateway"]["labels"] == {"lobes.fleet.gateway-source": "abc123"}
     assert [name for name, service in services.items() if "ports" in service] == ["gateway"]
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 import stat
+from pathlib import Path
 
 import jsonschema
+import pytest
 import yaml
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from ansible_collections.lobes.fleet.plugins.modules import render as render_module
@@ -116,3 +119,49 @@ def test_compose_labels_the_gateway_with_its_source_digest(tmp_path):
     result = run_module(render_module.main, orin_args(tmp_path))
     assert [item["changed"] for item in result["files"]] == [False, True]
     assert (tmp_path / "compose.yaml").read_text() != first
+
+
+SOURCE = Path(__file__).resolve().parents[2] / "gateway"
+
+
+def sim_compose_args(dest) -> dict:
+    """A simulated box on compose: its gears and gateway run from the mounted gateway source."""
+    plan = plan_mesh({"box": {
+        "fleet_hardware": "sim", "fleet_runtime": "compose", "fleet_gateway_port": 18000,
+        "fleet_gateway_api_key": "box-key",
+        "fleet_roles": {"cortex": {"sim_profile": "spark-cortex"}, "embedder": {}},
+    }})["boxes"]["box"]
+    return {"plan": plan, "dest": str(dest), "secrets": {"gateway_api_key": "box-key"}}
+
+
+def source_labels(dest) -> dict:
+    """Each compose service's source label: compose recreates a container whose label changed."""
+    services = yaml.safe_load((dest / "compose.yaml").read_text())["services"]
+    return {name: service.get("labels", {}).get("lobes.fleet.gateway-source")
+            for name, service in services.items()}
+
+
+# An upgrade of the collection changes some files of the deployed source: the containers that
+# run none of them must keep running.
+@pytest.mark.parametrize(("changed", "recreated"), [
+    ("lobes_model_serve.py", "none"),
+    ("lobes_supervisor/census.py", "none"),
+    ("lobes_engine/__init__.py", "none"),
+    ("lobes_gateway/routing.py", "gateway"),
+    ("lobes_sim/cli.py", "gears"),
+    ("lobes_contract.py", "all"),
+])
+def test_compose_recreates_only_the_containers_that_run_the_changed_source(
+        tmp_path, changed, recreated):
+    shutil.copytree(SOURCE, tmp_path / "gateway", ignore=shutil.ignore_patterns("__pycache__"))
+    run_module(render_module.main, sim_compose_args(tmp_path))
+    before = source_labels(tmp_path)
+    assert before["gateway"] and before["vllm-cortex"]
+    with (tmp_path / "gateway" / changed).open("a") as handle:
+        handle.write("\n# the upgrade's change\n")
+    run_module(render_module.main, sim_compose_args(tmp_path))
+    after = source_labels(tmp_path)
+    gears = {name for name in before if name != "gateway"}
+    expected = {"none": set(), "gateway": {"gateway"}, "gears": gears,
+                "all": gears | {"gateway"}}[recreated]
+    assert {name for name in before if before[name] != after[name]} == expected

@@ -104,11 +104,12 @@ def recap(run: subprocess.CompletedProcess, host: str) -> str:
 
 
 def pulls(run: subprocess.CompletedProcess, host: str) -> list[dict]:
-    """The model_pull results of `host` in a run printed by the JSON callback."""
+    """The model_pull results of `host` in a run printed by the JSON callback (the pulls run in
+    the background; the task that follows them returns each one's result)."""
     results = []
     for play in json.loads(run.stdout)["plays"]:
         for task in play["tasks"]:
-            if "checkpoints from the box that holds each" in task["task"]["name"]:
+            if "Follow this round's pulls" in task["task"]["name"]:
                 results += task["hosts"].get(host, {}).get("results", [])
     return results
 
