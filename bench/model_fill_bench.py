@@ -273,7 +273,7 @@ class Box:
 
     def empty(self) -> None:
         """Remove the checkpoint and any staging copy (the copy key stays)."""
-        for top in (CHECKPOINT.split("/")[0], ".partial"):
+        for top in (CHECKPOINT.split("/", maxsplit=1)[0], ".partial"):
             shutil.rmtree(self.model_dir / top, ignore_errors=True)
 
 
@@ -615,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model_fill_bench: {unmet}", file=sys.stderr)
         return 2
     total = int(args.mib * MIB)
-    layout = Layout(prefix=args.prefix, count=max(max(args.boxes), 2), rate_mbit=args.rate_mbit)
+    layout = Layout(prefix=args.prefix, count=max([*args.boxes, 2]), rate_mbit=args.rate_mbit)
     clean(layout, args.work)
     load_before = os.getloadavg()[0]
     try:

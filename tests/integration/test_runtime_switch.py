@@ -17,8 +17,8 @@ from .test_playbooks import LocalMesh, _ok, _recap
 
 
 @pytest.mark.slow
-def test_a_failed_switch_to_systemd_runs_the_supervisor_again(mesh: LocalMesh,
-                                                               tmp_path: Path) -> None:
+def test_a_failed_switch_to_systemd_runs_the_supervisor_again(
+        mesh: LocalMesh, tmp_path: Path) -> None:
     _ok(mesh.playbook("site.yml"))
     before = mesh.rendered()
     services = set(mesh.processes())

@@ -191,7 +191,7 @@ def test_a_box_cut_off_mid_copy_resumes_where_it_stopped() -> None:
             wait_for(lambda: staged_bytes("box-c", revision) > 8 * 1024 * 1024,
                      "box-c's copy never started", 120)
             with cut_off("box-c", sources):
-                output, _ = cut_run.communicate(timeout=PLAYBOOK_S)
+                output = cut_run.communicate(timeout=PLAYBOOK_S)[0]
                 received = staged_bytes("box-c", revision)
         finally:
             if cut_run.poll() is None:
