@@ -4,6 +4,11 @@
 # tests use (scripts/tools.sh), so a fresh machine runs everything CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Some tests start the Docker engine (scripts/engine.sh) and leave it up for the others; an
+# engine that was not running when this began is stopped when it ends, whatever the outcome.
+if ! docker info >/dev/null 2>&1; then
+  trap 'bash scripts/engine.sh down >/dev/null 2>&1 || true' EXIT
+fi
 bash scripts/tools.sh
 . scripts/venv.sh requirements-dev.txt
 echo "== ruff"

@@ -66,6 +66,15 @@ options:
     description: Seconds to wait for the connection, and then for the source's next bytes.
     type: int
     default: 30
+  headroom_bytes:
+    description:
+      - What must stay free on the models filesystem once the tar has landed. A box whose
+        free space is less than the bytes of the tar it still needs plus this is refused before
+        its first byte moves, naming host, path, both sizes and the shortfall (the checkpoints'
+        disk preflight, in its words). The room C(docker load) then takes in the engine's own
+        storage is not checked here.
+    type: int
+    default: 2147483648
 """
 
 EXAMPLES = r"""
@@ -123,11 +132,13 @@ from ansible_collections.lobes.fleet.plugins.module_utils.model_copy import (  #
 from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (  # noqa: E402
     MODEL_DIR_OPTION,
     check_image_manifest,
+    free_bytes,
     image_paths,
     image_staging,
     read_image_manifest,
     write_image_manifest,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.models import disk_shortfalls  # noqa: E402
 
 
 def source_manifest(source: Source, hex_digest: str) -> dict:
@@ -143,6 +154,17 @@ def source_manifest(source: Source, hex_digest: str) -> dict:
                         f"{error}") from None
 
 
+def check_room(params: dict, size: int, staged: str) -> None:
+    """Refuse (PullError) a box whose models filesystem cannot take the rest of the tar and the
+    headroom, before its first byte moves."""
+    have = os.path.getsize(staged) if os.path.isfile(staged) else 0
+    where = (params["host"] or "this box", params["model_dir"])
+    shortfalls = disk_shortfalls({where: size - have}, {where: free_bytes(params["model_dir"])},
+                                 params["headroom_bytes"])
+    if shortfalls:
+        raise PullError(f"no room for image {params['ref']}: {shortfalls[0]}")
+
+
 def copy_tar(params: dict, hex_digest: str) -> tuple:
     """(the manifest, the Puller) once the whole, checked tar is in .images (kept when whole)."""
     entry = read_image_manifest(params["model_dir"], hex_digest)
@@ -154,6 +176,7 @@ def copy_tar(params: dict, hex_digest: str) -> tuple:
     staging = image_staging(params["model_dir"])
     os.makedirs(staging, mode=0o755, exist_ok=True)
     name = f"{hex_digest}.tar"
+    check_room(params, entry["size"], os.path.join(staging, name))
     puller = Puller(source, f"(image {params['ref']})", staging,
                     lambda _path, offset: f"image {hex_digest} {offset}")
     puller.checked(name, entry)
@@ -197,6 +220,7 @@ def main():
             "ssh_key": {"type": "path"},
             "ssh_port": {"type": "int", "default": 22},
             "timeout": {"type": "int", "default": 30},
+            "headroom_bytes": {"type": "int", "default": 2147483648},
         },
         supports_check_mode=True,
     )

@@ -96,15 +96,11 @@ def run(*argv: str, timeout: float = 300, cwd: Path | None = None) -> str:
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[None]:
-    """The Docker engine and the base image; scripts/engine.sh skips what is there already. An
-    engine this test started is stopped after it (a daemon left running would outlive the run)."""
-    was_running = subprocess.run(["docker", "info"], capture_output=True, timeout=60,
-                                 check=False).returncode == 0
+def engine() -> None:
+    """The Docker engine and the base image; scripts/engine.sh skips what is there already. It
+    stays up: tests in other workers may use it, and scripts/test.sh stops an engine it did not
+    find running when it ends."""
     run("bash", str(ROOT / "scripts" / "engine.sh"), "up", timeout=1200)
-    yield
-    if not was_running:
-        run("bash", str(ROOT / "scripts" / "engine.sh"), "down", timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -181,6 +181,24 @@ def test_the_tar_crosses_once_is_loaded_by_id_tagged_and_a_second_run_opens_no_s
     assert boxes.sshd.connections() == logins and len(boxes.served()) == served
 
 
+def test_a_box_without_room_for_the_tar_is_refused_before_its_first_byte(boxes, tmp_path):
+    boxes.module("image_export", tmp_path, on_target=False, refs=[boxes.pinned],
+                 model_dir=str(boxes.source))
+    dest = tmp_path / "target"
+    hexd = hex_of(boxes.pinned)
+    docker_on(boxes.target_host, "rmi", "-f", copy_tag(boxes.pinned))  # an earlier test's copy
+    served = len(boxes.served())
+    # More headroom than any disk has free: the box must be refused.
+    refused = boxes.pull(tmp_path, dest, headroom_bytes=2 ** 50)
+    assert refused.get("failed") is True, refused
+    assert f"host target, path {dest}: needs" in refused["msg"], refused["msg"]
+    assert "is free; free" in refused["msg"], refused["msg"]
+    # Only the manifest was asked for: no byte of the tar moved, nothing was loaded.
+    assert boxes.served()[served:] == [f"imageinfo {hexd}"]
+    assert not any(path.is_file() and path.stat().st_size for path in dest.rglob("*.tar"))
+    assert image_id(boxes.target_host, copy_tag(boxes.pinned)) is None
+
+
 def test_a_cut_copy_resumes_from_its_offset_and_a_corrupt_one_is_copied_again(boxes, tmp_path):
     boxes.module("image_export", tmp_path, on_target=False, refs=[boxes.pinned],
                  model_dir=str(boxes.source))
