@@ -146,6 +146,7 @@ def test_the_source_exports_once_and_check_mode_writes_nothing(boxes, tmp_path):
     again = boxes.module("image_export", tmp_path, on_target=False, refs=[boxes.pinned],
                          model_dir=str(boxes.source))
     assert (again["changed"], again["exported"]) == (False, []), again
+    docker_on(boxes.target_host, "rmi", "-f", copy_tag(boxes.pinned))  # an earlier test's copy
     nowhere = boxes.module("image_export", tmp_path, on_target=True, refs=[boxes.pinned],
                            model_dir=str(tmp_path / "target"))
     assert (nowhere["changed"], nowhere["missing"]) == (False, [boxes.pinned]), nowhere
@@ -157,6 +158,7 @@ def test_the_tar_crosses_once_is_loaded_by_id_tagged_and_a_second_run_opens_no_s
                  model_dir=str(boxes.source))
     dest = tmp_path / "target"
     hexd = hex_of(boxes.pinned)
+    docker_on(boxes.target_host, "rmi", "-f", copy_tag(boxes.pinned))  # an earlier test's copy
     logins, served = boxes.sshd.connections(), len(boxes.served())
 
     would = boxes.pull(tmp_path, dest, check=True)
@@ -318,7 +320,8 @@ def _play(inventory: Path, root: Path, *extra: str) -> tuple:
     return changed, done.stdout
 
 
-@pytest.mark.slow
+# Not marked slow, so it runs after the module tests above: it leaves the target engine
+# holding the image and the source's sshd trusting the playbook's copy keys.
 def test_site_copies_the_pinned_image_to_the_box_that_cannot_pull_and_a_second_run_changes_nothing(
         boxes, tmp_path):
     docker_on(boxes.target_host, "rmi", "-f", copy_tag(boxes.pinned))
