@@ -133,6 +133,12 @@ def registry(tmp_path_factory, engine) -> str:
         process.wait(timeout=30)
 
 
+def _has_link(name: str) -> bool:
+    """Whether this machine's network namespace has the interface `name`."""
+    return subprocess.run(["ip", "link", "show", name], capture_output=True, timeout=30,
+                          check=False).returncode == 0
+
+
 @pytest.fixture(scope="module")
 def second_engine(engine) -> Iterator[str]:
     """A second Docker daemon of its own (data root, exec root, socket; no bridge, no iptables
@@ -142,8 +148,12 @@ def second_engine(engine) -> Iterator[str]:
     root = Path(tempfile.mkdtemp(prefix="lobes-d2-", dir="/tmp"))
     host = f"unix://{root}/docker.sock"
     log = open(root / "dockerd.log", "wb")  # noqa: SIM115 - open for the daemon's lifetime
+    # In a network namespace of its own: a dockerd with --bridge=none deletes the host's
+    # docker0 when it starts, and the first engine's containers lost their network (measured).
+    bridge_before = _has_link("docker0")
     daemon = subprocess.Popen(
-        ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
+        ["unshare", "--net", "--",
+         "dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
          "--pidfile", str(root / "dockerd.pid"), "--host", host, "--bridge=none",
          "--iptables=false", "--ip-masq=false", "--ip-forward=false"],
         stdout=log, stderr=subprocess.STDOUT)
@@ -155,6 +165,7 @@ def second_engine(engine) -> Iterator[str]:
             assert daemon.poll() is None, (root / "dockerd.log").read_text()[-2000:]
             assert time.monotonic() < deadline, "the second dockerd did not answer"
             time.sleep(0.3)
+        assert _has_link("docker0") == bridge_before, "the second dockerd changed docker0"
         yield host
     finally:
         daemon.terminate()
