@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.wait import wait_until
+
 from .test_playbooks import LocalMesh, _ok, _recap
+
+
+def _ready(role: dict) -> dict | None:
+    return role if role.get("ready") else None
 
 
 @pytest.mark.slow
@@ -32,7 +38,10 @@ def test_a_failed_switch_to_systemd_runs_the_supervisor_again(
     assert mesh.rendered() == before
     assert not list(units.glob("*.service")), "the units of the failed switch were left"
     assert set(mesh.processes()) == services
-    assert mesh.get("/capabilities")["roles"]["senses"]["context"] == 32768
+    # The restarted gateway publishes a gear's window once its probe finds the gear ready.
+    senses = wait_until(lambda: _ready(mesh.get("/capabilities")["roles"]["senses"]),
+                        message="senses ready again after the rollback", timeout=60, interval=0.5)
+    assert senses["context"] == 32768
     assert mesh.chat("main")["object"] == "chat.completion"
     assert _recap(failed)["rescued"] == 1, failed.stdout[-4000:]
     assert "The box runs as it did before this run" in failed.stdout
