@@ -9,6 +9,7 @@ import ipaddress
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -107,7 +108,10 @@ def pulls(run: subprocess.CompletedProcess, host: str) -> list[dict]:
     """The model_pull results of `host` in a run printed by the JSON callback (the pulls run in
     the background; the task that follows them returns each one's result)."""
     results = []
-    for play in json.loads(run.stdout)["plays"]:
+    # The progress lines the follow task prints come before the callback's one JSON document.
+    document = re.search(r"^\{$", run.stdout, re.MULTILINE)
+    assert document is not None, run.stdout[-3000:]
+    for play in json.loads(run.stdout[document.start():])["plays"]:
         for task in play["tasks"]:
             if "Follow this round's pulls" in task["task"]["name"]:
                 results += task["hosts"].get(host, {}).get("results", [])
