@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import traceback
+from collections.abc import Awaitable
 
 from ..mesh.peers import PeerWatch
 from ..policy.auth import Caller, Gate, InflightLimits
@@ -58,7 +59,7 @@ from .meter import asking_usage
 from .metrics import SHED_KEY_LIMIT, Metrics
 from .page import PAGE_PATHS, load_assets
 from .realtime import tunnel
-from .relay import Outcome, relay
+from .relay import Outcome, Relayed, relay
 from .views import Views
 
 POST_LANES = {
@@ -172,10 +173,12 @@ class Gateway:
                     except HttpError as exc:
                         client.write(error_bytes(exc.error, keep_alive=False))
                         return
+                    del head  # parsed: a held stream does not keep it
                     request.watchdog = watchdog
                     trace.identify(request, LANES.get(request.path, "other"))
                     request.trace = trace
-                    if not await self.handle(request, client):
+                    kept = self.handle(request, client)
+                    if not (kept if isinstance(kept, bool) else await kept):
                         return
                 finally:
                     metrics.end(trace, client)
@@ -189,8 +192,10 @@ class Gateway:
             client.close()
             self._clients.discard(client)
 
-    async def handle(self, req: Request, client: Channel) -> bool:
-        """Answer one request; returns whether the connection may serve another."""
+    def handle(self, req: Request, client: Channel) -> bool | Awaitable[bool]:
+        """Answer one request: whether the connection may serve another, or what to await for
+        it. Not a coroutine itself: each frame a request awaits through costs it CPU, and a held
+        stream its memory."""
         method, path = req.method, req.path
         if method != "POST" and _has_body(req):
             # Only a POST's body is read: the connection ends with this answer, so the body
@@ -200,14 +205,14 @@ class Gateway:
             if (path in _PRIVATE and self.config.private_status
                     and self.gate.identify(req.headers.get("authorization")) is None):
                 return self._refuse(req, client, errors.invalid_api_key())
-            return await self._keyless(req, client)
+            return self._keyless(req, client)
         if method == "GET" and path in self.page:
             asset = self.page[path]
             client.write(response_bytes(200, asset.body, content_type=asset.content_type,
                                         headers=asset.headers, keep_alive=req.keep_alive))
             return req.keep_alive
         if method == "GET" and path.startswith(GEAR_METRICS):
-            return await self._gear_metrics(req, client)
+            return self._gear_metrics(req, client)
         caller = self.gate.identify(req.headers.get("authorization"))
         if caller is None and (method == "POST" or path.startswith("/v1/")):
             return self._refuse(req, client, errors.invalid_api_key())
@@ -219,9 +224,9 @@ class Gateway:
             lane = POST_LANES.get(path)
             if lane is None:
                 return self._refuse(req, client, errors.not_found(path))
-            return await self._post(req, lane, caller, client)
+            return self._post(req, lane, caller, client)
         if method == "GET":
-            return await self._get(req, caller, client)
+            return self._get(req, caller, client)
         if path in POST_LANES:
             return self._refuse(req, client, errors.method_not_allowed(method, path, "POST"))
         return self._refuse(req, client, errors.not_found(path))
@@ -309,7 +314,10 @@ class Gateway:
         client.write(error_bytes(errors.request_timeout(), keep_alive=False))
         client.close()
 
-    async def _post(self, req: Request, lane: str, caller: Caller, client: Channel) -> bool:
+    def _post(self, req: Request, lane: str, caller: Caller,
+              client: Channel) -> bool | Awaitable[bool]:
+        """A POST within its key's in-flight limit, its body read: served by _serve, which
+        gives the in-flight slot back when it ends."""
         if not self.inflight.acquire(caller):
             self.metrics.shed[SHED_KEY_LIMIT] += 1
             source = ("GATEWAY_CLIENT_KEYS" if caller.inflight_limit is not None
@@ -317,55 +325,80 @@ class Gateway:
             return self._refuse(req, client,
                                 errors.rate_limited(self.inflight.limit_of(caller), source))
         try:
-            try:
-                body = buffered_body(client, req.headers, self.config.limits.max_body_bytes)
-                if body is None:  # not all here with the head: wait (the usual case does not)
-                    body = await self._read_body(req, client)
-                    if client.is_closing():
-                        return False
-            except HttpError as exc:
-                client.write(error_bytes(exc.error, keep_alive=False))
-                return False
-            req.body = body
-            del body  # the request holds it, until a held stream's relay lets it go
-            return await self._serve(req, lane, caller, client)
-        finally:
+            body = buffered_body(client, req.headers, self.config.limits.max_body_bytes)
+        except HttpError as exc:
             self.inflight.release(caller)
+            client.write(error_bytes(exc.error, keep_alive=False))
+            return False
+        if body is None:  # not all here with the head: wait (the usual case does not)
+            return self._post_arriving(req, lane, caller, client)
+        req.body = body
+        return self._serve(req, lane, caller, client)
+
+    async def _post_arriving(self, req: Request, lane: str, caller: Caller,
+                             client: Channel) -> bool:
+        """A POST whose body is still arriving: read, then served (its slot given back)."""
+        try:
+            req.body = await self._read_body(req, client)
+        except HttpError as exc:
+            self.inflight.release(caller)
+            client.write(error_bytes(exc.error, keep_alive=False))
+            return False
+        except BaseException:
+            self.inflight.release(caller)
+            raise
+        if client.is_closing():
+            self.inflight.release(caller)
+            return False
+        return await self._serve(req, lane, caller, client)
 
     async def _serve(self, req: Request, lane: str, caller: Caller, client: Channel) -> bool:
-        """Route a request whose body is read, admit it, run its attempts, relay the outcome."""
-        routed = await self._route(req, lane, client)
-        if isinstance(routed, bool):
-            return routed
-        route, requested_tier, payload = routed
-        del routed
-        klass = requested_class(req, caller, payload)
-        if isinstance(klass, ApiError):
-            return self._answer(req, client, klass)
-        req.priority = klass
-        ticket = None
-        queue = self.admission.queue_for(route, requested_tier, req)
-        # The hot path skips enter() and its coroutine: nothing to wait for, no deadline to check.
-        if queue is not None or DEADLINE_HEADER in req.headers:
-            admitted = await self.admission.enter(req, caller, klass, route, queue, payload,
-                                                  client)
-            if isinstance(admitted, ApiError):
-                return self._answer(req, client, admitted)
-            if admitted is False:  # the client left while it waited
-                return False
-            ticket = None if admitted is True else admitted
+        """Route a request whose body is read, admit it, run its attempts, relay the outcome;
+        the caller's in-flight slot is given back at the end."""
         try:
-            outcome = await self.dispatcher.run(req, route, requested_tier, payload, client,
-                                                ticket)
-            # A stream may be held for minutes: it keeps neither the parsed nor the raw body.
-            del payload
-            if not isinstance(outcome, Outcome):
-                return outcome
-            return await self._relay(req, lane, outcome, client)
+            routed = await self._route(req, lane, client)
+            if isinstance(routed, bool):
+                return routed
+            route, requested_tier, payload = routed
+            del routed
+            klass = requested_class(req, caller, payload)
+            if isinstance(klass, ApiError):
+                return self._answer(req, client, klass)
+            req.priority = klass
+            ticket = None
+            queue = self.admission.queue_for(route, requested_tier, req)
+            # The hot path skips enter() and its coroutine: nothing to wait for, no deadline
+            # to check.
+            if queue is not None or DEADLINE_HEADER in req.headers:
+                admitted = await self.admission.enter(req, caller, klass, route, queue, payload,
+                                                      client)
+                if isinstance(admitted, ApiError):
+                    return self._answer(req, client, admitted)
+                if admitted is False:  # the client left while it waited
+                    return False
+                ticket = None if admitted is True else admitted
+            try:
+                outcome = await self.dispatcher.run(req, route, requested_tier, payload, client,
+                                                    ticket)
+                # A stream may be held for minutes: it keeps neither the parsed nor the raw
+                # body.
+                del payload
+                if not isinstance(outcome, Outcome):
+                    return outcome
+                try:  # awaited here, not in a frame of its own: a held stream keeps fewer
+                    kept = self._relay(req, lane, outcome, client)
+                    if not isinstance(kept, bool):
+                        kept = await kept
+                finally:
+                    outcome.settle()
+                self._count_relayed(req, outcome)
+                return kept
+            finally:
+                if ticket is not None:
+                    tokens = req.trace.tokens if req.trace is not None else None
+                    self.admission.leave(route, ticket, tokens or 0)
         finally:
-            if ticket is not None:
-                tokens = req.trace.tokens if req.trace is not None else None
-                self.admission.leave(route, ticket, tokens or 0)
+            self.inflight.release(caller)
 
     async def _route(self, req: Request, lane: str,
                      client: Channel) -> bool | tuple[Route, str | None, dict | None]:
@@ -402,18 +435,21 @@ class Gateway:
         except BodyError as exc:
             return exc.error
 
-    async def _relay(self, req: Request, lane: str, outcome: Outcome, client: Channel) -> bool:
-        """Relay the outcome; whether the connection may serve another request."""
+    def _relay(self, req: Request, lane: str, outcome: Outcome, client: Channel) -> Relayed:
+        """Relay the outcome: whether the connection may serve another request, or the
+        coroutine to await for it."""
         keep_alive = req.keep_alive
         # Only what the relay needs is kept while it runs.
         req.body, req.json, req.headers, req.header_block = b"", None, {}, ""
-        kept = await relay(self.connections, outcome, client, keep_alive,
-                           lane in GENERATE_LANES, req.strip_usage)
+        return relay(self.connections, outcome, client, keep_alive, lane in GENERATE_LANES,
+                     req.strip_usage)
+
+    def _count_relayed(self, req: Request, outcome: Outcome) -> None:
+        """The relayed answer's tokens on its trace, and a cut stream counted."""
         if req.trace is not None:
             req.trace.tokens = outcome.tokens
             if outcome.cut is not None:
                 self.metrics.streams_cut[req.trace.role, outcome.cut] += 1
-        return kept
 
     def _answer(self, req: Request, client: Channel, error: ApiError) -> bool:
         client.write(error_bytes(error, keep_alive=req.keep_alive))

@@ -7,7 +7,6 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
-from functools import partial
 from typing import TYPE_CHECKING
 
 from ..policy.placer import Placement
@@ -41,6 +40,10 @@ _STREAM_END = b"0\r\n\r\n"
 # A chunk up to this size that arrives in pieces is held and passed on whole, as it came; a
 # larger one is passed on as its pieces come, framed anew.
 _HELD_CHUNK = 64 * 1024
+
+# What a relay returns: whether the client connection stays usable, or the coroutine to await
+# for it (an answer written at once makes no coroutine).
+Relayed = bool | Coroutine[object, object, bool]
 
 
 class Outcome:
@@ -101,34 +104,22 @@ class Outcome:
 
 
 def relay(connections: Connections, outcome: Outcome, client: Channel, keep_alive: bool,
-          metered: bool, strip_usage: bool = False) -> Coroutine[object, object, bool]:
-    """Relay an outcome to `client`: the coroutine to await, whose result is whether the
-    client connection stays usable.
+          metered: bool, strip_usage: bool = False) -> Relayed:
+    """Relay an outcome to `client`: whether the client connection stays usable, or the
+    coroutine to await for it (an answer that came whole with its head is written here, with
+    no coroutine at all). The caller settles the outcome when the relay ends.
 
     A metered request's 200 (a generate lane's) has its completion tokens counted into the
     outcome, and a placed replica's rate taught from them; `strip_usage`: its stream's usage
-    chunk was asked for by the gateway, not the caller. An answer with nothing to settle
-    passes straight through (returned, not awaited here: one coroutine frame less); otherwise
-    the outcome is settled when the relay ends.
+    chunk was asked for by the gateway, not the caller.
     """
     meter = outcome if metered and outcome.response.status == 200 else None
     if outcome.resume is not None and meter is not None and is_event_stream(outcome.response):
         return _relay_resumable(connections, outcome, client, keep_alive)
     outcome.strip_usage = strip_usage
-    if outcome.placement is None and outcome.counter is None and outcome.body is None:
-        return pass_through(connections, outcome, client, keep_alive, meter)
-    return _relay_settling(connections, outcome, client, keep_alive, meter)
-
-
-async def _relay_settling(connections: Connections, outcome: Outcome, client: Channel,
-                          keep_alive: bool, meter: Outcome | None) -> bool:
-    try:
-        if outcome.body is not None:
-            return _write_read(outcome.response, outcome.body, outcome.extra, client,
-                               keep_alive)
-        return await pass_through(connections, outcome, client, keep_alive, meter)
-    finally:
-        outcome.settle()
+    if outcome.body is not None:
+        return _write_read(outcome.response, outcome.body, outcome.extra, client, keep_alive)
+    return pass_through(connections, outcome, client, keep_alive, meter)
 
 
 async def _relay_resumable(connections: Connections, outcome: Outcome, client: Channel,
@@ -137,17 +128,14 @@ async def _relay_resumable(connections: Connections, outcome: Outcome, client: C
     a stream it served whole (a continued one is taught by the StreamResume)."""
     resume, placement = outcome.resume, outcome.placement
     assert resume is not None and placement is not None
-    try:
-        kept, tokens = await resume.relay(connections, outcome.response, outcome.extra,
-                                          placement, client, keep_alive)
-        if resume.whole and not resume.resumes:
-            outcome.learn(tokens, prompt_tokens=resume.prompt_tokens,
-                          first_event_at=resume.first_event_at)
-        else:
-            outcome.tokens = tokens
-        return kept
-    finally:
-        outcome.settle()
+    kept, tokens = await resume.relay(connections, outcome.response, outcome.extra, placement,
+                                      client, keep_alive)
+    if resume.whole and not resume.resumes:
+        outcome.learn(tokens, prompt_tokens=resume.prompt_tokens,
+                      first_event_at=resume.first_event_at)
+    else:
+        outcome.tokens = tokens
+    return kept
 
 
 async def read_whole(connections: Connections, response: Response) -> bytes | None:
@@ -177,26 +165,11 @@ def _write_read(response: Response, body: bytes, extra: list[bytes], client: Cha
     return keep_alive
 
 
-async def _relay_metered_stream(connections: Connections, outcome: Outcome, client: Channel,
-                                keep_alive: bool, meter: Outcome) -> bool:
-    """A stream relayed through a StreamMeter: its tokens are its usage's, and only a stream
-    that ended whole teaches its replica's rate."""
-    counted = StreamMeter(client, outcome.strip_usage)
-    kept = await _relay_stream(connections, outcome, counted,  # type: ignore[arg-type]
-                               keep_alive, counted)
-    if counted.usage_tokens is not None and counted.done and not counted.cut:
-        meter.learn(counted.usage_tokens, counted.usage_data,
-                    first_event_at=counted.first_event_at)
-    else:
-        meter.tokens = counted.usage_tokens
-    return kept
-
-
-async def pass_through(connections: Connections, outcome: Outcome, client: Channel,
-                       keep_alive: bool, meter: Outcome | None = None) -> bool:
-    """Relay the outcome's response to `client` as it comes; returns whether the client
-    connection stays usable. With a `meter`, the answer's completion tokens are counted into it
-    (except a body too large to hold: it is relayed unmetered)."""
+def pass_through(connections: Connections, outcome: Outcome, client: Channel,
+                 keep_alive: bool, meter: Outcome | None = None) -> Relayed:
+    """Relay the outcome's response to `client` as it comes: whether the client connection
+    stays usable, or the coroutine to await for it. With a `meter`, the answer's completion
+    tokens are counted into it (except a body too large to hold: it is relayed unmetered)."""
     response, extra = outcome.response, outcome.extra
     length = response.length
     if length is not None and length <= _BODY_IN_ONE_READ:
@@ -210,12 +183,15 @@ async def pass_through(connections: Connections, outcome: Outcome, client: Chann
             finish(connections, response)
             return keep_alive
     elif length is not None:
-        return await _relay_large(connections, response, client, extra, keep_alive, meter)
+        return _relay_large(connections, response, client, extra, keep_alive, meter)
     elif not response.chunked or is_event_stream(response):
-        if meter is not None:
-            return await _relay_metered_stream(connections, outcome, client, keep_alive, meter)
-        return await _relay_stream(connections, outcome, client, keep_alive)
+        return _relay_stream(connections, outcome, client, keep_alive, meter)
     # A small body still arriving, or a chunked JSON one: read whole, then relay it sized.
+    return _relay_read_whole(connections, response, client, extra, keep_alive, meter)
+
+
+async def _relay_read_whole(connections: Connections, response: Response, client: Channel,
+                            extra: list[bytes], keep_alive: bool, meter: Outcome | None) -> bool:
     body = await read_whole(connections, response)
     if body is None:
         return _broke_off(client)
@@ -256,49 +232,84 @@ async def _relay_large(connections: Connections, response: Response, client: Cha
 
 
 async def _relay_stream(connections: Connections, outcome: Outcome, client: Channel,
-                        keep_alive: bool, meter: StreamMeter | None = None) -> bool:
+                        keep_alive: bool, metered: Outcome | None = None) -> bool:
     """Pass a stream through as it arrives: chunks as they came where they are whole and plain,
-    otherwise decoded and framed again; a stream its backend breaks off or stalls (or, read by
-    a `meter`, ends without its answer) is ended with an error event (for an event stream)
-    and counted on the outcome as cut."""
+    otherwise decoded and framed again; a stream its backend breaks off or stalls (or, when
+    `metered`, ends without its answer) is ended with an error event (for an event stream)
+    and counted on the outcome as cut. `metered`: the stream is read on its way by a
+    StreamMeter, its tokens are its usage's, and only a stream that ended whole teaches its
+    replica's rate."""
     response = outcome.response
-    own = client.write if meter is None else meter.write_own  # the gateway's own bytes
+    own = client.write  # the gateway's own bytes, which no meter reads
     own(head_bytes(response, outcome.extra, b"Transfer-Encoding: chunked", keep_alive))
-    event_stream, chunked, conn = is_event_stream(response), response.chunked, response.conn
+    event_stream, conn = is_event_stream(response), response.conn
     # Sent: not kept for a held stream.
     response.raw, response.headers, response.relayed = b"", {}, b""
-    transport = client.transport
-    timeouts = connections.body_timeouts
+    counted = None if metered is None else StreamMeter(client, outcome.strip_usage)
+    sink = client if counted is None else counted  # where the upstream's chunks go
     # A caller that leaves while the upstream is silent (a long prefill) ends the stream now,
     # not at the upstream's next bytes: its placement and counts are given back at once.
     if not client.watch_gone(conn.abort):
         conn.abort()
     try:
-        if chunked:
-            response.keep_alive &= await _pass_chunks(conn, client, transport, timeouts)
+        if response.chunked:
+            # Awaited inline, not in a coroutine of its own: a held stream keeps one frame less.
+            pipe = _ChunkPipe(sink.write, client.transport, conn, connections.body_timeouts)
+            try:
+                pipe.attach(conn)
+                while (ended := await pipe.wait()) is None:
+                    conn.watchdog.disarm()  # paused for the client: no stalled upstream
+                    await client.drain()
+                    pipe.resume()
+            finally:
+                pipe.detach(conn)
+            response.keep_alive &= ended
         else:
+            timeouts = connections.body_timeouts
             reader = BodyReader(conn, BodyTimeouts(timeouts.idle_s, math.inf), timeouts.total_s)
-            await _frame_until_eof(reader, client, transport)
+            await _frame_until_eof(reader, sink, client.transport)
             response.keep_alive = False
     except _BROKEN:
         conn.close()
-        if not transport.is_closing():
-            outcome.cut = STALLED if conn.timed_out else BROKEN
-            if event_stream:
-                event = interrupted_event(outcome.cut)
-                own(b"%x\r\n%s\r\n" % (len(event), event) + _STREAM_END)
-            transport.close()
-        return False
+        _cut(outcome, client, STALLED if conn.timed_out else BROKEN, event_stream)
+        kept = False
+    else:
+        if counted is not None and (counted.cut or not counted.done):
+            # Ended without its answer: [DONE] before a finish, an error event, or no [DONE].
+            outcome.cut = BROKEN
+            event = interrupted_event(BROKEN)
+            own(b"%x\r\n%s\r\n" % (len(event), event))
+        own(_STREAM_END)
+        finish(connections, response)
+        kept = keep_alive
     finally:
         client.watch_gone(None)
-    if meter is not None and (meter.cut or not meter.done):
-        # Ended without its answer: [DONE] before a finish, an error event, or no [DONE].
-        outcome.cut = BROKEN
-        event = interrupted_event(BROKEN)
-        own(b"%x\r\n%s\r\n" % (len(event), event))
-    own(_STREAM_END)
-    finish(connections, response)
-    return keep_alive
+    if metered is not None and counted is not None:
+        _learn_from_stream(metered, counted)
+    return kept
+
+
+def _cut(outcome: Outcome, client: Channel, why: str, event_stream: bool) -> None:
+    """End a stream its upstream broke off or stalled: an error event for an event stream, then
+    the client's connection (unless the client ended it first)."""
+    transport = client.transport
+    if transport.is_closing():
+        return
+    outcome.cut = why
+    if event_stream:
+        event = interrupted_event(why)
+        client.write(b"%x\r\n%s\r\n" % (len(event), event) + _STREAM_END)
+    transport.close()
+
+
+def _learn_from_stream(metered: Outcome, counted: StreamMeter) -> None:
+    """A metered stream's tokens are its usage's; only one that ended whole teaches its
+    replica's rate."""
+    if counted.usage_tokens is not None and counted.done and not counted.cut:
+        metered.learn(counted.usage_tokens, counted.usage_data,
+                      first_event_at=counted.first_event_at)
+    else:
+        metered.tokens = counted.usage_tokens
 
 
 async def _frame_until_eof(upstream: BodyReader, client: Channel,
@@ -314,58 +325,50 @@ async def _frame_until_eof(upstream: BodyReader, client: Channel,
             await client.drain()
 
 
-async def _pass_chunks(conn: Connection, client: Channel, transport: asyncio.WriteTransport,
-                       timeouts: BodyTimeouts) -> bool:
-    """Relay a chunked stream from the upstream socket's own callback, so complete chunks reach
-    the client as they are received, with no future, task wake-up or read call per chunk.
-
-    The upstream's silence is bounded: total_s for its first bytes (a long prompt's prefill),
-    then idle_s between reads; a wait for a slow client is not counted.
-    Returns whether the upstream connection ended cleanly (reusable).
-    """
-    upstream = conn.channel
-    idle_s, watchdog, abort = timeouts.idle_s, conn.watchdog, conn.abort
-    # A partial, not a lambda: the arm on every read costs no frame of its own.
-    pipe = _ChunkPipe(client.write, transport, upstream.transport,
-                      partial(watchdog.arm, idle_s, abort))
-    watchdog.arm(timeouts.total_s, abort)
-    held = upstream.divert(pipe)
-    try:
-        if held:  # bytes that came with the response head go first
-            pipe.data_received(held)
-        if pipe.outcome is None and upstream.at_eof():
-            raise ConnectionResetError("upstream closed mid-stream")
-        while True:
-            outcome = await pipe.wait()
-            if outcome is not None:
-                return outcome
-            watchdog.disarm()  # paused for the client: a slow client is no stalled upstream
-            await client.drain()
-            watchdog.arm(idle_s, abort)
-            pipe.resume()
-    finally:
-        watchdog.disarm()
-        upstream.divert(None)
-
-
 class _ChunkPipe(StreamPipe):
     """The upstream socket's protocol while a chunked stream passes through it; its outcome is
     whether the upstream ended cleanly (reusable)."""
 
-    __slots__ = ("_arm", "_decoder", "_held", "_write")
+    __slots__ = ("_abort", "_arm", "_decoder", "_first_s", "_held", "_idle_s", "_write")
 
     def __init__(self, write: Callable[[bytes], None], client: asyncio.WriteTransport,
-                 upstream: asyncio.Transport, arm: Callable[[], None]) -> None:
-        super().__init__(client, upstream)
+                 conn: Connection, timeouts: BodyTimeouts) -> None:
+        super().__init__(client, conn.channel.transport)
         self._write = write  # the client's write (traced, metered)
-        self._arm = arm  # the upstream's silence is timed again from each read
+        # The upstream's silence is bounded: first_s for its first bytes (a long prompt's
+        # prefill), then idle_s from each read; a wait for a slow client is not counted. The
+        # arm's parts are kept, not a partial: a read costs no frame, a held stream no
+        # partial's objects.
+        self._arm, self._abort = conn.watchdog.arm, conn.abort
+        self._first_s, self._idle_s = timeouts.total_s, timeouts.idle_s
         self._decoder = ChunkDecoder()  # a chunk too large to hold, or one to judge
         self._held = b""  # the start of a small chunk, passed on once it is whole
+
+    def attach(self, conn: Connection) -> None:
+        """Take the upstream socket's bytes from its channel, those that came with the response
+        head first, so complete chunks reach the client from the socket's own callback (no
+        future, task wake-up or read call per chunk)."""
+        self._arm(self._first_s, self._abort)
+        held = conn.channel.divert(self)
+        if held:
+            self.data_received(held)
+        if self.outcome is None and conn.channel.at_eof():
+            raise ConnectionResetError("upstream closed mid-stream")
+
+    def detach(self, conn: Connection) -> None:
+        """Give the upstream socket back to its channel, its deadline off."""
+        conn.watchdog.disarm()
+        conn.channel.divert(None)
+
+    def resume(self) -> None:
+        """The client drained: the upstream's silence is timed again and its reads resume."""
+        self._arm(self._idle_s, self._abort)
+        super().resume()
 
     def data_received(self, data: bytes) -> None:
         if self.outcome is not None or self._error is not None:
             return
-        self._arm()
+        self._arm(self._idle_s, self._abort)
         try:
             self._pass(data)
         except (ValueError, ConnectionError) as exc:

@@ -29,21 +29,22 @@ class StreamPipe(asyncio.Protocol):
         self.outcome: bool | None = None  # set once the stream ended; its meaning is the kind's
         self.paused = False  # upstream reads wait for the client to drain
 
-    async def wait(self) -> bool | None:
-        """The outcome once the stream ended, or None when paused for the client to drain;
-        raises what broke the stream (the upstream closing before its end, for one)."""
+    def wait(self) -> asyncio.Future:
+        """What to await for the outcome once the stream ended, or None when paused for the
+        client to drain; raises what broke the stream (the upstream closing before its end, for
+        one). A future, not a coroutine: a held stream keeps no frame of this wait."""
         if self._error is not None:
             raise self._error
+        loop = asyncio.get_running_loop()
         if self.outcome is not None or self.paused:
-            return self.outcome
+            ready = loop.create_future()
+            ready.set_result(self.outcome)
+            return ready
         if self._upstream.is_closing():
             # Its loss may have reached the socket before this pipe took it: none would wake it.
             raise ConnectionResetError("upstream closed mid-stream")
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            return await self._waiter
-        finally:
-            self._waiter = None
+        self._waiter = waiter = loop.create_future()
+        return waiter
 
     def resume(self) -> None:
         """The client drained: read the upstream again."""
@@ -64,11 +65,11 @@ class StreamPipe(asyncio.Protocol):
 
     def _fail(self, exc: Exception) -> None:
         self._error = exc
-        waiter = self._waiter
+        waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
     def _wake(self, outcome: bool | None) -> None:
-        waiter = self._waiter
+        waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(outcome)

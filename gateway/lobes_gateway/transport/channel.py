@@ -63,8 +63,10 @@ class Channel(asyncio.Protocol):
         self.transport = transport
         self.write = transport.write
         set_nodelay(transport)
-        if self._on_connect is not None:
-            self._on_connect(self)
+        # Called once: not kept for the connection's life.
+        on_connect, self._on_connect = self._on_connect, None
+        if on_connect is not None:
+            on_connect(self)
 
     def data_received(self, data: bytes) -> None:
         if self._receiver is not None:
