@@ -13,7 +13,7 @@ allows, is measured alongside: the gateway's CPU as a ratio to it is the cost of
 own work, and the relay's ratio to nginx is what the host does to any Python proxy. A
 benchmark, not a test: it asserts nothing, it reports.
 
-    python3 bench/gateway_bench.py             # the full run (about 9 minutes)
+    python3 bench/gateway_bench.py             # the full run (about 10 minutes)
     python3 bench/gateway_bench.py --quick     # a smoke run with short windows, 500 streams
                                                # (1,000 in the many-streams phase)
     python3 bench/gateway_bench.py --big-streams 0   # without the 10,000-stream phase
@@ -314,12 +314,25 @@ def start_backend(workdir: Path) -> procs.Service:
     return procs.spawn("backend", argv, port, CLIENT_CORE, workdir)
 
 
-async def run(cfg: Settings, workdir: Path, log) -> dict:
-    """Every phase against every target; returns results[phase][target] -> metrics."""
-    nofile = procs.raise_fd_limit(
-        SOCKETS_PER_STREAM * max(cfg.streams, cfg.big_streams) + FD_HEADROOM
-    )
-    log(f"open-file limit {nofile}")
+def open_files_needed(cfg: Settings) -> int:
+    """The descriptors a proxy needs to hold the run's most streams at once."""
+    return SOCKETS_PER_STREAM * max(cfg.streams, cfg.big_streams) + FD_HEADROOM
+
+
+def raise_open_files(cfg: Settings, log) -> dict[str, int]:
+    """Raise the open-file limit the proxies inherit to what the run needs, where allowed;
+    says so when the limit stays below it."""
+    needed = open_files_needed(cfg)
+    limit = procs.raise_fd_limit(needed)
+    if limit < needed:
+        log(f"open-file limit {limit} (the hard limit; not allowed to raise it) is below the "
+            f"{needed} a proxy needs: the most streams fail on the limit")
+    return {"limit": limit, "needed": needed}
+
+
+async def run(cfg: Settings, workdir: Path, log, nofile: int) -> dict:
+    """Every phase against every target, the proxies allowed `nofile` open files; returns
+    results[phase][target] -> metrics."""
     os.sched_setaffinity(0, {CLIENT_CORE})
     renice(cfg.nice, log)
     backend = start_backend(workdir)
@@ -548,8 +561,13 @@ def main(argv: list[str]) -> int:
         )
         return 2
     run_info = describe_run(cfg, argv)
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    run_info["open_files"] = raise_open_files(cfg, log)
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
-        results = asyncio.run(run(cfg, Path(tmp), lambda line: print(line, file=sys.stderr)))
+        results = asyncio.run(run(cfg, Path(tmp), log, run_info["open_files"]["limit"]))
     run_info["load_after"] = load_average()
     save_raw(results, run_info)
     text = report.render(results, run_info)

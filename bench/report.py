@@ -326,6 +326,21 @@ def _streams_note(results: dict, phase: str, title: str) -> str:
     return f"{title}: " + ", ".join(parts) + "." if parts else ""
 
 
+def _open_files_note(info: dict, big_streams: int) -> str:
+    """Whether the proxies could open the sockets the most streams need: below that, streams
+    fail on the bench's limit whichever the proxy."""
+    files = info.get("open_files")
+    if not files or files["limit"] >= files["needed"]:
+        return ""
+    return (
+        f"The open-file limit, {files['limit']:,}, is below the {files['needed']:,} a proxy "
+        "needs for the most streams (two sockets each, the client's and the upstream one, plus "
+        "headroom) and this host does not let the bench raise it: failures near "
+        f"{big_streams:,} streams are that limit's, in nginx (its worker_connections follow "
+        "the limit) as in the gateway."
+    )
+
+
 def _verdict(met: bool, measured: bool) -> str:
     if not measured:
         return "NOT RUN"
@@ -394,6 +409,7 @@ def render(results: dict, info: dict) -> str:
         _error_note(results),
         _streams_note(results, "streams", "Held streams"),
         _streams_note(results, "big_streams", f"{cfg.big_streams:,} held streams"),
+        _open_files_note(info, cfg.big_streams),
         "",
         *_floor_rows(results, concurrencies),
         "",

@@ -134,14 +134,18 @@ def test_the_big_streams_bar_shows_the_clients_own_failures_apart():
         "the client's own)"
 
 
-def _rendered_target_rows(results: dict) -> dict[str, str]:
+def _rendered(results: dict, **info: object) -> str:
     settings = SimpleNamespace(nice=-10, rounds=1, window_s=0.5, sse_concurrency=16,
                                sse_chunks=50, sse_interval_ms=4, stream_interval_ms=1000,
                                streams=STREAMS, big_streams=BIG, realtime=False)
     info = {"date": "today", "machine": "a host", "proxy_python": "python3", "python": "3",
             "nginx": "1", "gateway": "abc", "load_before": "0", "load_after": "0",
-            "command": "bench", "settings": settings}
-    lines = report.render(results, info).splitlines()
+            "command": "bench", "settings": settings, **info}
+    return report.render(results, info)
+
+
+def _rendered_target_rows(results: dict) -> dict[str, str]:
+    lines = _rendered(results).splitlines()
     return {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ")}
 
 
@@ -163,3 +167,11 @@ def test_the_table_shows_the_big_streams_held_and_failed_per_proxy():
     row = rows["10,000 SSE streams, each proxy fresh: live at once / failed"]
 
     assert row.split(" | ")[1:5] == ["-", "8,906 / 1,094", "-", "9,993 / 7"]
+
+
+def test_the_table_says_when_the_open_file_limit_caps_the_streams_a_proxy_can_hold():
+    short = _rendered(_results(), open_files={"limit": 20_000, "needed": 21_024})
+    enough = _rendered(_results(), open_files={"limit": 65_536, "needed": 21_024})
+
+    assert "The open-file limit, 20,000, is below the 21,024 a proxy needs" in short
+    assert "open-file limit" not in enough
