@@ -323,7 +323,7 @@ def _streams_note(results: dict, phase: str, title: str) -> str:
             + ("" if lag is None else f", client loop up to {lag:.2f} s late")
             + (f" (failed: {reasons})" if reasons else "")
         )
-    return f"{title}: " + ", ".join(parts) + "." if parts else ""
+    return f"{title}: " + "; ".join(parts) + "." if parts else ""
 
 
 def _open_files_note(info: dict, big_streams: int) -> str:
