@@ -3,16 +3,24 @@
 
 Prints a markdown table (requests/s and added p50/p99 latency at c=1/64/256, CPU per request
 and per SSE chunk as a ratio to nginx, time-to-first-chunk overhead, RSS per stream with 4,000
-SSE streams held open) plus PASS/MISS per target, and writes it between the gateway-bench
-markers of docs/benchmarks.md. bench/bare_relay.py, the cheapest relay stdlib asyncio allows,
-is measured alongside: the gateway's CPU as a ratio to it is the cost of the gateway's own
-work, and the relay's ratio to nginx is what the host does to any Python proxy. A benchmark,
-not a test: it asserts nothing, it reports.
+SSE streams held open, then 10,000 streams held through a fresh nginx and gateway each) plus
+PASS/MISS per target, and writes it between the gateway-bench markers of docs/benchmarks.md.
+The targets are ratios to nginx in the same run: CPU per request at c=64 and c=256 <= 2x,
+CPU per SSE chunk <= 1.75x, added p50 at c=1 <= 1.2x nginx's added p50, 4,000 held streams
+with 0 failed at <= 8 KiB RSS each, and at 10,000 held streams no more failed than nginx
+(bench/report.py holds the numbers). bench/bare_relay.py, the cheapest relay stdlib asyncio
+allows, is measured alongside: the gateway's CPU as a ratio to it is the cost of the gateway's
+own work, and the relay's ratio to nginx is what the host does to any Python proxy. A
+benchmark, not a test: it asserts nothing, it reports.
 
-    python3 bench/gateway_bench.py             # the full run (about 9 minutes)
+    python3 bench/gateway_bench.py             # the full run (about 10 minutes)
     python3 bench/gateway_bench.py --quick     # a smoke run with short windows, 500 streams
+                                               # (1,000 in the many-streams phase)
+    python3 bench/gateway_bench.py --big-streams 0   # without the 10,000-stream phase
 
 Each proxy is pinned to core 1; the load generator (this process) and the backend share core 0.
+That one client process holds every stream: connect failures from its own limits are counted
+as the client's, and its event loop's worst lateness is reported with the held streams.
 The Python proxies (gateway, bare relay) run under --python, by default the distribution's
 python3: the interpreter a box runs the gateway with, not whatever build runs this script.
 """
@@ -47,6 +55,10 @@ CONCURRENCIES = (1, 64, 256)
 # "relay" is bench/bare_relay.py; "logged" is the gateway with its JSON access log on (a file).
 TARGETS = ("direct", "nginx", "relay", "gateway", "logged")
 OWN_SESSION_ENV = "LOBES_BENCH_OWN_SESSION"
+# A proxied stream holds two sockets in the proxy (the client's and the upstream one); the
+# headroom covers listeners, logs and the timed phases' connections.
+SOCKETS_PER_STREAM = 2
+FD_HEADROOM = 1024
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,7 @@ class Settings:
     streams: int
     python: str  # the interpreter of the Python proxies (gateway, bare relay)
     targets: tuple[str, ...]
+    big_streams: int = 0  # streams held through each fresh proxy at the end; 0 skips it
     stream_interval_ms: int = 1000
     sse_concurrency: int = 16
     sse_chunks: int = 50
@@ -230,8 +243,8 @@ async def http_get(port: int, path: str) -> bytes:
     return body
 
 
-async def held_streams(target: Target, backend_port: int, cfg: Settings) -> dict:
-    """Hold cfg.streams SSE streams open at once; RSS per stream = (held - idle) / streams."""
+async def held_streams(target: Target, backend_port: int, cfg: Settings, count: int) -> dict:
+    """Hold `count` SSE streams open at once; RSS per stream = (held - idle) / count."""
     interval_s = cfg.stream_interval_ms / 1000
     request = post(
         chat_body(stream=True, bench_chunks=1_000_000, bench_interval_ms=cfg.stream_interval_ms)
@@ -247,7 +260,7 @@ async def held_streams(target: Target, backend_port: int, cfg: Settings) -> dict
         "127.0.0.1",
         target.port,
         request,
-        cfg.streams,
+        count,
         interval_s,
         while_open=sample_rss,
         finish=lambda: http_get(backend_port, "/bench/finish"),
@@ -255,11 +268,28 @@ async def held_streams(target: Target, backend_port: int, cfg: Settings) -> dict
     held_kib = result.sample
     return {
         "failed": result.failed,
+        "client_failed": result.client_failed,
         "failures": dict(result.failures),
         "open_s": result.open_s,
+        "client_lag_s": result.lag_s,
         "live_at_sample": result.live_at_sample,
-        "kib_per_stream": (held_kib - idle_kib) / cfg.streams if idle_kib is not None else None,
+        "kib_per_stream": (held_kib - idle_kib) / count if idle_kib is not None else None,
     }
+
+
+async def big_streams_phase(cfg: Settings, starters: dict, backend_port: int, log) -> dict:
+    """Hold cfg.big_streams streams through each fresh proxy in turn (nginx, the reference,
+    first), each stopped once its streams ended."""
+    held = {}
+    for name in (t for t in report.BIG_STREAMS_TARGETS if t in cfg.targets):
+        service = starters[name]()
+        try:
+            log(f"[{name}] holding {cfg.big_streams} streams, fresh")
+            target = Target(name, service.port, service)
+            held[name] = await held_streams(target, backend_port, cfg, cfg.big_streams)
+        finally:
+            service.stop()
+    return held
 
 
 def start_relay(backend_port: int, workdir: Path, python: str) -> procs.Service:
@@ -284,9 +314,25 @@ def start_backend(workdir: Path) -> procs.Service:
     return procs.spawn("backend", argv, port, CLIENT_CORE, workdir)
 
 
-async def run(cfg: Settings, workdir: Path, log) -> dict:
-    """Every phase against every target; returns results[phase][target] -> metrics."""
-    nofile = procs.raise_fd_limit()
+def open_files_needed(cfg: Settings) -> int:
+    """The descriptors a proxy needs to hold the run's most streams at once."""
+    return SOCKETS_PER_STREAM * max(cfg.streams, cfg.big_streams) + FD_HEADROOM
+
+
+def raise_open_files(cfg: Settings, log) -> dict[str, int]:
+    """Raise the open-file limit the proxies inherit to what the run needs, where allowed;
+    says so when the limit stays below it."""
+    needed = open_files_needed(cfg)
+    limit = procs.raise_fd_limit(needed)
+    if limit < needed:
+        log(f"open-file limit {limit} (the hard limit; not allowed to raise it) is below the "
+            f"{needed} a proxy needs: the most streams fail on the limit")
+    return {"limit": limit, "needed": needed}
+
+
+async def run(cfg: Settings, workdir: Path, log, nofile: int) -> dict:
+    """Every phase against every target, the proxies allowed `nofile` open files; returns
+    results[phase][target] -> metrics."""
     os.sched_setaffinity(0, {CLIENT_CORE})
     renice(cfg.nice, log)
     backend = start_backend(workdir)
@@ -317,7 +363,9 @@ async def run(cfg: Settings, workdir: Path, log) -> dict:
                 services.append(service)
                 targets.append(Target(name, service.port, service))
             log(f"[{name}] holding {cfg.streams} streams")
-            results["streams"][name] = await held_streams(targets[-1], backend_port, cfg)
+            results["streams"][name] = await held_streams(
+                targets[-1], backend_port, cfg, cfg.streams
+            )
         pids = [os.getpid(), *(service.pid for service in services)]
         for concurrency in CONCURRENCIES:
             log(f"non-streaming c={concurrency}: {cfg.rounds} rounds x {cfg.window_s} s")
@@ -335,6 +383,9 @@ async def run(cfg: Settings, workdir: Path, log) -> dict:
         results["ttfc"] = await phase(
             targets, post(chat_body(stream=True, bench_chunks=2)), 1, cfg, pids, log
         )
+        # Last, so the sockets it leaves closing cannot touch the figures above.
+        if cfg.big_streams:
+            results["big_streams"] = await big_streams_phase(cfg, starters, backend_port, log)
     finally:
         for service in reversed(services):
             service.stop()
@@ -410,6 +461,12 @@ def parse_args(argv: list[str]) -> Settings:
     parser.add_argument("--window", type=float, help="seconds per measured window (default 3)")
     parser.add_argument("--streams", type=int, help="SSE streams held at once (default 4000)")
     parser.add_argument(
+        "--big-streams",
+        type=int,
+        help="SSE streams held at once through a fresh nginx and gateway at the end (default "
+        "10000, --quick 1000; 0 skips the phase)",
+    )
+    parser.add_argument(
         "--gateway-dir",
         type=Path,
         default=REPO / "gateway",
@@ -451,6 +508,7 @@ def parse_args(argv: list[str]) -> Settings:
         rounds=args.rounds or (1 if quick else 5),
         window_s=args.window or (0.5 if quick else 3.0),
         streams=args.streams or (500 if quick else 4000),
+        big_streams=(1000 if quick else 10_000) if args.big_streams is None else args.big_streams,
         gateway_dir=args.gateway_dir.resolve(),
         python=args.python,
         targets=chosen,
@@ -503,8 +561,13 @@ def main(argv: list[str]) -> int:
         )
         return 2
     run_info = describe_run(cfg, argv)
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    run_info["open_files"] = raise_open_files(cfg, log)
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
-        results = asyncio.run(run(cfg, Path(tmp), lambda line: print(line, file=sys.stderr)))
+        results = asyncio.run(run(cfg, Path(tmp), log, run_info["open_files"]["limit"]))
     run_info["load_after"] = load_average()
     save_raw(results, run_info)
     text = report.render(results, run_info)

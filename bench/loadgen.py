@@ -8,6 +8,7 @@ target of a run.
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import time
 from collections import Counter
@@ -15,6 +16,21 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 HEADER_END = b"\r\n\r\n"
+# Connect errors that come from the load generator's own limits (its descriptors, the host's
+# ephemeral ports, its memory), whatever the proxy does: counted as the client's failures.
+CLIENT_ERRNOS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.EADDRNOTAVAIL, errno.ENOBUFS, errno.ENOMEM}
+)
+# The prefix of a failure the client caused itself.
+CLIENT_FAILURE = "client: "
+
+
+def connect_failure(error: BaseException) -> str:
+    """How a stream's connect failed, prefixed with CLIENT_FAILURE when the client's own
+    limits caused it rather than the proxy."""
+    code = getattr(error, "errno", None)
+    name = errno.errorcode.get(code, type(error).__name__) if code else type(error).__name__
+    return f"{CLIENT_FAILURE if code in CLIENT_ERRNOS else ''}connect: {name}"
 
 
 def encode_post(path: str, body: bytes, host: str, api_key: str | None) -> bytes:
@@ -264,17 +280,43 @@ class _StreamConnection(ResponseReader):
 
 @dataclass
 class StreamsResult:
-    """Outcome of holding many streams at once; `failures` counts each way a stream failed."""
+    """Outcome of holding many streams at once; `failures` counts each way a stream failed;
+    `lag_s` is how late the client's own event loop ran at worst while they were held."""
 
     opened: int
     live_at_sample: int
     open_s: float
     failures: Counter[str]
     sample: object
+    lag_s: float = 0.0
 
     @property
     def failed(self) -> int:
         return sum(self.failures.values())
+
+    @property
+    def client_failed(self) -> int:
+        """The failures the load generator's own limits caused."""
+        return sum(n for why, n in self.failures.items() if why.startswith(CLIENT_FAILURE))
+
+
+class LoopLag:
+    """Measures how late this event loop wakes a sleeper: a busy client answers late."""
+
+    def __init__(self, tick_s: float = 0.05) -> None:
+        self.tick_s = tick_s
+        self.worst_s = 0.0
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            before = time.perf_counter()
+            await asyncio.sleep(self.tick_s)
+            self.worst_s = max(self.worst_s, time.perf_counter() - before - self.tick_s)
+
+    def stop(self) -> float:
+        self._task.cancel()
+        return self.worst_s
 
 
 async def _open_batch(
@@ -289,7 +331,7 @@ async def _open_batch(
     )
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
-            failures[f"connect: {type(outcome).__name__}"] += 1
+            failures[connect_failure(outcome)] += 1
         else:
             conns.append(outcome)
     give_up = time.monotonic() + timeout_s
@@ -317,6 +359,7 @@ async def hold_streams(
     every stream, and each must then close cleanly with ``data: [DONE]``.
     """
     start = time.monotonic()
+    lag = LoopLag()
     conns: list[_StreamConnection] = []
     failures: Counter[str] = Counter()
     for first in range(0, count, batch):
@@ -330,11 +373,13 @@ async def hold_streams(
     now, stall_ns = time.perf_counter_ns(), int(5 * interval_s * 1e9)
     live = [c.live(now, stall_ns) for c in conns]
     sample = await while_open()
+    lag_s = lag.stop()
     for conn, is_live in zip(conns, live, strict=True):
         if not is_live and conn.failure == "never ended":
             conn.failure = "stalled or ended before the sample"
     await finish()
-    await asyncio.wait([c.finished for c in conns], timeout=30)
+    if conns:
+        await asyncio.wait([c.finished for c in conns], timeout=30)
     failures.update(c.failure for c in conns if c.failure is not None)
     for conn in conns:
         if not conn.finished.done():
@@ -345,4 +390,5 @@ async def hold_streams(
         open_s=open_s,
         failures=failures,
         sample=sample,
+        lag_s=lag_s,
     )

@@ -49,9 +49,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def raise_fd_limit() -> int:
-    """Lift this process's (and so its children's) open-file limit to the hard limit."""
+def raise_fd_limit(at_least: int = 0) -> int:
+    """Lift this process's (and so its children's) open-file limit to the hard limit, or to
+    `at_least` above it where that is allowed (root); returns the limit now in force."""
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if at_least > hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (at_least, at_least))
+            return at_least
+        except (ValueError, OSError):
+            pass  # not allowed to raise the hard limit (or above fs.nr_open): keep it
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return hard
 
@@ -249,7 +256,11 @@ http {{
 
 
 def start_nginx(backend_port: int, core: int, workdir: Path, nofile: int) -> Service:
-    """nginx as the reference reverse proxy: 1 worker, keep-alive upstream, no buffering."""
+    """nginx as the reference reverse proxy: 1 worker, keep-alive upstream, no buffering.
+
+    Its worker may hold `nofile` descriptors; a proxied stream takes two connections (the
+    client's and the upstream one), and worker_connections counts both.
+    """
     binary = ensure_nginx()
     port = free_port()
     conf_dir = Path(tempfile.mkdtemp(prefix="nginx-", dir=workdir))
