@@ -101,6 +101,14 @@ def _has_body(req: Request) -> bool:
     return "transfer-encoding" in req.headers or req.headers.get("content-length", "0") != "0"
 
 
+async def _parsed_aside(body: bytes) -> JsonBody | ApiError:
+    """A large body parsed on a worker thread: the event loop serves others meanwhile."""
+    try:
+        return await asyncio.get_running_loop().run_in_executor(None, parse_body, body, True)
+    except BodyError as exc:
+        return exc.error
+
+
 class Gateway:
     """One gateway: the configuration and every room it wires together."""
 
@@ -356,7 +364,10 @@ class Gateway:
         """Route a request whose body is read, admit it, run its attempts, relay the outcome;
         the caller's in-flight slot is given back at the end."""
         try:
-            routed = await self._route(req, lane, client)
+            read = self._read_json(req) if lane in _JSON_LANES else None
+            if read is not None and not isinstance(read, (JsonBody, ApiError)):
+                read = await read  # a large body, parsed on a worker thread
+            routed = self._route(req, lane, client, read)
             if isinstance(routed, bool):
                 return routed
             route, requested_tier, payload = routed
@@ -400,13 +411,13 @@ class Gateway:
         finally:
             self.inflight.release(caller)
 
-    async def _route(self, req: Request, lane: str,
-                     client: Channel) -> bool | tuple[Route, str | None, dict | None]:
-        """Read a JSON body and route the request: its route, the tier it asked for and its
-        payload, or whether the connection stays usable after an error answered here."""
+    def _route(self, req: Request, lane: str, client: Channel, read: JsonBody | ApiError | None,
+               ) -> bool | tuple[Route, str | None, dict | None]:
+        """Route a request by its JSON body as `read` (None on a lane without one): its route,
+        the tier it asked for and its payload, or whether the connection stays usable after an
+        error answered here."""
         payload = None
-        if lane in _JSON_LANES:
-            read = await self._read_json(req)
+        if read is not None:
             if isinstance(read, ApiError):
                 return self._answer(req, client, read)
             req.json, payload = read, read.payload
@@ -422,16 +433,16 @@ class Gateway:
         return self.router.lane_routes[lane], None, payload
 
     @staticmethod
-    async def _read_json(req: Request) -> JsonBody | ApiError:
-        """The body as JSON, or the error it gets; a large one is read on a worker thread."""
+    def _read_json(req: Request) -> JsonBody | ApiError | Awaitable[JsonBody | ApiError]:
+        """The body as JSON, or the error it gets; a large one is read on a worker thread (what
+        to await for it is returned)."""
         coding = req.headers.get("content-encoding", "identity").strip().lower()
         if coding != "identity":
             return errors.unsupported_media_type(coding)
+        if len(req.body) > _PARSED_ASIDE_BYTES:
+            return _parsed_aside(req.body)
         try:
-            if len(req.body) <= _PARSED_ASIDE_BYTES:
-                return parse_body(req.body)
-            return await asyncio.get_running_loop().run_in_executor(None, parse_body, req.body,
-                                                                    True)
+            return parse_body(req.body)
         except BodyError as exc:
             return exc.error
 

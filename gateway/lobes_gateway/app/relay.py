@@ -249,12 +249,14 @@ async def _relay_stream(connections: Connections, outcome: Outcome, client: Chan
     sink = client if counted is None else counted  # where the upstream's chunks go
     # A caller that leaves while the upstream is silent (a long prefill) ends the stream now,
     # not at the upstream's next bytes: its placement and counts are given back at once.
-    if not client.watch_gone(conn.abort):
-        conn.abort()
+    abort = conn.abort  # one bound method for both watches
+    if not client.watch_gone(abort):
+        abort()
     try:
         if response.chunked:
             # Awaited inline, not in a coroutine of its own: a held stream keeps one frame less.
-            pipe = _ChunkPipe(sink.write, client.transport, conn, connections.body_timeouts)
+            pipe = _ChunkPipe(sink.write, client.transport, conn, abort,
+                              connections.body_timeouts)
             try:
                 pipe.attach(conn)
                 while (ended := await pipe.wait()) is None:
@@ -332,16 +334,18 @@ class _ChunkPipe(StreamPipe):
     __slots__ = ("_abort", "_arm", "_decoder", "_first_s", "_held", "_idle_s", "_write")
 
     def __init__(self, write: Callable[[bytes], None], client: asyncio.WriteTransport,
-                 conn: Connection, timeouts: BodyTimeouts) -> None:
+                 conn: Connection, abort: Callable[[], None], timeouts: BodyTimeouts) -> None:
         super().__init__(client, conn.channel.transport)
         self._write = write  # the client's write (traced, metered)
         # The upstream's silence is bounded: first_s for its first bytes (a long prompt's
         # prefill), then idle_s from each read; a wait for a slow client is not counted. The
         # arm's parts are kept, not a partial: a read costs no frame, a held stream no
         # partial's objects.
-        self._arm, self._abort = conn.watchdog.arm, conn.abort
+        self._arm, self._abort = conn.watchdog.arm, abort
         self._first_s, self._idle_s = timeouts.total_s, timeouts.idle_s
-        self._decoder = ChunkDecoder()  # a chunk too large to hold, or one to judge
+        # A chunk too large to hold, or one to judge (the last one): made when one comes, so
+        # a held stream of plain chunks keeps none.
+        self._decoder: ChunkDecoder | None = None
         self._held = b""  # the start of a small chunk, passed on once it is whole
 
     def attach(self, conn: Connection) -> None:
@@ -377,7 +381,7 @@ class _ChunkPipe(StreamPipe):
     def _pass(self, data: bytes) -> None:
         decoder = self._decoder
         while data:
-            if decoder.between_chunks:
+            if decoder is None or decoder.between_chunks:
                 # The usual read: whole chunks with plain size lines, written as they came (a
                 # small one split across reads is held until it is whole).
                 if self._held:
@@ -397,6 +401,8 @@ class _ChunkPipe(StreamPipe):
             if data:
                 # Any other chunk (too large to hold, with extensions, the last one, or one to
                 # judge): decoded, its data framed anew as it comes, until it ends.
+                if decoder is None:
+                    decoder = self._decoder = ChunkDecoder()
                 payload, used = decoder.take(data)
                 if payload:
                     self._send(b"%x\r\n%s\r\n" % (len(payload), payload))
