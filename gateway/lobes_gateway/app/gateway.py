@@ -368,6 +368,7 @@ class Gateway:
             if read is not None and not isinstance(read, (JsonBody, ApiError)):
                 read = await read  # a large body, parsed on a worker thread
             routed = self._route(req, lane, client, read)
+            del read  # req.json holds it while it is needed: a held stream keeps no body
             if isinstance(routed, bool):
                 return routed
             route, requested_tier, payload = routed

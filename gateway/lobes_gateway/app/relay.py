@@ -176,11 +176,11 @@ def pass_through(connections: Connections, outcome: Outcome, client: Channel,
         # The usual answer: a small JSON body that came in with its head, relayed at once.
         body = response.conn.channel.take(length)
         if body is not None:
-            if meter is not None:
-                meter.learn(completion_tokens(body), body)
             client.write(head_bytes(response, extra, b"Content-Length: %d" % length, keep_alive)
                          + body)
             finish(connections, response)
+            if meter is not None:  # counted once the caller has its answer, not before
+                meter.learn(completion_tokens(body), body)
             return keep_alive
     elif length is not None:
         return _relay_large(connections, response, client, extra, keep_alive, meter)
@@ -243,8 +243,8 @@ async def _relay_stream(connections: Connections, outcome: Outcome, client: Chan
     own = client.write  # the gateway's own bytes, which no meter reads
     own(head_bytes(response, outcome.extra, b"Transfer-Encoding: chunked", keep_alive))
     event_stream, conn = is_event_stream(response), response.conn
-    # Sent: not kept for a held stream.
-    response.raw, response.headers, response.relayed = b"", {}, b""
+    # Sent: not kept for a held stream (its headers and relayed lines are its shape's, shared).
+    response.raw, response.ids = b"", ()
     counted = None if metered is None else StreamMeter(client, outcome.strip_usage)
     sink = client if counted is None else counted  # where the upstream's chunks go
     # A caller that leaves while the upstream is silent (a long prefill) ends the stream now,
@@ -410,7 +410,8 @@ class _ChunkPipe(StreamPipe):
                 if decoder.done:
                     self._end(decoder.clean)
                     return
-        self._hold_if_full()
+        if self._client.get_write_buffer_size() > HIGH_WATER:  # _hold_if_full, a frame less
+            self._hold()
 
     def _send(self, data: bytes) -> None:
         if self._client.is_closing():

@@ -55,9 +55,13 @@ class StreamPipe(asyncio.Protocol):
         """Pause upstream reads, and wake the relaying task to drain, while the client has
         more than HIGH_WATER bytes unsent."""
         if self._client.get_write_buffer_size() > HIGH_WATER:
-            self._upstream.pause_reading()
-            self.paused = True
-            self._wake(None)
+            self._hold()
+
+    def _hold(self) -> None:
+        """Pause upstream reads and wake the relaying task to drain the client."""
+        self._upstream.pause_reading()
+        self.paused = True
+        self._wake(None)
 
     def _end(self, outcome: bool) -> None:
         self.outcome = outcome

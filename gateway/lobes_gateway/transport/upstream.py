@@ -84,11 +84,11 @@ class Connection:
 
     __slots__ = ("channel", "origin", "timed_out", "watchdog")
 
-    def __init__(self, origin: Origin, channel: Channel) -> None:
+    def __init__(self, origin: Origin, channel: Channel, watchdog: Watchdog | None = None) -> None:
         self.origin = origin
         self.channel = channel
         self.timed_out = False
-        self.watchdog = Watchdog(asyncio.get_running_loop())
+        self.watchdog = watchdog or Watchdog(asyncio.get_running_loop())
 
     def abort(self) -> None:
         self.timed_out = True
@@ -237,18 +237,23 @@ class Connections:
             expired.append(True)
             connecting.cancel()
 
-        timer = loop.call_later(self._connect_timeout, expire)
+        # The connection's own watchdog times the dial: its timer, due soon, serves the later
+        # (longer) deadlines too, where a timer of the dial's own would be cancelled at once
+        # and linger in the loop's heap until it was due.
+        watchdog = Watchdog(loop)
+        watchdog.arm(self._connect_timeout, expire)
         try:
             _transport, channel = await connecting
         except OSError as exc:
+            watchdog.close()
             raise UpstreamError(f"cannot connect to {origin.url}: {exc}") from None
         except asyncio.CancelledError:
+            watchdog.close()
             if not expired:
                 raise  # the waiter itself was cancelled, not the dial timed out
             raise UpstreamError(f"cannot connect to {origin.url}: timeout") from None
-        finally:
-            timer.cancel()
-        return Connection(origin, channel)
+        watchdog.disarm()
+        return Connection(origin, channel, watchdog)
 
     def take_idle(self, origin: Origin) -> Connection | None:
         """An idle pooled connection that is still usable, or None."""
