@@ -18,6 +18,15 @@ from ansible_collections.lobes.fleet.plugins.module_utils.model_files import (
     manifest_entry,
 )
 
+# The SSH options of a copy from a source box (Source reads them); documented once in the doc
+# fragment lobes.fleet.model.copy.
+COPY_SOURCE_OPTIONS = {
+    "ssh_user": {"type": "str", "default": "root"},
+    "ssh_key": {"type": "path"},
+    "ssh_port": {"type": "int", "default": 22},
+    "timeout": {"type": "int", "default": 30},
+}
+
 
 class PullError(Exception):
     """A failure reported as is."""

@@ -319,6 +319,11 @@ def dump_lock(lock: FleetLock) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The lock file option of the modules that write it (documented in the doc fragment
+# lobes.fleet.lock).
+LOCK_FILE_OPTION = {"lock_file": {"type": "path", "required": True}}
+
+
 def write_lock_file(path: str, text: str) -> None:
     """The whole file at once: a reader never sees half a lock."""
     directory = os.path.dirname(os.path.abspath(path))
@@ -332,6 +337,18 @@ def write_lock_file(path: str, text: str) -> None:
         if os.path.exists(staged):
             os.unlink(staged)
         raise
+
+
+def save_lock(path: str, lock: FleetLock, updated: FleetLock, check_mode: bool) -> tuple:
+    """(changed, diff) of the lock file at path once it holds `updated` (read as `lock`),
+    written unless check_mode; where there is no file yet, a lock with nothing new makes none."""
+    text = dump_lock(updated)
+    before = dump_lock(lock) if os.path.exists(path) else ""
+    after = text if before or text != dump_lock(lock) else ""
+    changed = before != after
+    if changed and not check_mode:
+        write_lock_file(path, after)
+    return changed, {"before": before, "after": after, "before_header": path, "after_header": path}
 
 
 def _file_entry(item: object) -> object:

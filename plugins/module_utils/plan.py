@@ -302,6 +302,18 @@ def budget(box: BoxDecl, local: dict) -> dict:
     }
 
 
+def memory_gated(plan: dict, fake_proc: bool) -> bool:
+    """Whether every gear of a box's plan holds its share of the box's memory: on a box with a
+    GPU, or where the gears hold their shares in a fake /proc (tests)."""
+    return bool((plan.get("hardware") or {}).get("has_gpu")) or fake_proc
+
+
+def holds_memory(gear: dict, gated: bool) -> bool:
+    """Whether a gear's share is its box's memory: every gear where memory_gated, else only a
+    gear on vLLM's CPU build (simulated gears on a box without a GPU hold none of it)."""
+    return gated or gear["engine"] == VLLM_CPU
+
+
 def _check_budgets(boxes: dict, local: dict) -> list:
     errors = []
     for host, box in boxes.items():

@@ -25,6 +25,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.engines import (
     SIM,
     VLLM_CPU,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.plan import holds_memory, memory_gated
 from ansible_collections.lobes.fleet.plugins.module_utils.service_files import tree_digest
 
 GEAR_PORT = 8000  # every vLLM gear listens on it inside its container
@@ -122,13 +123,10 @@ def _box_env(plan: dict) -> list:
 
 
 def _gears_holding_memory(plan: dict) -> list:
-    """The gears whose shares are the box's memory, as the memory gate counts them: every gear
-    on a GPU box or a box with a fake /proc (tests), else the gears on vLLM's CPU build
-    (simulated gears on a box without a GPU hold none of it)."""
-    gears = start_order(plan)
-    if (plan.get("hardware") or {}).get("has_gpu") or plan.get("proc_root"):
-        return gears
-    return [role for role in gears if role["gear"]["engine"] == VLLM_CPU]
+    """The gears whose shares are the box's memory, by the memory gate's rule (a plan's proc_root
+    is set only for a fake /proc)."""
+    gated = memory_gated(plan, bool(plan.get("proc_root")))
+    return [role for role in start_order(plan) if holds_memory(role["gear"], gated)]
 
 
 def _secret(plan: dict, secrets: dict, name: str, variable: str) -> str:

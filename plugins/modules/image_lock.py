@@ -28,11 +28,8 @@ author:
 extends_documentation_fragment:
   - lobes.fleet.attributes
   - lobes.fleet.attributes.changes
+  - lobes.fleet.lock
 options:
-  lock_file:
-    description: The lock file; created when it does not exist.
-    type: path
-    required: true
   images:
     description: The plan's gear images, as M(lobes.fleet.mesh_plan) returns them.
     type: list
@@ -66,8 +63,6 @@ locked:
   type: dict
 """
 
-import os  # noqa: E402 - modules keep imports below their documentation
-
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.images import (  # noqa: E402
     RESOLVE,
@@ -75,11 +70,11 @@ from ansible_collections.lobes.fleet.plugins.module_utils.images import (  # noq
     resolve_from_boxes,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.models import (  # noqa: E402
+    LOCK_FILE_OPTION,
     LockError,
-    dump_lock,
     read_lock_file,
+    save_lock,
     with_image,
-    write_lock_file,
 )
 
 _IMAGE_KEYS = ("host", "group", "role", "service", "slot", "ref", "run", "state")
@@ -96,7 +91,7 @@ def gear_image(entry: dict) -> GearImage:
 def main():
     module = AnsibleModule(
         argument_spec={
-            "lock_file": {"type": "path", "required": True},
+            **LOCK_FILE_OPTION,
             "images": {"type": "list", "elements": "dict", "required": True},
             "found": {"type": "dict", "required": True},
         },
@@ -118,17 +113,12 @@ def main():
     updated = lock
     for ref, digest in resolution.entries:
         updated = with_image(updated, ref, digest)
-    before = dump_lock(lock) if os.path.exists(path) else ""
-    after = dump_lock(updated) if resolution.entries or before else ""
-    changed = before != after
-    if changed and not module.check_mode:
-        write_lock_file(path, after)
+    changed, diff = save_lock(path, lock, updated, module.check_mode)
     result = {"changed": changed, "path": path, "locked": dict(resolution.entries)}
     if resolution.notes:
         result["warnings"] = list(resolution.notes)
     if module._diff:
-        result["diff"] = {"before": before, "after": after,
-                          "before_header": path, "after_header": path}
+        result["diff"] = diff
     module.exit_json(**result)
 
 

@@ -37,6 +37,7 @@ extends_documentation_fragment:
   - lobes.fleet.attributes.changes
   - lobes.fleet.attributes.posix
   - lobes.fleet.model
+  - lobes.fleet.model.copy
 options:
   ref:
     description: The pinned image reference, C(repository@sha256:<64 hex>).
@@ -49,23 +50,6 @@ options:
   host:
     description: This box's inventory name, for messages.
     type: str
-  ssh_user:
-    description: The user to log in as on O(source).
-    type: str
-    default: root
-  ssh_key:
-    description:
-      - The private key on this box to log in with; C(<model_dir>/.ssh/lobes_model_copy) when
-        not set (where M(lobes.fleet.model_copy_key) writes it).
-    type: path
-  ssh_port:
-    description: The SSH port of O(source).
-    type: int
-    default: 22
-  timeout:
-    description: Seconds to wait for the connection, and then for the source's next bytes.
-    type: int
-    default: 30
   headroom_bytes:
     description:
       - What must stay free on the models filesystem once the tar has landed. A box whose
@@ -125,6 +109,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.images import (  # noq
     copy_tag,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.model_copy import (  # noqa: E402
+    COPY_SOURCE_OPTIONS,
     Puller,
     PullError,
     Source,
@@ -216,10 +201,7 @@ def main():
             "ref": {"type": "str", "required": True},
             "source": {"type": "str", "required": True},
             "host": {"type": "str"},
-            "ssh_user": {"type": "str", "default": "root"},
-            "ssh_key": {"type": "path"},
-            "ssh_port": {"type": "int", "default": 22},
-            "timeout": {"type": "int", "default": 30},
+            **COPY_SOURCE_OPTIONS,
             "headroom_bytes": {"type": "int", "default": 2147483648},
         },
         supports_check_mode=True,

@@ -107,11 +107,14 @@ import os  # noqa: E402 - modules keep imports below their documentation
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.urls import open_url  # noqa: E402
-from ansible_collections.lobes.fleet.plugins.module_utils.engines import VLLM_CPU  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.memory import (  # noqa: E402
     headroom,
     parse_meminfo,
     refusal,
+)
+from ansible_collections.lobes.fleet.plugins.module_utils.plan import (  # noqa: E402
+    holds_memory,
+    memory_gated,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.render import (  # noqa: E402
     gear_service_name,
@@ -141,9 +144,9 @@ def _running_compose(module, deploy_dir):
     return set(out.split())
 
 
-def _gears(module, plan):
-    """[(name, share GiB, running, real)] of the box's local gears, in start order; real:
-    the gear holds its share of the box's memory whatever the box (vLLM's CPU build)."""
+def _gears(module, plan, gated):
+    """[(name, share GiB, running, holds)] of the box's local gears, in start order; holds:
+    the gear's share is the box's memory (plan.holds_memory)."""
     compose = plan["runtime"] == "compose"
     running = _running_compose(module, module.params["deploy_dir"]) if compose else None
     gears = []
@@ -152,7 +155,7 @@ def _gears(module, plan):
         share = role["gear"]["memory_gib"]
         health = process_health_url(role)
         gears.append((name, share, name in running if compose else _answers(health),
-                      role["gear"]["engine"] == VLLM_CPU))
+                      holds_memory(role["gear"], gated)))
     return gears
 
 
@@ -197,11 +200,10 @@ def main():
     )
     plan, proc_root = module.params["plan"], module.params["proc_root"] or DEFAULT_PROC
     # A plan without hardware (a role driven by a hand-written plan) has no GPU to gate.
-    gated = plan.get("hardware", {}).get("has_gpu", False) or proc_root != DEFAULT_PROC
-    gears = _gears(module, plan)
-    to_start = {name: share for name, share, running, real in gears
-                if not running and (gated or real)}
-    gated = gated or any(real for _name, _share, _running, real in gears)
+    gated = memory_gated(plan, proc_root != DEFAULT_PROC)
+    gears = _gears(module, plan, gated)
+    to_start = {name: share for name, share, running, holds in gears if not running and holds}
+    gated = gated or any(holds for _name, _share, _running, holds in gears)
     enforce = module.params["enforce"]
     dropped = bool(to_start) and enforce and module.params["drop_caches"] \
         and not module.check_mode and _drop_caches(module, proc_root)
@@ -213,7 +215,7 @@ def main():
         headroom=headroom(reading, [gear[:3] for gear in gears],
                           _stands_for(plan, gated) if gears else None),
         gears=[dict(name=name, share_gib=share, running=running)
-               for name, share, running, _real in gears],
+               for name, share, running, _holds in gears],
     )
     if problem and enforce:
         module.fail_json(msg=problem, **result)

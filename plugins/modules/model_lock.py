@@ -25,11 +25,8 @@ author:
 extends_documentation_fragment:
   - lobes.fleet.attributes
   - lobes.fleet.attributes.changes
+  - lobes.fleet.lock
 options:
-  lock_file:
-    description: The lock file; created when it does not exist.
-    type: path
-    required: true
   checkpoint:
     description: The hub repo id, C(org/name).
     type: str
@@ -70,22 +67,20 @@ revision:
   type: str
 """
 
-import os  # noqa: E402 - modules keep imports below their documentation
-
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.models import (  # noqa: E402
+    LOCK_FILE_OPTION,
     LockError,
-    dump_lock,
     read_lock_file,
+    save_lock,
     with_model,
-    write_lock_file,
 )
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            lock_file=dict(type="path", required=True),
+            **LOCK_FILE_OPTION,
             checkpoint=dict(type="str", required=True),
             revision=dict(type="str", required=True),
             files=dict(type="dict", required=True),
@@ -105,15 +100,10 @@ def main():
         updated = with_model(lock, params["checkpoint"], params["revision"], params["files"])
     except LockError as error:
         module.fail_json(msg=str(error))
-    before = dump_lock(lock) if os.path.exists(path) else ""
-    after = dump_lock(updated)
-    changed = before != after
-    if changed and not module.check_mode:
-        write_lock_file(path, after)
+    changed, diff = save_lock(path, lock, updated, module.check_mode)
     result = dict(changed=changed, path=path, revision=params["revision"])
     if module._diff:
-        result["diff"] = {"before": before, "after": after,
-                          "before_header": path, "after_header": path}
+        result["diff"] = diff
     module.exit_json(**result)
 
 

@@ -42,6 +42,7 @@ extends_documentation_fragment:
   - lobes.fleet.attributes.changes
   - lobes.fleet.attributes.posix
   - lobes.fleet.model
+  - lobes.fleet.model.copy
   - lobes.fleet.model.checkpoint
 options:
   revision:
@@ -56,23 +57,6 @@ options:
     description: The host name or address of a box that holds the whole revision.
     type: str
     required: true
-  ssh_user:
-    description: The user to log in as on O(source).
-    type: str
-    default: root
-  ssh_key:
-    description:
-      - The private key on this box to log in with; C(<model_dir>/.ssh/lobes_model_copy) when
-        not set (where M(lobes.fleet.model_copy_key) writes it).
-    type: path
-  ssh_port:
-    description: The SSH port of O(source).
-    type: int
-    default: 22
-  timeout:
-    description: Seconds to wait for the connection, and then for the source's next bytes.
-    type: int
-    default: 30
 """
 
 EXAMPLES = r"""
@@ -130,6 +114,7 @@ import time  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.lobes.fleet.plugins.module_utils.model_copy import (  # noqa: E402
+    COPY_SOURCE_OPTIONS,
     Puller,
     PullError,
     Source,
@@ -228,10 +213,7 @@ def main():
             revision=dict(type="str", required=True),
             files=dict(type="dict", required=True),
             source=dict(type="str", required=True),
-            ssh_user=dict(type="str", default="root"),
-            ssh_key=dict(type="path"),
-            ssh_port=dict(type="int", default=22),
-            timeout=dict(type="int", default=30),
+            **COPY_SOURCE_OPTIONS,
         ),
         supports_check_mode=True,
     )

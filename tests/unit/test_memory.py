@@ -1,12 +1,16 @@
-"""Free memory from meminfo, and the memory gate's refusal with its numbers."""
+"""Free memory from meminfo, the memory gate's refusal with its numbers, and which gears hold
+the box's memory (the rule the gate and the rendered gateway both count by)."""
 
 from __future__ import annotations
 
+import pytest
+from ansible_collections.lobes.fleet.plugins.module_utils.engines import SIM, VLLM, VLLM_CPU
 from ansible_collections.lobes.fleet.plugins.module_utils.memory import (
     headroom,
     parse_meminfo,
     refusal,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.plan import holds_memory, memory_gated
 
 MEMINFO = """\
 MemTotal:       125829120 kB
@@ -52,3 +56,27 @@ def test_headroom_of_simulated_gears_says_whose_budget_the_shares_are():
     assert line.endswith("gears' shares 71.7 GiB: sim-cortex 71.7 running (simulated gears: the "
                          "shares are budgeted for the NVIDIA DGX Spark (GB10, 128 GB unified) "
                          "they stand in for and hold none of this machine's 120.0 GiB)")
+
+
+@pytest.mark.parametrize(("hardware", "fake_proc", "gated"), [
+    ({"has_gpu": True}, False, True),
+    ({"has_gpu": False}, True, True),
+    ({"has_gpu": False}, False, False),
+    (None, False, False),  # a hand-written plan without hardware has no GPU
+    (None, True, True),
+])
+def test_a_box_is_gated_with_a_gpu_or_a_fake_proc(hardware, fake_proc, gated):
+    assert memory_gated({"hardware": hardware}, fake_proc) is gated
+    assert memory_gated({}, fake_proc) is fake_proc
+
+
+@pytest.mark.parametrize(("engine", "gated", "holds"), [
+    (SIM, True, True),
+    (VLLM, True, True),
+    (VLLM_CPU, True, True),
+    (SIM, False, False),  # simulated gears on a box without a GPU hold none of its memory
+    (VLLM, False, False),
+    (VLLM_CPU, False, True),  # vLLM's CPU build holds its KV cache on any box
+])
+def test_a_gear_holds_the_box_memory_on_a_gated_box_or_on_the_cpu_build(engine, gated, holds):
+    assert holds_memory({"engine": engine, "memory_gib": 8.0}, gated) is holds

@@ -25,7 +25,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.models import (
     with_model,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
-from ansible_collections.lobes.fleet.plugins.modules import model_plan
+from ansible_collections.lobes.fleet.plugins.modules import model_lock, model_plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -439,6 +439,47 @@ def test_model_plan_names_a_broken_lock_file(tmp_path):
                                           "lock_file": str(lock_file)})
     assert result["failed"]
     assert f'{lock_file}: models["Qwen/Qwen3.5-4B"].revision' in result["msg"]
+
+
+PIN_A, PIN_B = "a" * 40, "b" * 40
+TINY = {"config.json": {"size": 23, "sha256": "c" * 64}}
+
+
+def test_model_lock_writes_the_entry_once_check_mode_writes_nothing_and_a_second_run_keeps_it(
+        tmp_path):
+    path = tmp_path / "fleet.lock.yml"
+    args = {"lock_file": str(path), "checkpoint": "acme/tiny", "revision": PIN_A, "files": TINY}
+    checked = run_module(model_lock.main, args, check_mode=True, diff=True)
+    assert checked["changed"] is True and not path.exists()
+    assert checked["diff"]["before"] == "" and f"revision: {PIN_A}" in checked["diff"]["after"]
+    assert run_module(model_lock.main, args)["changed"] is True
+    assert models.read_lock_file(str(path)).model("acme/tiny").revision == PIN_A
+    text = path.read_text()
+    again = run_module(model_lock.main, args, diff=True)
+    assert again["changed"] is False and again["diff"]["before"] == again["diff"]["after"] == text
+    assert path.read_text() == text
+
+
+def test_model_lock_moves_a_pin_only_when_told(tmp_path):
+    path = tmp_path / "fleet.lock.yml"
+    args = {"lock_file": str(path), "checkpoint": "acme/tiny", "revision": PIN_A, "files": TINY}
+    run_module(model_lock.main, args)
+    text = path.read_text()
+    refused = run_module(model_lock.main, {**args, "revision": PIN_B})
+    assert refused["failed"] is True and f"is locked at {PIN_A}, not {PIN_B}" in refused["msg"]
+    assert path.read_text() == text
+    moved = run_module(model_lock.main, {**args, "revision": PIN_B, "replace": True})
+    assert moved["changed"] is True
+    assert models.read_lock_file(str(path)).model("acme/tiny").revision == PIN_B
+
+
+def test_save_lock_makes_no_file_for_a_lock_with_nothing_new(tmp_path):
+    path = str(tmp_path / "fleet.lock.yml")
+    changed, diff = models.save_lock(path, FleetLock(), FleetLock(), check_mode=False)
+    assert changed is False and diff["after"] == "" and not (tmp_path / "fleet.lock.yml").exists()
+    new = with_image(FleetLock(), "r:t", "sha256:" + "d" * 64)
+    changed, diff = models.save_lock(path, FleetLock(), new, check_mode=False)
+    assert changed is True and (tmp_path / "fleet.lock.yml").read_text() == diff["after"]
 
 
 def test_model_summary_of_no_pins_is_empty():
