@@ -278,8 +278,8 @@ def _target_rows(results: dict, streams: int, big_streams: int) -> list[str]:
         strict=True,
     ):
         cells = [
-            f"{bar.shown} ({_verdict(bar.met, name in results.get(bar.phase, {}))})"
-            for bar, name in ((off, "gateway"), (on, "logged"))
+            f"{judged.shown} ({_verdict(judged.met, name in results.get(judged.phase, {}))})"
+            for judged, name in ((off, "gateway"), (on, "logged"))
         ]
         rows.append(f"| {off.name} | " + " | ".join(cells) + " |")
     return rows

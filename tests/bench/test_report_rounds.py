@@ -31,7 +31,7 @@ def test_each_round_is_paired_with_nginxs_window_of_the_same_round():
 def test_the_cpu_bars_show_the_median_ratio_then_the_rounds_range():
     results = _results([90.0, 120.0, 100.0], [30.0, 48.0, 40.0])
 
-    bars = {bar.name: (bar.shown, bar.met) for bar in report.targets(results, 0, 0)}
+    bars = {each.name: (each.shown, each.met) for each in report.targets(results, 0, 0)}
 
     assert bars["CPU per request (c=64) <= 2x nginx"] == ("2.50x; rounds 2.50-3.00x", False)
 
@@ -40,6 +40,6 @@ def test_a_run_without_its_rounds_shows_the_ratio_alone():
     results = {"c256": {"gateway": {"cpu_per_req_us": 99.0},
                         "nginx": {"cpu_per_req_us": 33.0}}}
 
-    bars = {bar.name: (bar.shown, bar.met) for bar in report.targets(results, 0, 0)}
+    bars = {each.name: (each.shown, each.met) for each in report.targets(results, 0, 0)}
 
     assert bars["CPU per request (c=256) <= 2x nginx"] == ("3.00x", False)

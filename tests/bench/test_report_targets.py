@@ -44,7 +44,7 @@ def _results(**gateway: float) -> dict:
 
 
 def _met(results: dict, target: str = "gateway") -> dict[str, bool]:
-    return {bar.name: bar.met for bar in report.targets(results, STREAMS, BIG, target)}
+    return {each.name: each.met for each in report.targets(results, STREAMS, BIG, target)}
 
 
 ADDED_P50 = "added median latency at c=1 <= 1.2x nginx's"
@@ -60,7 +60,7 @@ def test_a_gateway_within_every_ratio_passes_every_bar():
         (ADDED_P50, CPU_C64, CPU_C256, CHUNK, HELD, BIG_HELD), True)
 
 
-@pytest.mark.parametrize(("figure", "value", "bar"), [
+@pytest.mark.parametrize(("figure", "value", "missed"), [
     ("c64", 201.0, CPU_C64),
     ("c256", 201.0, CPU_C256),
     ("chunk", 176.0, CHUNK),
@@ -70,21 +70,21 @@ def test_a_gateway_within_every_ratio_passes_every_bar():
     ("live", STREAMS - 1, HELD),
     ("big_failed", 1095, BIG_HELD),
 ])
-def test_a_figure_past_its_bar_misses_that_bar_alone(figure, value, bar):
+def test_a_figure_past_its_bar_misses_that_bar_alone(figure, value, missed):
     met = _met(_results(**{figure: value}))
 
-    assert [name for name, ok in met.items() if not ok] == [bar]
+    assert [name for name, ok in met.items() if not ok] == [missed]
 
 
-@pytest.mark.parametrize(("figure", "value", "bar"), [
+@pytest.mark.parametrize(("figure", "value", "judged"), [
     ("c64", 200.0, CPU_C64),
     ("c256", 200.0, CPU_C256),
     ("chunk", 175.0, CHUNK),
     ("kib", 8.0, HELD),
     ("big_failed", 1094, BIG_HELD),
 ])
-def test_a_figure_on_its_bar_meets_it(figure, value, bar):
-    assert _met(_results(**{figure: value}))[bar]
+def test_a_figure_on_its_bar_meets_it(figure, value, judged):
+    assert _met(_results(**{figure: value}))[judged]
 
 
 def test_the_added_median_is_judged_as_a_ratio_to_nginxs_not_in_milliseconds():
@@ -93,10 +93,10 @@ def test_the_added_median_is_judged_as_a_ratio_to_nginxs_not_in_milliseconds():
     # 1.15x what nginx adds in the same run.
     results["c1"] = {"direct": {"p50": 1.0}, "nginx": {"p50": 3.0}, "gateway": {"p50": 3.3}}
 
-    bar = next(b for b in report.targets(results, STREAMS, BIG) if b.name == ADDED_P50)
+    judged = next(b for b in report.targets(results, STREAMS, BIG) if b.name == ADDED_P50)
 
-    assert bar.met
-    assert bar.shown == "1.15x (+2.300 ms vs nginx's +2.000 ms)"
+    assert judged.met
+    assert judged.shown == "1.15x (+2.300 ms vs nginx's +2.000 ms)"
 
 
 def test_the_added_median_misses_when_nginx_adds_nothing_to_compare_with():
@@ -128,9 +128,9 @@ def test_the_big_streams_bar_shows_the_clients_own_failures_apart():
     results = _results()
     results["big_streams"]["gateway"] = _held(BIG - 30, 30, client_failed=25)
 
-    bar = next(b for b in report.targets(results, STREAMS, BIG) if b.name == BIG_HELD)
+    judged = next(b for b in report.targets(results, STREAMS, BIG) if b.name == BIG_HELD)
 
-    assert bar.shown == "30 failed vs nginx 1,094 (9,970 live at once; 25 of the failures " \
+    assert judged.shown == "30 failed vs nginx 1,094 (9,970 live at once; 25 of the failures " \
         "the client's own)"
 
 
