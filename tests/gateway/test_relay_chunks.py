@@ -3,7 +3,13 @@ test_chunked.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import time
+
+from lobes_gateway.app.relay import _ChunkPipe
+from lobes_gateway.transport.channel import Channel
+from lobes_gateway.transport.upstream import BodyTimeouts, Connection, Origin
 
 from tests.support.sse import Streamed, stream_chat
 
@@ -28,3 +34,47 @@ def test_a_client_that_stops_reading_gets_the_whole_stream_once_it_reads_again(
     assert streamed.done and streamed.content_events == ask["max_tokens"]
     reference = stream_chat(sim.url, {**ask, "model": "sim-a"})
     assert streamed.text == reference.text
+
+
+def test_the_chunk_pipe_pauses_its_upstream_while_the_client_is_over_its_high_water_mark():
+    """Real sockets: a client that reads nothing fills its transport past the high-water mark;
+    the pipe then stops reading its upstream (no frame per chunk asks the buffer's size: the
+    client channel's write_paused says it), and reads it again once the client drained."""
+
+    async def scenario() -> tuple[bool, bool, bool, int]:
+        loop = asyncio.get_running_loop()
+        client_end, caller = socket.socketpair()
+        upstream_end, gear = socket.socketpair()
+        for end in (client_end, caller):
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        _, client = await loop.create_connection(Channel, sock=client_end)
+        _, upstream = await loop.create_connection(Channel, sock=upstream_end)
+        conn = Connection(Origin("127.0.0.1", 9), upstream)
+        pipe = _ChunkPipe(client.write, client, conn, conn.abort, BodyTimeouts(30.0, 600.0))
+        pipe.attach(conn)
+        chunk = b"%x\r\n%s\r\n" % (1000, b"x" * 1000)
+        gear.setblocking(False)
+        await loop.sock_sendall(gear, chunk * 400)  # 400 KB toward a caller reading nothing
+        paused = await asyncio.wait_for(pipe.wait(), 5)  # None: paused for the client
+        reading_while_full = upstream.transport.is_reading()
+        caller.setblocking(False)
+        received = 0
+        while client.write_paused:  # the caller reads: the client drains below its low mark
+            try:
+                received += len(await asyncio.wait_for(loop.sock_recv(caller, 65536), 5))
+            except asyncio.TimeoutError:
+                break
+        pipe.resume()
+        reading_again = upstream.transport.is_reading()
+        for end in (caller, gear):
+            end.close()
+        client.abort()
+        upstream.abort()
+        return paused is None and pipe.paused is False, reading_while_full, reading_again, \
+            received
+
+    resumed, reading_while_full, reading_again, received = asyncio.run(scenario())
+    assert not reading_while_full
+    assert resumed and reading_again
+    assert received > 0

@@ -255,12 +255,11 @@ async def _relay_stream(connections: Connections, outcome: Outcome, client: Chan
     try:
         if response.chunked:
             # Awaited inline, not in a coroutine of its own: a held stream keeps one frame less.
-            pipe = _ChunkPipe(sink.write, client.transport, conn, abort,
-                              connections.body_timeouts)
+            pipe = _ChunkPipe(sink.write, client, conn, abort, connections.body_timeouts)
             try:
                 pipe.attach(conn)
                 while (ended := await pipe.wait()) is None:
-                    conn.watchdog.disarm()  # paused for the client: no stalled upstream
+                    pipe.rest()
                     await client.drain()
                     pipe.resume()
             finally:
@@ -331,18 +330,23 @@ class _ChunkPipe(StreamPipe):
     """The upstream socket's protocol while a chunked stream passes through it; its outcome is
     whether the upstream ended cleanly (reusable)."""
 
-    __slots__ = ("_abort", "_arm", "_decoder", "_first_s", "_held", "_idle_s", "_write")
+    __slots__ = ("_abort", "_arm", "_channel", "_decoder", "_first_s", "_held", "_idle_s",
+                 "_idling", "_watchdog", "_write")
 
-    def __init__(self, write: Callable[[bytes], None], client: asyncio.WriteTransport,
-                 conn: Connection, abort: Callable[[], None], timeouts: BodyTimeouts) -> None:
-        super().__init__(client, conn.channel.transport)
+    def __init__(self, write: Callable[[bytes], None], client: Channel, conn: Connection,
+                 abort: Callable[[], None], timeouts: BodyTimeouts) -> None:
+        super().__init__(client.transport, conn.channel.transport)
+        self._channel = client  # its write_paused says when to hold for it, without a call
         self._write = write  # the client's write (traced, metered)
         # The upstream's silence is bounded: first_s for its first bytes (a long prompt's
         # prefill), then idle_s from each read; a wait for a slow client is not counted. The
         # arm's parts are kept, not a partial: a read costs no frame, a held stream no
         # partial's objects.
-        self._arm, self._abort = conn.watchdog.arm, abort
+        self._watchdog = watchdog = conn.watchdog
+        self._arm, self._abort = watchdog.arm, abort
         self._first_s, self._idle_s = timeouts.total_s, timeouts.idle_s
+        # Armed for idle_s since the last read: a read then only moves the deadline later.
+        self._idling = False
         # A chunk too large to hold, or one to judge (the last one): made when one comes, so
         # a held stream of plain chunks keeps none.
         self._decoder: ChunkDecoder | None = None
@@ -364,15 +368,25 @@ class _ChunkPipe(StreamPipe):
         conn.watchdog.disarm()
         conn.channel.divert(None)
 
+    def rest(self) -> None:
+        """Paused for the client to drain: a slow client is no stalled upstream."""
+        self._watchdog.disarm()
+        self._idling = False
+
     def resume(self) -> None:
         """The client drained: the upstream's silence is timed again and its reads resume."""
         self._arm(self._idle_s, self._abort)
+        self._idling = True
         super().resume()
 
     def data_received(self, data: bytes) -> None:
         if self.outcome is not None or self._error is not None:
             return
-        self._arm(self._idle_s, self._abort)
+        if self._idling:  # the usual read: no call, the deadline only moves later
+            self._watchdog.deadline = time.monotonic() + self._idle_s
+        else:
+            self._arm(self._idle_s, self._abort)
+            self._idling = True
         try:
             self._pass(data)
         except (ValueError, ConnectionError) as exc:
@@ -410,7 +424,7 @@ class _ChunkPipe(StreamPipe):
                 if decoder.done:
                     self._end(decoder.clean)
                     return
-        if self._client.get_write_buffer_size() > HIGH_WATER:  # _hold_if_full, a frame less
+        if self._channel.write_paused:  # over the transport's high-water mark (HIGH_WATER)
             self._hold()
 
     def _send(self, data: bytes) -> None:

@@ -34,8 +34,8 @@ class Channel(asyncio.Protocol):
     """
 
     __slots__ = ("_buffer", "_drain_waiter", "_eof", "_fiber", "_loop", "_lost", "_on_connect",
-                 "_on_gone", "_read_paused", "_receiver", "_waiter", "_write_paused", "transport",
-                 "write")
+                 "_on_gone", "_read_paused", "_receiver", "_waiter", "transport", "write",
+                 "write_paused")
 
     def __init__(self, on_connect: Callable[[Channel], object] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -49,7 +49,8 @@ class Channel(asyncio.Protocol):
         self._waiter: asyncio.Future | None = None
         self._drain_waiter: asyncio.Future | None = None
         self._read_paused = False
-        self._write_paused = False
+        # The transport holds more unsent bytes than its high-water mark: drain() waits.
+        self.write_paused = False
         self._receiver: asyncio.Protocol | None = None
         self._on_gone: Callable[[], None] | None = None
         self.transport: asyncio.Transport
@@ -98,10 +99,10 @@ class Channel(asyncio.Protocol):
             drain_waiter.set_exception(ConnectionResetError("connection lost"))
 
     def pause_writing(self) -> None:
-        self._write_paused = True
+        self.write_paused = True
 
     def resume_writing(self) -> None:
-        self._write_paused = False
+        self.write_paused = False
         drain_waiter = self._drain_waiter
         if drain_waiter is not None and not drain_waiter.done():
             drain_waiter.set_result(None)
@@ -250,7 +251,7 @@ class Channel(asyncio.Protocol):
         """Wait until the transport's write buffer is below its low-water mark."""
         if self._lost:
             raise ConnectionResetError("connection lost")
-        if self._write_paused:
+        if self.write_paused:
             self._drain_waiter = self._loop.create_future()
             try:
                 await self._drain_waiter

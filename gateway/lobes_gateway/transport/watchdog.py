@@ -16,19 +16,21 @@ class Watchdog:
     handle, a heap push, a cancel, a lazily purged heap entry) with two attribute writes.
     """
 
-    __slots__ = ("_action", "_deadline", "_handle", "_handle_at", "_loop")
+    __slots__ = ("_action", "_handle", "_handle_at", "_loop", "deadline")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._action: Callable[[], object] | None = None
-        self._deadline = 0.0
+        # When the armed action runs (monotonic). While armed it may be moved later in place,
+        # without a call: the pending timer, due no later, re-arms for it when it fires.
+        self.deadline = 0.0
         self._handle: asyncio.TimerHandle | None = None
         self._handle_at = math.inf  # when the pending handle fires (inf: none pending)
 
     def arm(self, delay_s: float, action: Callable[[], object]) -> None:
         """Run `action` unless `disarm` (or another `arm`) comes within `delay_s`."""
         # asyncio's loops keep time with time.monotonic: read it without a Python-level call.
-        self._deadline = deadline = monotonic() + delay_s
+        self.deadline = deadline = monotonic() + delay_s
         self._action = action
         if self._handle_at > deadline:
             if self._handle is not None:
@@ -53,9 +55,10 @@ class Watchdog:
         action = self._action
         if action is None:
             return
-        if monotonic() < self._deadline:
-            self._handle = self._loop.call_at(self._deadline, self._fire)
-            self._handle_at = self._deadline
+        deadline = self.deadline
+        if monotonic() < deadline:
+            self._handle = self._loop.call_at(deadline, self._fire)
+            self._handle_at = deadline
             return
         self._action = None
         action()
