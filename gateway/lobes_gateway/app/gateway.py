@@ -437,8 +437,8 @@ class Gateway:
     def _read_json(req: Request) -> JsonBody | ApiError | Awaitable[JsonBody | ApiError]:
         """The body as JSON, or the error it gets; a large one is read on a worker thread (what
         to await for it is returned)."""
-        coding = req.headers.get("content-encoding", "identity").strip().lower()
-        if coding != "identity":
+        coding = req.headers.get("content-encoding")
+        if coding is not None and (coding := coding.strip().lower()) != "identity":
             return errors.unsupported_media_type(coding)
         if len(req.body) > _PARSED_ASIDE_BYTES:
             return _parsed_aside(req.body)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import threading
 from collections.abc import Callable
 from json.decoder import scanstring
 from typing import AnyStr
@@ -72,14 +71,20 @@ _SCAN = _DECODER.scan_once
 # Python call per object.
 _WHOLE_BYTES = 16 * 1024
 _WHOLE_OBJECTS = 8
-_LAST = threading.local()  # the pairs of the object the hook made last, per thread
+
+
+class _RepeatedKey(ValueError):
+    """An object of the body read whole names a key twice: the walk reads it instead."""
 
 
 def _object(pairs: list[tuple[str, object]]) -> dict:
-    """The scanner's object_pairs_hook: an object as the default decoder makes it, its pairs
-    kept; the top-level object closes last, so what is kept then is its members."""
-    _LAST.pairs = pairs
-    return dict(pairs)
+    """The scanner's object_pairs_hook: an object as the default decoder makes it, unless it
+    names a key twice. Any object, nested ones too, sends the body to the walk, which refuses
+    a repeated top-level key only (a nested one goes on as the caller sent it)."""
+    made = dict(pairs)
+    if len(made) != len(pairs):
+        raise _RepeatedKey
+    return made
 
 
 _SCAN_WHOLE = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite,
@@ -179,7 +184,7 @@ def _read_whole(text: str) -> dict | None:
         value, end = _SCAN_WHOLE(text, 0)
     except (StopIteration, ValueError, RecursionError):
         return None
-    if end != len(text) or not isinstance(value, dict) or len(_LAST.pairs) != len(value):
+    if end != len(text) or not isinstance(value, dict):
         return None
     return value
 
