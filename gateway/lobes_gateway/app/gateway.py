@@ -14,6 +14,8 @@ import traceback
 from collections.abc import Awaitable
 
 from ..mesh.peers import PeerWatch
+from ..mesh.pool_queue import PoolQueue
+from ..policy.admission import AdmissionQueue, Ticket
 from ..policy.auth import Caller, Gate, InflightLimits
 from ..policy.config import GatewayConfig
 from ..policy.pressure import PressureMonitor
@@ -379,16 +381,13 @@ class Gateway:
             req.priority = klass
             ticket = None
             queue = self.admission.queue_for(route, requested_tier, req)
-            # The hot path skips enter() and its coroutine: nothing to wait for, no deadline
-            # to check.
+            # The hot path skips admission's coroutines: nothing to wait for, no deadline to
+            # check.
             if queue is not None or DEADLINE_HEADER in req.headers:
-                admitted = await self.admission.enter(req, caller, klass, route, queue, payload,
-                                                      client)
-                if isinstance(admitted, ApiError):
-                    return self._answer(req, client, admitted)
-                if admitted is False:  # the client left while it waited
-                    return False
-                ticket = None if admitted is True else admitted
+                admitted = await self._admit(req, caller, route, queue, payload, client)
+                if isinstance(admitted, bool):
+                    return admitted
+                ticket = admitted
             try:
                 outcome = await self.dispatcher.run(req, route, requested_tier, payload, client,
                                                     ticket)
@@ -411,6 +410,20 @@ class Gateway:
                     self.admission.leave(route, ticket, tokens or 0)
         finally:
             self.inflight.release(caller)
+
+    async def _admit(self, req: Request, caller: Caller, route: Route,
+                     queue: AdmissionQueue | PoolQueue | None, payload: dict | None,
+                     client: Channel) -> Ticket | bool | None:
+        """Wait for admission in the request's class: its ticket (None: admitted holding none),
+        or whether the connection stays usable once it was refused (answered here) or the
+        client left while it waited."""
+        admitted = await self.admission.enter(req, caller, req.priority, route, queue, payload,
+                                              client)
+        if isinstance(admitted, ApiError):
+            return self._answer(req, client, admitted)
+        if admitted is False:  # the client left while it waited
+            return False
+        return None if admitted is True else admitted
 
     def _route(self, req: Request, lane: str, client: Channel, read: JsonBody | ApiError | None,
                ) -> bool | tuple[Route, str | None, dict | None]:
