@@ -48,8 +48,8 @@ def test_the_chunk_pipe_pauses_its_upstream_while_the_client_is_over_its_high_wa
         for end in (client_end, caller):
             end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-        _, client = await loop.create_connection(Channel, sock=client_end)
-        _, upstream = await loop.create_connection(Channel, sock=upstream_end)
+        client = (await loop.create_connection(Channel, sock=client_end))[1]
+        upstream = (await loop.create_connection(Channel, sock=upstream_end))[1]
         conn = Connection(Origin("127.0.0.1", 9), upstream)
         pipe = _ChunkPipe(client.write, client, conn, conn.abort, BodyTimeouts(30.0, 600.0))
         pipe.attach(conn)
