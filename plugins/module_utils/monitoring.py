@@ -88,7 +88,7 @@ def prometheus_config(plan: dict, settings: dict) -> dict:
 def local_address(listen_address: str) -> str:
     """Where a client on the monitoring box reaches a Prometheus listening on `listen_address`."""
     host, sep, port = listen_address.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not (port.isascii() and port.isdigit()):
         raise MonitoringError(f"field monitoring_listen_address: {listen_address!r} is not "
                               "host:port")
     if host in ("", "0.0.0.0"):

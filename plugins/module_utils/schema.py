@@ -303,7 +303,7 @@ class ListenAddress(Kind):
     def read(self, value: object) -> str:
         host, sep, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
         bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-        if not sep or not port.isdigit() or int(port) not in TCP_PORTS or (
+        if not sep or not (port.isascii() and port.isdigit()) or int(port) not in TCP_PORTS or (
                 bare and not valid_host(bare)):
             raise Refused("not host:port")
         return value
