@@ -342,9 +342,9 @@ def write_lock_file(path: str, text: str) -> None:
 def save_lock(path: str, lock: FleetLock, updated: FleetLock, check_mode: bool) -> tuple:
     """(changed, diff) of the lock file at path once it holds `updated` (read as `lock`),
     written unless check_mode; where there is no file yet, a lock with nothing new makes none."""
-    text = dump_lock(updated)
-    before = dump_lock(lock) if os.path.exists(path) else ""
-    after = text if before or text != dump_lock(lock) else ""
+    old, text = dump_lock(lock), dump_lock(updated)
+    before = old if os.path.exists(path) else ""
+    after = text if before or text != old else ""
     changed = before != after
     if changed and not check_mode:
         write_lock_file(path, after)
