@@ -337,9 +337,7 @@ class Gateway:
         try:
             body = buffered_body(client, req.headers, self.config.limits.max_body_bytes)
         except HttpError as exc:
-            self.inflight.release(caller)
-            client.write(error_bytes(exc.error, keep_alive=False))
-            return False
+            return self._body_refused(caller, client, exc)
         if body is None:  # not all here with the head: wait (the usual case does not)
             return self._post_arriving(req, lane, caller, client)
         req.body = body
@@ -351,9 +349,7 @@ class Gateway:
         try:
             req.body = await self._read_body(req, client)
         except HttpError as exc:
-            self.inflight.release(caller)
-            client.write(error_bytes(exc.error, keep_alive=False))
-            return False
+            return self._body_refused(caller, client, exc)
         except BaseException:
             self.inflight.release(caller)
             raise
@@ -361,6 +357,13 @@ class Gateway:
             self.inflight.release(caller)
             return False
         return await self._serve(req, lane, caller, client)
+
+    def _body_refused(self, caller: Caller, client: Channel, exc: HttpError) -> bool:
+        """A body the gateway will not read: its error answered, the connection ended (the
+        rest of the body would be read as a request) and the caller's slot given back."""
+        self.inflight.release(caller)
+        client.write(error_bytes(exc.error, keep_alive=False))
+        return False
 
     async def _serve(self, req: Request, lane: str, caller: Caller, client: Channel) -> bool:
         """Route a request whose body is read, admit it, run its attempts, relay the outcome;

@@ -330,20 +330,16 @@ class _ChunkPipe(StreamPipe):
     """The upstream socket's protocol while a chunked stream passes through it; its outcome is
     whether the upstream ended cleanly (reusable)."""
 
-    __slots__ = ("_abort", "_arm", "_channel", "_decoder", "_first_s", "_held", "_idle_s",
-                 "_idling", "_watchdog", "_write")
+    __slots__ = ("_abort", "_decoder", "_first_s", "_held", "_idle_s", "_idling", "_watchdog",
+                 "_write")
 
     def __init__(self, write: Callable[[bytes], None], client: Channel, conn: Connection,
                  abort: Callable[[], None], timeouts: BodyTimeouts) -> None:
-        super().__init__(client.transport, conn.channel.transport)
-        self._channel = client  # its write_paused says when to hold for it, without a call
+        super().__init__(client, conn.channel.transport)
         self._write = write  # the client's write (traced, metered)
         # The upstream's silence is bounded: first_s for its first bytes (a long prompt's
-        # prefill), then idle_s from each read; a wait for a slow client is not counted. The
-        # arm's parts are kept, not a partial: a read costs no frame, a held stream no
-        # partial's objects.
-        self._watchdog = watchdog = conn.watchdog
-        self._arm, self._abort = watchdog.arm, abort
+        # prefill), then idle_s from each read; a wait for a slow client is not counted.
+        self._watchdog, self._abort = conn.watchdog, abort
         self._first_s, self._idle_s = timeouts.total_s, timeouts.idle_s
         # Armed for idle_s since the last read: a read then only moves the deadline later.
         self._idling = False
@@ -356,7 +352,7 @@ class _ChunkPipe(StreamPipe):
         """Take the upstream socket's bytes from its channel, those that came with the response
         head first, so complete chunks reach the client from the socket's own callback (no
         future, task wake-up or read call per chunk)."""
-        self._arm(self._first_s, self._abort)
+        self._watchdog.arm(self._first_s, self._abort)
         held = conn.channel.divert(self)
         if held:
             self.data_received(held)
@@ -375,7 +371,7 @@ class _ChunkPipe(StreamPipe):
 
     def resume(self) -> None:
         """The client drained: the upstream's silence is timed again and its reads resume."""
-        self._arm(self._idle_s, self._abort)
+        self._watchdog.arm(self._idle_s, self._abort)
         self._idling = True
         super().resume()
 
@@ -385,7 +381,7 @@ class _ChunkPipe(StreamPipe):
         if self._idling:  # the usual read: no call, the deadline only moves later
             self._watchdog.deadline = time.monotonic() + self._idle_s
         else:
-            self._arm(self._idle_s, self._abort)
+            self._watchdog.arm(self._idle_s, self._abort)
             self._idling = True
         try:
             self._pass(data)
@@ -424,7 +420,7 @@ class _ChunkPipe(StreamPipe):
                 if decoder.done:
                     self._end(decoder.clean)
                     return
-        if self._channel.write_paused:  # over the transport's high-water mark (HIGH_WATER)
+        if self._channel.write_paused:  # _hold_if_full inlined: a frame less per read
             self._hold()
 
     def _send(self, data: bytes) -> None:

@@ -555,7 +555,7 @@ class _EventPipe(StreamPipe):
 
     def __init__(self, relay: Callable[[bytes], tuple[list[bytes], bool]], events: _Events,
                  client: Channel, upstream: asyncio.Transport, arm: Callable[[], None]) -> None:
-        super().__init__(client.transport, upstream)
+        super().__init__(client, upstream)
         self._relay = relay  # data in, (the client's bytes, whether the part broke off) out
         self._events = events
         self._write = client.write

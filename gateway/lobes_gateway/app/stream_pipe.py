@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import asyncio
 
-# Above this many unsent bytes the relay waits for the client (backpressure).
+from ..transport.channel import Channel
+
+# Above this many unsent bytes the relay waits for the client (backpressure): asyncio's own
+# high-water mark for a socket transport, at which it tells the client Channel write_paused.
 HIGH_WATER = 64 * 1024
 
 
 class StreamPipe(asyncio.Protocol):
     """Waiting, pausing and resuming for a stream relayed from the upstream's callback."""
 
-    __slots__ = ("_client", "_error", "_upstream", "_waiter", "outcome", "paused")
+    __slots__ = ("_channel", "_client", "_error", "_upstream", "_waiter", "outcome", "paused")
 
-    def __init__(self, client: asyncio.WriteTransport, upstream: asyncio.Transport) -> None:
-        self._client = client
+    def __init__(self, client: Channel, upstream: asyncio.Transport) -> None:
+        self._channel = client  # its write_paused says when to hold for it, without a call
+        self._client = client.transport
         self._upstream = upstream
         self._waiter: asyncio.Future | None = None
         self._error: Exception | None = None
@@ -54,7 +58,7 @@ class StreamPipe(asyncio.Protocol):
     def _hold_if_full(self) -> None:
         """Pause upstream reads, and wake the relaying task to drain, while the client has
         more than HIGH_WATER bytes unsent."""
-        if self._client.get_write_buffer_size() > HIGH_WATER:
+        if self._channel.write_paused:
             self._hold()
 
     def _hold(self) -> None:

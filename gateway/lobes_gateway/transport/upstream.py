@@ -245,14 +245,15 @@ class Connections:
         try:
             _transport, channel = await connecting
         except OSError as exc:
-            watchdog.close()
             raise UpstreamError(f"cannot connect to {origin.url}: {exc}") from None
         except asyncio.CancelledError:
-            watchdog.close()
             if not expired:
                 raise  # the waiter itself was cancelled, not the dial timed out
             raise UpstreamError(f"cannot connect to {origin.url}: timeout") from None
-        watchdog.disarm()
+        finally:
+            # Nothing to do when its timer fires: a failed dial's ends there, as a cancelled
+            # timer would have; a connection's serves its next deadline.
+            watchdog.disarm()
         return Connection(origin, channel, watchdog)
 
     def take_idle(self, origin: Origin) -> Connection | None:
