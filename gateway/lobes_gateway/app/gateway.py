@@ -207,27 +207,19 @@ class Gateway:
         it. Not a coroutine itself: each frame a request awaits through costs it CPU, and a held
         stream its memory."""
         method, path = req.method, req.path
-        if method != "POST" and _has_body(req):
-            # Only a POST's body is read: the connection ends with this answer, so the body
-            # is never read as another request.
-            req.keep_alive = False
-        if method == "GET" and path in _KEYLESS:
-            if (path in _PRIVATE and self.config.private_status
-                    and self.gate.identify(req.headers.get("authorization")) is None):
-                return self._refuse(req, client, errors.invalid_api_key())
-            return self._keyless(req, client)
-        if method == "GET" and path in self.page:
-            asset = self.page[path]
-            client.write(response_bytes(200, asset.body, content_type=asset.content_type,
-                                        headers=asset.headers, keep_alive=req.keep_alive))
-            return req.keep_alive
-        if method == "GET" and path.startswith(GEAR_METRICS):
-            return self._gear_metrics(req, client)
+        if method != "POST":  # a POST (the usual request) is never one of the keyless answers
+            if _has_body(req):
+                # Only a POST's body is read: the connection ends with this answer, so the
+                # body is never read as another request.
+                req.keep_alive = False
+            keyless = self._keyless_answer(req, client)
+            if keyless is not None:
+                return keyless
         caller = self.gate.identify(req.headers.get("authorization"))
-        if caller is None and (method == "POST" or path.startswith("/v1/")):
-            return self._refuse(req, client, errors.invalid_api_key())
         if caller is None:
-            return self._refuse(req, client, errors.not_found(path))
+            error = errors.invalid_api_key() if method == "POST" or path.startswith("/v1/") \
+                else errors.not_found(path)
+            return self._refuse(req, client, error)
         if req.trace is not None:
             req.trace.client = caller.key_id
         if method == "POST":
@@ -240,6 +232,26 @@ class Gateway:
         if path in POST_LANES:
             return self._refuse(req, client, errors.method_not_allowed(method, path, "POST"))
         return self._refuse(req, client, errors.not_found(path))
+
+    def _keyless_answer(self, req: Request, client: Channel) -> bool | Awaitable[bool] | None:
+        """The answer to a GET that needs no key (health, metrics, the live page, a gear's
+        metrics), None for any other request."""
+        path = req.path
+        if req.method != "GET":
+            return None
+        if path in _KEYLESS:
+            if (path in _PRIVATE and self.config.private_status
+                    and self.gate.identify(req.headers.get("authorization")) is None):
+                return self._refuse(req, client, errors.invalid_api_key())
+            return self._keyless(req, client)
+        if path in self.page:
+            asset = self.page[path]
+            client.write(response_bytes(200, asset.body, content_type=asset.content_type,
+                                        headers=asset.headers, keep_alive=req.keep_alive))
+            return req.keep_alive
+        if path.startswith(GEAR_METRICS):
+            return self._gear_metrics(req, client)
+        return None
 
     def _refuse(self, req: Request, client: Channel, error: ApiError) -> bool:
         """Answer an error without reading the body; a pending body forces a close."""

@@ -112,6 +112,10 @@ class Channel(asyncio.Protocol):
     async def readuntil(self, separator: bytes, limit: int) -> bytes:
         """The bytes up to and including `separator`, which must come within `limit` bytes."""
         buffer = self._buffer
+        if not buffer and not self._eof:
+            # The usual head (a request's, an answer's) is not here yet when it is asked for:
+            # wait before searching, not after a search of nothing.
+            await self._more()
         start = 0
         while (end := buffer.find(separator, start)) < 0:
             if len(buffer) > limit:
