@@ -8,6 +8,7 @@ the box can actually give to GPU work.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # The vLLM nightly every default gear runs on the Spark: one digest, fleet-wide.
@@ -95,3 +96,10 @@ PROFILES: dict = {
 def hardware_profile(name: str) -> HardwareProfile:
     """The profile of a hardware group; KeyError for an unknown name."""
     return PROFILES[name]
+
+
+def planned_hardware(box_plan: Mapping) -> Mapping:
+    """A box plan's hardware (HardwareProfile.as_dict); empty where the plan names no profile:
+    hardware null or left out, as a hand-written plan may have it."""
+    hardware = box_plan.get("hardware")
+    return hardware if isinstance(hardware, Mapping) else {}

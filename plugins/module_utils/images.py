@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from ansible_collections.lobes.fleet.plugins.module_utils.engines import SIM, VLLM
 from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.lobes.fleet.plugins.module_utils.hardware import planned_hardware
 from ansible_collections.lobes.fleet.plugins.module_utils.models import (
     DIGEST,
     LOCK_FILE,
@@ -133,7 +134,7 @@ class GearImage:
     """One gear container's image on one box: as planned, and what it runs after the lock."""
 
     host: str
-    group: str  # the box's hardware group
+    group: str  # the box's hardware group; "" where its plan names no profile (no group)
     role: str
     service: str
     slot: str  # which image of the box's gears section
@@ -171,8 +172,8 @@ def gear_images(plan: dict, lock: FleetLock) -> tuple:
                 errors.append(FleetError(host, role, SLOT_FIELDS[slot], str(error),
                                          value=repr(ref)))
                 continue
-            image = GearImage(host, box["hardware"]["name"], role, gear["service"], slot, ref,
-                              run, state)
+            group = planned_hardware(box).get("name") or ""
+            image = GearImage(host, group, role, gear["service"], slot, ref, run, state)
             if box["gears"].get("images_from") == FROM_BOXES:
                 if state == RESOLVE:
                     errors.append(_not_copyable(image))
@@ -222,6 +223,8 @@ def group_splits(images: list) -> list:
     container: every box of a group runs the same digest."""
     first, errors = {}, []
     for image in images:
+        if not image.group:
+            continue  # a box whose plan names no hardware profile shares a group with none
         seen = first.setdefault((image.group, image.slot), image)
         if seen.run != image.run:
             field = SLOT_FIELDS[image.slot]

@@ -15,6 +15,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     PROXY,
     REFER,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.hardware import planned_hardware
 
 READY, INCOMPATIBLE, DOWN = "ready", "not compatible", "unreachable"
 NOT_READY, UNKNOWN = "not ready", "unknown"
@@ -74,7 +75,7 @@ def _node(host: str, box: dict, capabilities: dict | None) -> str:
     served = ", ".join(_served(box)) or "no gear"
     state = "unreachable" if capabilities is None else "up"
     colour = COLOURS[DOWN] if capabilities is None else "black"
-    hardware = box.get("hardware", {}).get("name", "unknown hardware")
+    hardware = planned_hardware(box).get("name") or "unknown hardware"
     label = f"{host} ({hardware})\\nserves: {served}\\n{state}"
     return f"  {_quote(host)} [label=\"{label}\", color={colour}];"
 

@@ -38,6 +38,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.errors import FleetErr
 from ansible_collections.lobes.fleet.plugins.module_utils.hardware import (
     HardwareProfile,
     hardware_profile,
+    planned_hardware,
 )
 from ansible_collections.lobes.fleet.plugins.module_utils.inventory import (
     BoxDecl,
@@ -305,7 +306,7 @@ def budget(box: BoxDecl, local: dict) -> dict:
 def memory_gated(plan: dict, fake_proc: bool) -> bool:
     """Whether every gear of a box's plan holds its share of the box's memory: on a box with a
     GPU, or where the gears hold their shares in a fake /proc (tests)."""
-    return bool((plan.get("hardware") or {}).get("has_gpu")) or fake_proc
+    return bool(planned_hardware(plan).get("has_gpu")) or fake_proc
 
 
 def holds_memory(gear: dict, gated: bool) -> bool:

@@ -25,6 +25,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.engines import (
     SIM,
     VLLM_CPU,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.hardware import planned_hardware
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import holds_memory, memory_gated
 from ansible_collections.lobes.fleet.plugins.module_utils.service_files import tree_digest
 
@@ -111,7 +112,7 @@ def _box_env(plan: dict) -> list:
     """What the plan says of the box, for /status and the live page: its hardware, the memory
     shares of its gears (as the memory gate counts them) and the headroom it keeps free."""
     env = []
-    hardware = plan.get("hardware") or {}
+    hardware = planned_hardware(plan)
     if hardware.get("description"):
         env.append(("GATEWAY_BOX_HARDWARE", hardware["description"]))
     holding = _gears_holding_memory(plan)

@@ -22,13 +22,13 @@ description:
   - The file is rewritten whole, keys sorted; an entry already equal leaves it untouched
     (changed=false). An entry the lock holds is never replaced here; to move it, delete it
     (docs/operations.md).
-  - "Run it on the controller (C(delegate_to: localhost), C(run_once)); it needs PyYAML."
 author:
   - lobes.fleet maintainers (@lobes-fleet)
 extends_documentation_fragment:
   - lobes.fleet.attributes
   - lobes.fleet.attributes.changes
   - lobes.fleet.lock
+  - lobes.fleet.lock.controller
 options:
   images:
     description: The plan's gear images, as M(lobes.fleet.mesh_plan) returns them.

@@ -107,6 +107,9 @@ import os  # noqa: E402 - modules keep imports below their documentation
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.urls import open_url  # noqa: E402
+from ansible_collections.lobes.fleet.plugins.module_utils.hardware import (  # noqa: E402
+    planned_hardware,
+)
 from ansible_collections.lobes.fleet.plugins.module_utils.memory import (  # noqa: E402
     headroom,
     parse_meminfo,
@@ -183,7 +186,7 @@ def _stands_for(plan, gated):
     """The box simulated gears are budgeted for, where they hold none of this one's memory."""
     if gated:
         return None
-    simulated = plan.get("hardware", {}).get("simulates")
+    simulated = planned_hardware(plan).get("simulates")
     return f"the {simulated} they stand in for" if simulated else None
 
 

@@ -19,13 +19,13 @@ description:
     an entry already equal leaves it untouched (changed=false).
   - A revision the lock already holds for the checkpoint is never replaced by another unless
     O(replace) says so (moving a pin is an explicit step, docs/operations.md).
-  - "Run it on the controller (C(delegate_to: localhost), C(run_once)); it needs PyYAML."
 author:
   - lobes.fleet maintainers (@lobes-fleet)
 extends_documentation_fragment:
   - lobes.fleet.attributes
   - lobes.fleet.attributes.changes
   - lobes.fleet.lock
+  - lobes.fleet.lock.controller
 options:
   checkpoint:
     description: The hub repo id, C(org/name).

@@ -24,12 +24,12 @@ description:
   - Simulated gears, and checkpoints under C(lobes/) (built on the box) or given as a path, load
     nothing from the hub and are left out.
   - It writes nothing; the lock file is written by the step that fetches and checks the files.
-  - "Run it on the controller (C(delegate_to: localhost), C(run_once)); it needs PyYAML."
 author:
   - lobes.fleet maintainers (@lobes-fleet)
 extends_documentation_fragment:
   - lobes.fleet.attributes
   - lobes.fleet.attributes.pure
+  - lobes.fleet.lock.controller
 options:
   plan:
     description: The mesh plan, as RV(lobes.fleet.mesh_plan#module:plan) returns it.

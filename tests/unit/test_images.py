@@ -181,6 +181,24 @@ def test_a_group_whose_boxes_declare_two_images_is_refused_naming_both_hosts():
         "a group runs the same image: declare one fleet_gear_image for the group"]
 
 
+@pytest.mark.parametrize("how", ["null", "absent"])
+def test_boxes_whose_plans_name_no_hardware_share_no_group(how):
+    mesh = compose_mesh()
+    mesh["thor2"]["fleet_gear_image"] = "nvcr.io/nvidia/vllm:26.05-py3"
+    plan = plan_mesh(mesh)
+    for host in ("thor", "thor2"):
+        if how == "null":
+            plan["boxes"][host]["hardware"] = None
+        else:
+            del plan["boxes"][host]["hardware"]
+    found, errors = images.gear_images(plan, locked((VLLM_JETSON, D1)))
+    assert errors == []
+    groups = {image.host: image.group for image in found}
+    assert groups["thor"] == groups["thor2"] == "" and groups["spark"] == "gb10"
+    # Two images, but no profile puts the two boxes in one group: nothing to split.
+    assert images.group_splits(found) == []
+
+
 def test_a_planned_image_that_is_no_reference_is_refused_naming_host_and_field():
     plan = plan_mesh(compose_mesh())
     plan["boxes"]["thor2"]["gears"]["image"] = "Not An Image"  # the schema refuses it earlier

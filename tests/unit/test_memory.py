@@ -10,7 +10,15 @@ from ansible_collections.lobes.fleet.plugins.module_utils.memory import (
     parse_meminfo,
     refusal,
 )
-from ansible_collections.lobes.fleet.plugins.module_utils.plan import holds_memory, memory_gated
+from ansible_collections.lobes.fleet.plugins.module_utils.plan import (
+    holds_memory,
+    memory_gated,
+    plan_mesh,
+)
+from ansible_collections.lobes.fleet.plugins.modules import memory_gate
+
+from tests.support.ports import free_port
+from tests.unit.modules import run_module
 
 MEMINFO = """\
 MemTotal:       125829120 kB
@@ -80,3 +88,47 @@ def test_a_box_is_gated_with_a_gpu_or_a_fake_proc(hardware, fake_proc, gated):
 ])
 def test_a_gear_holds_the_box_memory_on_a_gated_box_or_on_the_cpu_build(engine, gated, holds):
     assert holds_memory({"engine": engine, "memory_gib": 8.0}, gated) is holds
+
+
+def without_hardware(plan: dict, how: str) -> dict:
+    """The box plan with its hardware profile null or left out, as a hand-written plan has it;
+    every gear on a port nothing answers, so each reads as one to start."""
+    if how == "null":
+        plan["hardware"] = None
+    else:
+        del plan["hardware"]
+    for role in plan["roles"].values():
+        role["gear"]["port"] = free_port()
+    return plan
+
+
+def gate_box(roles: dict, how: str, tmp_path) -> dict:
+    """memory_gate's result, against this machine's /proc, for a process box without a GPU
+    whose plan names no hardware profile."""
+    hostvars = {"fleet_hardware": "sim", "fleet_runtime": "process",
+                "fleet_gateway_host": "127.0.0.1", "fleet_roles": roles}
+    plan = without_hardware(plan_mesh({"box": hostvars})["boxes"]["box"], how)
+    return run_module(memory_gate.main, {"plan": plan, "deploy_dir": str(tmp_path),
+                                         "enforce": False})
+
+
+@pytest.mark.parametrize("how", ["null", "absent"])
+def test_simulated_gears_of_a_plan_without_hardware_are_not_gated(how, tmp_path):
+    result = gate_box({"cortex": {}}, how, tmp_path)
+    assert result.get("failed") is not True, result
+    assert result["gated"] is False and result["refusal"] is None
+    assert result["to_start"] == [] and [gear["name"] for gear in result["gears"]] == [
+        "gear-cortex"]
+    # No profile, so no box the simulated gears stand in for.
+    assert "stand in for" not in result["headroom"] and "simulated" not in result["headroom"]
+
+
+@pytest.mark.parametrize("how", ["null", "absent"])
+def test_a_cpu_engine_gear_of_a_plan_without_hardware_is_gated(how, tmp_path):
+    roles = {"cortex": {"engine": "vllm-cpu", "checkpoint": "lobes/tiny-chat", "context": 2048,
+                        "kv_cache_gib": 2}}
+    result = gate_box(roles, how, tmp_path)
+    assert result.get("failed") is not True, result
+    assert result["gated"] is True and result["to_start"] == ["gear-cortex"]
+    assert result["need_gib"] > 2
+    assert "stand in for" not in result["headroom"]

@@ -64,6 +64,15 @@ def test_a_box_that_does_not_answer_is_drawn_unreachable(plan):
     assert edges(dot)["orin", "spark", "senses: proxies"][1] == "red3"
 
 
+@pytest.mark.parametrize("how", ["null", "absent"])
+def test_a_box_whose_plan_names_no_hardware_is_drawn_as_unknown_hardware(plan, how):
+    if how == "null":
+        plan["boxes"]["spark"]["hardware"] = None
+    else:
+        del plan["boxes"]["spark"]["hardware"]
+    assert '"spark" [label="spark (unknown hardware)\\nserves: ' in mesh_dot(plan, live_mesh())
+
+
 @pytest.mark.skipif(shutil.which("dot") is None, reason=not_installed("Graphviz", "graphviz"))
 def test_graphviz_draws_it(plan, tmp_path):
     (tmp_path / "mesh.dot").write_text(mesh_dot(plan, live_mesh()))
