@@ -4,7 +4,7 @@ asyncio's StreamReader/StreamWriter pair costs a protocol-to-reader hop, a secon
 a generic read loop on every segment; the gateway's hot path reads a request head, a body of
 known length and a response head, so one small protocol object does both halves. It also
 offers a supported way (`divert`) to hand the socket's later bytes straight to another
-receiver, which the SSE pass-through uses instead of swapping protocols under a reader.
+protocol, with no reader left waiting under it, which the SSE pass-through uses.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Channel(asyncio.Protocol):
     """
 
     __slots__ = ("_buffer", "_drain_waiter", "_eof", "_fiber", "_loop", "_lost", "_on_connect",
-                 "_on_gone", "_read_paused", "_receiver", "_waiter", "transport", "write",
+                 "_on_gone", "_read_paused", "_waiter", "transport", "write",
                  "write_paused")
 
     def __init__(self, on_connect: Callable[[Channel], object] | None = None) -> None:
@@ -51,7 +51,6 @@ class Channel(asyncio.Protocol):
         self._read_paused = False
         # The transport holds more unsent bytes than its high-water mark: drain() waits.
         self.write_paused = False
-        self._receiver: asyncio.Protocol | None = None
         self._on_gone: Callable[[], None] | None = None
         self.transport: asyncio.Transport
         # transport.write itself, bound once: a write costs no frame of ours (set on connect).
@@ -70,9 +69,6 @@ class Channel(asyncio.Protocol):
             on_connect(self)
 
     def data_received(self, data: bytes) -> None:
-        if self._receiver is not None:
-            self._receiver.data_received(data)
-            return
         self._buffer += data
         if self._fiber is not None or self._waiter is not None:
             self._wake()
@@ -81,8 +77,6 @@ class Channel(asyncio.Protocol):
             self.transport.pause_reading()
 
     def eof_received(self) -> bool | None:
-        if self._receiver is not None:
-            return self._receiver.eof_received()
         self._eof = True
         self._wake()
         self._gone()
@@ -90,8 +84,6 @@ class Channel(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._eof = self._lost = True
-        if self._receiver is not None:
-            self._receiver.connection_lost(exc)
         self._wake()
         self._gone()
         drain_waiter = self._drain_waiter
@@ -232,18 +224,23 @@ class Channel(asyncio.Protocol):
                 waiter.set_result(None)
 
     def divert(self, receiver: asyncio.Protocol | None) -> bytes:
-        """Hand the socket's later bytes and its loss to `receiver` (None: buffer them again).
+        """Make `receiver` the socket's protocol: its later bytes, its end and its loss go to
+        the receiver with no call of this channel's between (None: to this channel again).
 
         Returns the bytes already buffered, which the receiver has not seen. The receiver may
-        pause and resume the transport itself; taking the socket back resumes it.
+        pause and resume the transport itself; taking the socket back resumes it, and a socket
+        that closed meanwhile (its loss told to the receiver) reads as ended here.
         """
-        self._receiver = receiver
         held = bytes(self._buffer)
         self._buffer.clear()
-        paused = self._read_paused or (receiver is None and not self.transport.is_reading())
+        transport = self.transport
+        transport.set_protocol(self if receiver is None else receiver)
+        if receiver is None and transport.is_closing():
+            self._eof = self._lost = True
+        paused = self._read_paused or (receiver is None and not transport.is_reading())
         if paused and not self._lost:
             self._read_paused = False
-            self.transport.resume_reading()
+            transport.resume_reading()
         return held
 
     # --- writes ---
