@@ -78,9 +78,10 @@ class Trace:
             if status != _CONTINUE:
                 self.status = status
                 self.first_byte = time.monotonic()
-                end = data.find(b"\r\n") + 2
-                data = b"%sX-Request-Id: %s\r\n%s" % (
-                    data[:end], self.request_id.encode(), data[end:])
+                # After the status line: one call that copies the answer once (a format of its
+                # two slices cost twice the instructions).
+                data = data.replace(
+                    b"\r\n", b"\r\nX-Request-Id: " + self.request_id.encode() + b"\r\n", 1)
         self.bytes += len(data)
         self.sink(data)
 
