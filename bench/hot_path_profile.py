@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import json
 import platform
 import subprocess
 import sys
@@ -57,7 +58,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("event loop (asyncio, selectors)", ("/asyncio/", "/selectors.py")),
 )
 OTHER_GATEWAY = "other gateway modules"
-OUTSIDE = "outside the gateway (the harness)"
+OUTSIDE = "outside the gateway (the harness, the count itself)"
 BEFORE_SEND, ANSWER, AFTER = "before the upstream send", "answer to the caller", "after the write"
 PHASES = (BEFORE_SEND, ANSWER, AFTER)
 
@@ -148,43 +149,88 @@ async def phases_in_process(requests: int) -> StepCounter:
 
 
 CLIENT = """
-import asyncio, sys
+import asyncio, json, sys
 sys.path.insert(0, sys.argv[1])
 import gateway_bench, loadgen
-result = asyncio.run(loadgen.closed_loop("127.0.0.1", int(sys.argv[2]),
-                     gateway_bench.post(gateway_bench.chat_body()), int(sys.argv[3]),
-                     float(sys.argv[4])))
-print(result.requests, result.errors)
+body = gateway_bench.chat_body(**json.loads(sys.argv[5]))
+sys.stdin.readline()  # started: the load begins when told
+result = asyncio.run(loadgen.closed_loop("127.0.0.1", int(sys.argv[2]), gateway_bench.post(body),
+                                         int(sys.argv[3]), float(sys.argv[4])))
+print(result.requests, result.events, result.errors)
 """
+# Streams for the chunk count: few and slow enough that the counted (much slowed) gateway reads
+# each chunk as it was sent, as the uncounted one does, rather than several in one read.
+SSE_STREAMS, SSE_CHUNKS, SSE_INTERVAL_MS = 4, 50, 20
+
+
+class Served:
+    """A gateway on a real 127.0.0.1 socket in this process, in front of the bench's backend."""
+
+    def __init__(self) -> None:
+        self.backend = gateway_bench.start_backend(Path(tempfile.mkdtemp(prefix="hot-path-")))
+        self.port = procs.free_port()
+        self.gateway = Gateway(load_config(gateway_bench.gateway_env(
+            f"http://127.0.0.1:{self.backend.port}", self.port)))
+        self.gateway.pressure.take_sample()
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Served:
+        self._server = await asyncio.get_running_loop().create_server(
+            self.gateway.accept, "127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+        await self.gateway.close()
+        self.backend.stop()
+
+    async def client(self, concurrency: int, seconds: float,
+                     **body: object) -> asyncio.subprocess.Process:
+        """A closed-loop client process, started; its load begins at `load`."""
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CLIENT, str(Path(__file__).parent), str(self.port),
+            str(concurrency), str(seconds), json.dumps(body), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE)
+
+
+async def load(client: asyncio.subprocess.Process) -> tuple[int, ...]:
+    """Start a client's load; its (requests, events, errors) once it ended."""
+    out, _err = await client.communicate(b"go\n")
+    return tuple(int(figure) for figure in out.split())
 
 
 async def over_sockets(concurrency: int, warm_s: float, window_s: float) -> tuple[StepCounter, int]:
-    """The gateway on a real socket under a closed-loop client: steps by layer over a window,
-    and the requests it answered in that window."""
-    workdir = Path(tempfile.mkdtemp(prefix="hot-path-"))
-    backend = gateway_bench.start_backend(workdir)
-    port = procs.free_port()
-    gateway = Gateway(load_config(gateway_bench.gateway_env(
-        f"http://127.0.0.1:{backend.port}", port)))
-    gateway.pressure.take_sample()
-    server = await asyncio.get_running_loop().create_server(gateway.accept, "127.0.0.1", port)
-    client = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", CLIENT, str(Path(__file__).parent), str(port), str(concurrency),
-        str(warm_s + window_s + warm_s), stdout=subprocess.PIPE)
-    try:
+    """The gateway under a closed-loop client: steps by layer over a window, and the requests
+    it answered in that window."""
+    async with Served() as served:
+        client = await served.client(concurrency, warm_s + window_s + warm_s)
+        ended = asyncio.create_task(load(client))
         await asyncio.sleep(warm_s)
         counter = StepCounter()
-        before = answered_ok(gateway)
+        before = answered_ok(served.gateway)
         counter.start()
         await asyncio.sleep(window_s)
         counter.stop()
-        requests = answered_ok(gateway) - before
-        await client.communicate()
-    finally:
-        server.close()
-        await gateway.close()
-        backend.stop()
+        requests = answered_ok(served.gateway) - before
+        await ended
     return counter, requests
+
+
+async def chunks_over_sockets(seconds: float) -> tuple[StepCounter, int]:
+    """SSE streams through the gateway, counted whole (each stream's request spread over its
+    chunks, as the gateway bench's CPU per chunk is): steps by layer, and the events relayed."""
+    async with Served() as served:
+        # The client is started before the count: spawning a process is no chunk's work.
+        client = await served.client(SSE_STREAMS, seconds, stream=True, bench_chunks=SSE_CHUNKS,
+                                     bench_interval_ms=SSE_INTERVAL_MS)
+        counter = StepCounter()
+        counter.start()
+        _requests, events, errors = await load(client)
+        counter.stop()
+    if errors:
+        raise SystemExit(f"{errors} streams failed while counted")
+    return counter, events
 
 
 def answered_ok(gateway: Gateway) -> int:
@@ -211,14 +257,14 @@ def phases_table(counter: StepCounter, requests: int) -> str:
     return "\n".join(rows)
 
 
-def sockets_table(counter: StepCounter, requests: int) -> str:
-    """Markdown: each layer's steps a request over sockets, and its share."""
+def sockets_table(counter: StepCounter, units: int, unit: str = "request") -> str:
+    """Markdown: each layer's steps a request (or a chunk) over sockets, and its share."""
     total = counter.by_layer()
     whole = sum(total.values())
-    rows = ["| layer | steps a request | share |", "|---|---|---|"]
-    rows += [f"| {layer} | {each(total[layer], requests)} | {total[layer] / whole:.1%} |"
+    rows = [f"| layer | steps a {unit} | share |", "|---|---|---|"]
+    rows += [f"| {layer} | {each(total[layer], units)} | {total[layer] / whole:.1%} |"
              for layer in ordered(total)]
-    rows.append(f"| **all** | **{each(whole, requests)}** | 100% |")
+    rows.append(f"| **all** | **{each(whole, units)}** | 100% |")
     return "\n".join(rows)
 
 
@@ -248,19 +294,27 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--window", type=float, default=3.0, help="seconds counted over sockets")
     parser.add_argument("--warm", type=float, default=2.0, help="seconds before and after it")
+    parser.add_argument("--sse-seconds", type=float, default=4.0,
+                        help="seconds of SSE streams counted")
     parser.add_argument("--docs", action="store_true", help="write docs/benchmarks.md's section")
     args = parser.parse_args()
     phases = asyncio.run(phases_in_process(args.requests))
     sockets, answered = asyncio.run(over_sockets(args.concurrency, args.warm, args.window))
-    if not answered:
-        raise SystemExit("no request was answered 200 over the sockets while counting")
+    chunks, events = asyncio.run(chunks_over_sockets(args.sse_seconds))
+    if not answered or not events:
+        raise SystemExit(f"{answered} requests answered 200 and {events} SSE events relayed "
+                         "over the sockets while counting: nothing to divide by")
     text = (f"{header()}\n\n"
             f"c=1, in process: the bytecode steps a request, by layer and by when they run "
             f"({args.requests} requests, `bench/hot_path_profile.py`).\n\n"
             f"{phases_table(phases, args.requests)}\n\n"
             f"c={args.concurrency} over 127.0.0.1 sockets, the event loop included "
             f"({answered:,} requests answered in a {args.window:g} s window, each counted "
-            f"whole or in part):\n\n{sockets_table(sockets, answered)}")
+            f"whole or in part):\n\n{sockets_table(sockets, answered)}\n\n"
+            f"SSE streams over the sockets ({SSE_STREAMS} at a time, {SSE_CHUNKS} chunks "
+            f"{SSE_INTERVAL_MS} ms apart, each stream's request spread over its chunks as the "
+            f"gateway bench's CPU per chunk is; {events:,} events relayed in "
+            f"{args.sse_seconds:g} s):\n\n{sockets_table(chunks, events, 'chunk')}")
     print(text)
     if args.docs:
         docs_section.write_section("hot-path-profile", text)

@@ -65,3 +65,21 @@ def test_a_module_is_named_by_its_path(profile):
         "event loop (asyncio, selectors)"
     assert profile.layer_of("/x/gateway/lobes_gateway/mesh/peers.py") == profile.OTHER_GATEWAY
     assert profile.layer_of("/x/bench/loadgen.py") == profile.OUTSIDE
+
+
+def test_over_sockets_a_chunk_is_mostly_the_relay_and_the_event_loop(profile):
+    counter, events = asyncio.run(profile.chunks_over_sockets(1.0))
+    assert events >= profile.SSE_STREAMS * 10  # streams ran and were relayed
+    per_chunk = counter.by_layer()
+    relay, loop = per_chunk["relay to the caller"], per_chunk["event loop (asyncio, selectors)"]
+    assert relay > per_chunk["JSON body"] and loop > per_chunk["JSON body"]
+    assert per_chunk[profile.OTHER_GATEWAY] == 0
+    assert "steps a chunk" in profile.sockets_table(counter, events, "chunk")
+
+
+def test_over_sockets_every_request_is_counted_with_the_event_loop(profile):
+    counter, answered = asyncio.run(profile.over_sockets(4, 0.5, 0.5))
+    assert answered > 0
+    total = counter.by_layer()
+    assert total["event loop (asyncio, selectors)"] > 0 and total["JSON body"] > 0
+    assert total[profile.OTHER_GATEWAY] == 0
