@@ -78,3 +78,39 @@ def test_the_chunk_pipe_pauses_its_upstream_while_the_client_is_over_its_high_wa
     assert not reading_while_full
     assert resumed and reading_again
     assert received > 0
+
+
+def test_a_diverted_socket_that_closes_reads_as_ended_once_taken_back():
+    """Real sockets: while diverted, the receiver is the socket's protocol (its bytes and its
+    loss reach it, the channel buffers nothing); a socket that closed meanwhile is ended for
+    the channel that takes it back: a read answers at once instead of waiting for a callback
+    that will never come, and the connection is not pooled again."""
+
+    class Receiver(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.data = b""
+            self.lost = asyncio.get_running_loop().create_future()
+
+        def data_received(self, data: bytes) -> None:
+            self.data += data
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.lost.set_result(True)
+
+    async def scenario() -> tuple[bytes, bytes, int, bool, bytes]:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        channel = (await loop.create_connection(Channel, sock=ours))[1]
+        receiver = Receiver()
+        held = channel.divert(receiver)
+        theirs.sendall(b"after the divert")
+        theirs.close()
+        await asyncio.wait_for(receiver.lost, 5)
+        buffered = channel.pending()
+        channel.divert(None)
+        read = await asyncio.wait_for(channel.read(100), 5)
+        return held, receiver.data, buffered, channel.reusable(), read
+
+    held, received, buffered, reusable, read = asyncio.run(scenario())
+    assert held == b"" and received == b"after the divert" and buffered == 0
+    assert not reusable and read == b""
