@@ -408,6 +408,24 @@ def load_average() -> str:
     return Path("/proc/loadavg").read_text().split()[0]
 
 
+def gateway_revision(gateway_dir: Path) -> str:
+    """The last commit of the gateway's package in `gateway_dir` (short hash and date), and
+    whether the tree has changes since; empty outside a git checkout."""
+    commit = subprocess.run(
+        ["git", "-C", str(gateway_dir), "log", "-1", "--format=%h %cI", "--", "lobes_gateway"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(gateway_dir), "status", "--porcelain", "--", "lobes_gateway"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return commit + (" + uncommitted changes" if commit and dirty else "")
+
+
 def describe_run(cfg: Settings, argv: list[str]) -> dict:
     """Machine, date, versions and command line for the table's header."""
     cpu_model = next(
@@ -419,27 +437,6 @@ def describe_run(cfg: Settings, argv: list[str]) -> dict:
         platform.processor(),
     )
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    commit = subprocess.run(
-        [
-            "git",
-            "-C",
-            str(cfg.gateway_dir),
-            "log",
-            "-1",
-            "--format=%h %cI",
-            "--",
-            "lobes_gateway",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "-C", str(cfg.gateway_dir), "status", "--porcelain", "--", "lobes_gateway"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
     return {
         "machine": f"{cpu_model}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, "
         f"Linux {platform.release()}",
@@ -448,7 +445,7 @@ def describe_run(cfg: Settings, argv: list[str]) -> dict:
         "python": platform.python_version(),
         "proxy_python": procs.describe_interpreter(cfg.python),
         "nginx": procs.nginx_version(procs.ensure_nginx()),
-        "gateway": (commit + (" + uncommitted changes" if dirty else "")) or str(cfg.gateway_dir),
+        "gateway": gateway_revision(cfg.gateway_dir) or str(cfg.gateway_dir),
         "load_before": load_average(),
         "settings": cfg,
     }

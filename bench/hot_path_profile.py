@@ -276,12 +276,10 @@ def ordered(total: Counter[str]) -> list[str]:
 
 def header() -> str:
     """When, under which Python, at which commit of the gateway."""
-    commit = subprocess.run(
-        ["git", "-C", str(gateway_bench.REPO), "log", "-1", "--format=%h", "--", "gateway"],
-        capture_output=True, text=True, check=False).stdout.strip()
+    revision = gateway_bench.gateway_revision(gateway_bench.REPO / "gateway")
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (f"Counted {when}, Python {platform.python_version()} (the steps are the same on any "
-            f"3.11 build), the gateway at `{commit or 'an uncommitted tree'}`.")
+            f"3.11 build), the gateway at `{revision or 'a tree outside git'}`.")
 
 
 def each(steps: int, requests: int) -> str:
