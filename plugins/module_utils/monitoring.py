@@ -15,6 +15,7 @@ from ansible_collections.lobes.fleet.plugins.module_utils.contract import (
     host_port,
     parse_http_origin,
 )
+from ansible_collections.lobes.fleet.plugins.module_utils.schema import ListenAddress, Refused
 
 GATEWAY_JOB = "lobes-gateway"
 GEAR_JOB = "lobes-gear"
@@ -87,10 +88,12 @@ def prometheus_config(plan: dict, settings: dict) -> dict:
 
 def local_address(listen_address: str) -> str:
     """Where a client on the monitoring box reaches a Prometheus listening on `listen_address`."""
-    host, sep, port = listen_address.rpartition(":")
-    if not sep or not (port.isascii() and port.isdigit()):
-        raise MonitoringError(f"field monitoring_listen_address: {listen_address!r} is not "
-                              "host:port")
+    try:  # the inventory's own reader of the field, so the two never differ
+        ListenAddress().read(listen_address)
+    except Refused as exc:
+        raise MonitoringError(f"field monitoring_listen_address: {listen_address!r} is "
+                              f"{exc.reason} ({ListenAddress().describe()})") from None
+    host, _colon, port = listen_address.rpartition(":")
     if host in ("", "0.0.0.0"):
         return f"127.0.0.1:{port}"
     if host == "[::]":

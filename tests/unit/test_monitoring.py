@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.lobes.fleet.plugins.module_utils import monitoring
+from ansible_collections.lobes.fleet.plugins.module_utils import monitoring, schema
 from ansible_collections.lobes.fleet.plugins.module_utils.plan import plan_mesh
 from ansible_collections.lobes.fleet.plugins.modules import prometheus_config
 
@@ -117,9 +117,16 @@ def test_local_address_reaches_the_listener_from_the_box(listen: str, local: str
     assert monitoring.local_address(listen) == local
 
 
-def test_a_listen_address_without_a_port_is_refused() -> None:
-    with pytest.raises(monitoring.MonitoringError, match="monitoring_listen_address"):
-        monitoring.local_address("0.0.0.0")
+@pytest.mark.parametrize("listen", ["0.0.0.0", "0.0.0.0:99999", "0.0.0.0:0", "bad host:9090",
+                                    "0.0.0.0:٩٠٩٠"])
+def test_a_listen_address_the_inventory_refuses_is_refused_here_too(listen: str) -> None:
+    """The module reads the field with the inventory's own rule (a port out of range passed
+    here before), so a value refused at one door is refused at the other."""
+    with pytest.raises(schema.Refused):
+        schema.ListenAddress().read(listen)
+    with pytest.raises(monitoring.MonitoringError,
+                       match=r"monitoring_listen_address.*not host:port"):
+        monitoring.local_address(listen)
 
 
 # ---------------------------------------------------------------- the module
