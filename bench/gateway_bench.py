@@ -152,20 +152,28 @@ def start_gateway(
 
 
 async def measure_window(target: Target, request: bytes, concurrency: int, window_s: float):
-    """One warmed, measured closed-loop window: throughput, latency and proxy CPU."""
+    """One warmed, measured closed-loop window: throughput, latency and proxy CPU.
+
+    CPU is the scheduler's own count of the proxy's time on a CPU (nanoseconds), not utime +
+    stime: those are whole clock ticks (10 ms), and nginx's CPU in a round of the SSE phase is
+    about 16 of them, so rounding alone moved a round's figure by up to 12%. The kernel's part
+    is stime's share of the ticks, applied to that count.
+    """
     await loadgen.closed_loop("127.0.0.1", target.port, request, concurrency, min(0.3, window_s))
     pid = target.service.pid if target.service else None
-    user_before, system_before = procs.cpu_times(pid) if pid else (0.0, 0.0)
+    ticks_before = procs.cpu_times(pid) if pid else (0.0, 0.0)
     sched_before = procs.sched_ns(pid) if pid else (0, 0)
     result = await loadgen.closed_loop("127.0.0.1", target.port, request, concurrency, window_s)
     cpu = system = wait_share = None
     if pid:
-        user_after, system_after = procs.cpu_times(pid)
-        system = system_after - system_before
-        cpu = user_after - user_before + system
+        user, system_ticks = (
+            after - before for after, before in zip(procs.cpu_times(pid), ticks_before, strict=True)
+        )
         ran, waited = (
             after - before for after, before in zip(procs.sched_ns(pid), sched_before, strict=True)
         )
+        cpu = ran / 1e9
+        system = cpu * system_ticks / (user + system_ticks) if user + system_ticks else 0.0
         wait_share = waited / (ran + waited) if ran + waited else None
     return {
         "wait_share": wait_share,
