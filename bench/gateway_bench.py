@@ -54,6 +54,8 @@ API_KEY = "bench-key"
 CONCURRENCIES = (1, 64, 256)
 # "relay" is bench/bare_relay.py; "logged" is the gateway with its JSON access log on (a file).
 TARGETS = ("direct", "nginx", "relay", "gateway", "logged")
+# The gateway of another revision (--before), run beside this one when asked.
+BEFORE = "before"
 OWN_SESSION_ENV = "LOBES_BENCH_OWN_SESSION"
 # A proxied stream holds two sockets in the proxy (the client's and the upstream one); the
 # headroom covers listeners, logs and the timed phases' connections.
@@ -79,6 +81,7 @@ class Settings:
     nice: int = -10
     realtime: bool = True
     write_docs: bool = False
+    before: str | None = None  # a git revision whose gateway runs beside this one
 
 
 @dataclass
@@ -364,6 +367,11 @@ async def run(cfg: Settings, workdir: Path, log, nofile: int) -> dict:
                 python=cfg.python,
             ),
         }
+        if cfg.before:
+            before_dir = gateway_of_revision(cfg.before, workdir / BEFORE)
+            starters[BEFORE] = lambda: start_gateway(
+                backend_port, before_dir, workdir, name=BEFORE, python=cfg.python
+            )
         # Streams first: each proxy is fresh, so its idle RSS is the start-up footprint.
         for name in cfg.targets:
             if name != "direct":
@@ -434,6 +442,30 @@ def gateway_revision(gateway_dir: Path) -> str:
     return commit + (" + uncommitted changes" if commit and dirty else "")
 
 
+def gateway_of_revision(revision: str, into: Path) -> Path:
+    """The gateway package of git `revision` of this checkout, written under `into`: the
+    directory to put on PYTHONPATH (with the module_utils its links lead to)."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", revision, "gateway", "plugins/module_utils"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "gateway"
+
+
+def revision_of(revision: str) -> str:
+    """The last commit of the gateway's package at git `revision` (short hash and date)."""
+    return subprocess.run(
+        ["git", "-C", str(REPO), "log", "-1", "--format=%h %cI", revision, "--",
+         "gateway/lobes_gateway"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
 def describe_run(cfg: Settings, argv: list[str]) -> dict:
     """Machine, date, versions and command line for the table's header."""
     cpu_model = next(
@@ -454,6 +486,7 @@ def describe_run(cfg: Settings, argv: list[str]) -> dict:
         "proxy_python": procs.describe_interpreter(cfg.python),
         "nginx": procs.nginx_version(procs.ensure_nginx()),
         "gateway": gateway_revision(cfg.gateway_dir) or str(cfg.gateway_dir),
+        "before": revision_of(cfg.before) if cfg.before else None,
         "load_before": load_average(),
         "settings": cfg,
     }
@@ -501,6 +534,13 @@ def parse_args(argv: list[str]) -> Settings:
         action="store_true",
         help="run the c=1 phases at normal priority instead of SCHED_FIFO",
     )
+    parser.add_argument(
+        "--before",
+        metavar="REVISION",
+        help="also run the gateway of this git revision (its gateway/ from git archive) as "
+        "target 'before', interleaved with the others: this gateway against that one in one "
+        "run",
+    )
     parser.add_argument("--no-docs", action="store_true", help="print only; leave the docs alone")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -509,6 +549,12 @@ def parse_args(argv: list[str]) -> Settings:
     if unknown:
         parser.error(f"unknown targets {sorted(unknown)}: choose from {', '.join(TARGETS)}")
     chosen = tuple(name for name in TARGETS if name in asked or name == "direct")
+    if args.before:
+        try:
+            revision_of(args.before)
+        except subprocess.CalledProcessError:
+            parser.error(f"--before {args.before}: not a revision of this checkout")
+        chosen += (BEFORE,)
     return Settings(
         rounds=args.rounds or (1 if quick else 5),
         window_s=args.window or (0.5 if quick else 3.0),
@@ -519,7 +565,8 @@ def parse_args(argv: list[str]) -> Settings:
         targets=chosen,
         nice=args.nice,
         realtime=not args.no_realtime,
-        write_docs=not (args.no_docs or quick) and chosen == TARGETS,
+        write_docs=not (args.no_docs or quick) and set(TARGETS) <= set(chosen),
+        before=args.before,
     )
 
 

@@ -10,6 +10,8 @@ COLUMNS = ("direct", "nginx", "relay", "gateway", "logged")
 GATEWAYS = ("gateway", "logged")
 # The floor: bench/bare_relay.py, the cheapest stdlib asyncio relay.
 FLOOR = "relay"
+# The gateway of another revision, when the run measured one beside this one (--before).
+BEFORE = "before"
 
 # The gateway's bars, each a ratio to nginx's figure of the same run (or a count it must
 # hold): a socket run's absolute figures move with the host, its ratios far less.
@@ -302,6 +304,37 @@ def _floor_rows(results: dict, concurrencies: list[int]) -> list[str]:
     return rows
 
 
+def _before_rows(results: dict, concurrencies: list[int], revision: str | None) -> list[str]:
+    """This gateway against the one of another revision, measured in the same run (--before):
+    each figure, and its ratio to nginx's; nothing when the run measured none."""
+    if not revision:
+        return []
+    measures = [(f"c{c}", "cpu_per_req_us", f"CPU per request, c={c}", "{:.1f} us")
+                for c in concurrencies]
+    measures += [("sse", "cpu_per_event_us", "CPU per SSE chunk", "{:.1f} us"),
+                 ("streams", "kib_per_stream", "RSS per held stream", "{:.1f} KiB")]
+    rows = [
+        f"This gateway against the gateway at `{revision}` (`before`), in the same interleaved "
+        "rounds:",
+        "",
+        "| figure | before | gateway | gateway / before | before / nginx | gateway / nginx |",
+        "|---|---|---|---|---|---|",
+    ]
+    for phase, key, label, pattern in measures:
+        values = {t: _get(results, phase, t, key) for t in ("nginx", BEFORE, "gateway")}
+        rows.append(_before_row(label, values, pattern))
+    added = {t: _added(results, "c1", t, "p50") for t in ("nginx", BEFORE, "gateway")}
+    rows += [_before_row("added p50 latency, c=1", added, "+{:.3f} ms"), ""]
+    return rows
+
+
+def _before_row(label: str, values: dict[str, float | None], pattern: str) -> str:
+    nginx, before, gateway = values["nginx"], values[BEFORE], values["gateway"]
+    ratios = [_ratio(gateway, before), _ratio(before, nginx), _ratio(gateway, nginx)]
+    cells = [_fmt(before, pattern), _fmt(gateway, pattern), *(_fmt(r, "{:.2f}x") for r in ratios)]
+    return f"| {label} | " + " | ".join(cells) + " |"
+
+
 def _error_note(results: dict) -> str:
     errors = {
         t: sum(results[p].get(t, {}).get("errors", 0) for p in results if p not in HELD_PHASES)
@@ -420,6 +453,7 @@ def render(results: dict, info: dict) -> str:
         "|---|---|---|",
         *_target_rows(results, cfg.streams, cfg.big_streams),
         "",
+        *_before_rows(results, concurrencies, info.get("before")),
         "Where the gateway spends its CPU: `python3 bench/profile_gateway.py [--sse]` (cProfile "
         "on the gateway's own CPU clock, same load and pinning).",
     ]

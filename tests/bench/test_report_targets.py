@@ -175,3 +175,35 @@ def test_the_table_says_when_the_open_file_limit_caps_the_streams_a_proxy_can_ho
 
     assert "The open-file limit, 20,000, is below the 21,024 a proxy needs" in short
     assert "open-file limit" not in enough
+
+
+def _with_before(results: dict, **before: float) -> dict:
+    """`results` with a gateway of another revision measured beside this one."""
+    results["c1"]["before"] = {"p50": before["p50_c1"]}
+    for phase, key in (("c64", "cpu_per_req_us"), ("c256", "cpu_per_req_us"),
+                       ("sse", "cpu_per_event_us")):
+        results[phase]["before"] = {key: before[phase]}
+    results["streams"]["before"] = _held(STREAMS, 0, before["kib"])
+    return results
+
+
+def test_a_run_with_a_gateway_before_gives_each_figure_against_it_and_nginx():
+    results = _with_before(_results(c64=180.0, c256=190.0, chunk=170.0, p50_c1=1.11, kib=7.5),
+                           c64=200.0, c256=190.0, sse=136.0, p50_c1=1.06, kib=10.0)
+
+    text = _rendered(results, before="abc1234 2026-12-05")
+    heading = "This gateway against the gateway at `abc1234 2026-12-05`"
+    assert heading in text
+    lines = text.split(heading, 1)[1].split("\n\n")[1].splitlines()
+    rows = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ")}
+
+    # before, gateway, gateway / before, before / nginx, gateway / nginx
+    assert rows["CPU per request, c=64"].split(" | ")[1:] == [
+        "200.0 us", "180.0 us", "0.90x", "2.00x", "1.80x |"]
+    assert rows["CPU per SSE chunk"].split(" | ")[1:4] == ["136.0 us", "170.0 us", "1.25x"]
+    assert rows["RSS per held stream"].split(" | ")[3] == "0.75x"
+    assert rows["added p50 latency, c=1"].split(" | ")[1:4] == ["+0.060 ms", "+0.110 ms", "1.83x"]
+
+
+def test_a_run_without_a_gateway_before_has_no_such_table():
+    assert "This gateway against" not in _rendered(_results())
