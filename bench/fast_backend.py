@@ -5,7 +5,10 @@ not the backend, is what the benchmark sees. A streamed request takes its shape 
 two extra body fields the proxies pass through untouched:
 ``bench_chunks`` (content chunks before the stream's end: a finish_reason, the usage chunk and
 ``data: [DONE]``, as vLLM ends one) and ``bench_interval_ms`` (the spacing between chunks, so
-streams stay open and each chunk travels alone).
+streams stay open and each chunk travels alone). With ``bench_step_aligned`` every stream's
+chunks fall on one clock of that interval, as vLLM sends each running stream's token at the
+same decode step: the streams' chunks then leave together, not at whatever phase each stream
+happened to start in.
 ``GET /bench/finish`` ends every open stream at once (its end and the last chunk),
 so a benchmark can hold streams for as long as it needs and still see each one end cleanly.
 
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import gc
 import json
+import math
 import socket
 
 SERVED_NAME = "bench-model"
@@ -134,6 +138,7 @@ class BackendProtocol(asyncio.Protocol):
         self.streaming = False
         self.closed = False
         self.next_chunk: asyncio.TimerHandle | None = None
+        self.aligned = False  # this stream's chunks fall on the shared step clock
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -223,6 +228,7 @@ class BackendProtocol(asyncio.Protocol):
             return
         chunks = int(request.get("bench_chunks", 8))
         interval = float(request.get("bench_interval_ms", 0)) / 1000.0
+        self.aligned = bool(request.get("bench_step_aligned"))
         self.streaming = True
         OPEN_STREAMS.add(self)
         self.transport.write(STREAM_HEAD + CHUNK_FRAME)
@@ -250,15 +256,22 @@ class BackendProtocol(asyncio.Protocol):
             self.transport.write(CHUNK_FRAME * remaining)
             self._continue_stream(0, interval)
             return
-        self.next_chunk = asyncio.get_running_loop().call_later(
-            interval, self._send_chunk, remaining, interval
-        )
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        when = next_step(now, interval) if self.aligned else now + interval
+        self.next_chunk = loop.call_at(when, self._send_chunk, remaining, interval)
 
     def _send_chunk(self, remaining: int, interval: float) -> None:
         if self.closed:
             return
         self.transport.write(CHUNK_FRAME)
         self._continue_stream(remaining - 1, interval)
+
+
+def next_step(now: float, interval: float) -> float:
+    """The first tick of a clock of `interval` seconds after `now`: the time every aligned
+    stream sends its next chunk."""
+    return (math.floor(now / interval) + 1) * interval
 
 
 async def serve(host: str, port: int) -> None:

@@ -107,6 +107,14 @@ def post(body: bytes) -> bytes:
     return loadgen.encode_post("/v1/chat/completions", body, "127.0.0.1", API_KEY)
 
 
+def sse_request(cfg: Settings) -> bytes:
+    """The SSE phase's request: its chunks on the backend's step clock, as vLLM sends every
+    running stream's token at one decode step (streams at random phases moved a round's CPU
+    per chunk by how many chunks happened to share a wake-up)."""
+    return post(chat_body(stream=True, bench_chunks=cfg.sse_chunks,
+                          bench_interval_ms=cfg.sse_interval_ms, bench_step_aligned=True))
+
+
 def percentile_ms(samples_ns: list[int], pct: float) -> float:
     if not samples_ns:
         return float("nan")
@@ -389,12 +397,7 @@ async def run(cfg: Settings, workdir: Path, log, nofile: int) -> dict:
                 targets, post(chat_body()), concurrency, cfg, pids, log
             )
         log(f"SSE chunks: c={cfg.sse_concurrency}, {cfg.sse_chunks} chunks/stream")
-        sse = post(
-            chat_body(
-                stream=True, bench_chunks=cfg.sse_chunks, bench_interval_ms=cfg.sse_interval_ms
-            )
-        )
-        results["sse"] = await phase(targets, sse, cfg.sse_concurrency, cfg, pids, log)
+        results["sse"] = await phase(targets, sse_request(cfg), cfg.sse_concurrency, cfg, pids, log)
         log("time to first chunk, c=1")
         results["ttfc"] = await phase(
             targets, post(chat_body(stream=True, bench_chunks=2)), 1, cfg, pids, log

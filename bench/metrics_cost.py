@@ -56,11 +56,7 @@ async def measure(cfg: bench.Settings, base_dir: Path, workdir: Path,
             targets.append(bench.Target(name, service.port, service))
         pids = [os.getpid(), *(service.pid for service in services)]
         json_post = bench.post(bench.chat_body())
-        sse_post = bench.post(
-            bench.chat_body(
-                stream=True, bench_chunks=cfg.sse_chunks, bench_interval_ms=cfg.sse_interval_ms
-            )
-        )
+        sse_post = bench.sse_request(cfg)
         return {
             "c1": await bench.phase(targets, json_post, 1, cfg, pids, print),
             "c64": await bench.phase(targets, json_post, 64, cfg, pids, print),
