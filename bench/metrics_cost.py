@@ -1,14 +1,15 @@
 """What a change costs the gateway: three gateways, interleaved, one run.
 
-The gateway of a tree before the change (--base-dir, e.g. made with `git archive a4d558d
-gateway plugins/module_utils | tar -x -C /tmp/base`; --base-name labels it, "before metrics"
-by default: the run that measured /metrics and the access log), this checkout's gateway with the
-access log off (metrics are always on), and the same with GATEWAY_ACCESS_LOG on (a file in the
-run's temporary directory), all in front of gateway_bench's backend and pinned to the same core.
+The gateway of a tree before the change (--base REVISION, a git revision of this checkout whose
+gateway is taken with git archive; or --base-dir, a gateway/ directory; --base-name labels it,
+"before metrics" by default: the run that measured /metrics and the access log), this
+checkout's gateway with the access log off (metrics are always on), and the same with
+GATEWAY_ACCESS_LOG on (a file in the run's temporary directory), all in front of gateway_bench's
+backend and pinned to the same core.
 Each phase measures the three in interleaved rounds, so drifting load on a shared host hits them
 alike: added p50 latency at c=1, CPU per request at c=1, c=64 and c=256, CPU per SSE chunk.
 
-    python3 bench/metrics_cost.py --base-dir /tmp/base/gateway [--base-name NAME]
+    python3 bench/metrics_cost.py --base a4d558d | --base-dir /tmp/base/gateway [--base-name NAME]
         [--rounds 7] [--docs [--section NAME]]
 
 --docs writes the table between the markers of --section (metrics-cost) in docs/benchmarks.md.
@@ -68,12 +69,14 @@ async def measure(cfg: bench.Settings, base_dir: Path, workdir: Path,
             service.stop()
 
 
-def table(results: dict, rounds: int, window_s: float, names: tuple[str, ...]) -> str:
+def table(results: dict, rounds: int, window_s: float, names: tuple[str, ...],
+          base: str) -> str:
+    """The run's figures; `base` is the argument that named the base tree."""
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"Measured {when}, {os.cpu_count()} cores, host load average "
         f"{bench.load_average()} after; medians of {rounds} interleaved rounds of "
-        f"{window_s:g} s windows (command: `python3 bench/metrics_cost.py --base-name "
+        f"{window_s:g} s windows (command: `python3 bench/metrics_cost.py {base} --base-name "
         f"'{names[0]}' --rounds {rounds} --window {window_s:g}`).",
         "",
         f"| figure | {' | '.join(names)} | off / before | on / before |",
@@ -91,12 +94,10 @@ def table(results: dict, rounds: int, window_s: float, names: tuple[str, ...]) -
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--base-dir",
-        type=Path,
-        required=True,
-        help="the gateway/ directory of the tree before metrics",
-    )
+    base = parser.add_mutually_exclusive_group(required=True)
+    base.add_argument("--base", metavar="REVISION",
+                      help="a git revision of this checkout: its gateway is the base")
+    base.add_argument("--base-dir", type=Path, help="the gateway/ directory of the base tree")
     parser.add_argument("--base-name", default="before metrics", help="the base tree's label")
     parser.add_argument("--section", default="metrics-cost",
                         help="the docs/benchmarks.md section --docs writes")
@@ -115,8 +116,10 @@ def main(argv: list[str]) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="metrics-cost-") as tmp:
         names = (args.base_name, *THIS_TREE)
-        results = asyncio.run(measure(cfg, args.base_dir, Path(tmp), names))
-    text = table(results, args.rounds, args.window, names)
+        base_dir = args.base_dir or bench.gateway_of_revision(args.base, Path(tmp) / "base")
+        results = asyncio.run(measure(cfg, base_dir, Path(tmp), names))
+    base = f"--base {args.base}" if args.base else f"--base-dir {args.base_dir}"
+    text = table(results, args.rounds, args.window, names, base)
     print(text)
     if args.docs:
         docs_section.write_section(args.section, text)
