@@ -17,6 +17,8 @@ benchmark, not a test: it asserts nothing, it reports.
     python3 bench/gateway_bench.py --quick     # a smoke run with short windows, 500 streams
                                                # (1,000 in the many-streams phase)
     python3 bench/gateway_bench.py --big-streams 0   # without the 10,000-stream phase
+    python3 bench/gateway_bench.py --before 36f76ce  # and that revision's gateway beside this
+                                               # one, in the same rounds (an A/B in one run)
 
 Each proxy is pinned to core 1; the load generator (this process) and the backend share core 0.
 That one client process holds every stream: connect failures from its own limits are counted
