@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from pathlib import Path
+
+# Test-chosen ports start here; the ephemeral range starts above.
+_LOWEST = 20000
 
 _HANDED_OUT: set[int] = set()  # ports given to a test but maybe not bound yet
 
@@ -31,13 +35,27 @@ def _ephemeral_floor() -> int:
         return 32768
 
 
+def _this_workers_range() -> tuple[int, int]:
+    """The ports this process may hand out: under pytest-xdist each worker draws from its own
+    slice, so a port one worker's test frees for a moment (a service it restarts) is never
+    drawn by another worker's test meanwhile."""
+    floor = _ephemeral_floor()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not (worker.startswith("gw") and worker[2:].isdigit()) or workers < 2:
+        return _LOWEST, floor
+    span = (floor - _LOWEST) // workers
+    low = _LOWEST + int(worker[2:]) % workers * span
+    return low, low + span
+
+
 def free_block(size: int) -> int:
     """The first port of `size` consecutive free ports below the ephemeral range, where no
-    outgoing connection takes a port (a busy machine may hold thousands), none of them handed
-    out before by this process."""
-    floor = _ephemeral_floor()
+    outgoing connection takes a port (a busy machine may hold thousands), in this worker's
+    slice of it and none of them handed out before by this process."""
+    low, high = _this_workers_range()
     for _attempt in range(500):
-        base = random.randrange(20000, floor - size)
+        base = random.randrange(low, high - size)
         if all(_bindable(base + offset) for offset in range(size)):
             _HANDED_OUT.update(range(base, base + size))
             return base
