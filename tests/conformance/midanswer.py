@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator
 
 from tests.conformance.servers import DIRECT, VLLM_CPU, Engine, target
@@ -21,6 +22,12 @@ from tests.support.wait import wait_until
 
 # Between two scrapes that must agree before a held engine's counters are taken as settled.
 SETTLE_GAP_S = 0.2
+# A paced core runs RUN_S of every PACE_PERIOD_S: a tenth of its speed, so that a reader
+# starved of the CPU still sees an answer's first events long before its end.
+RUN_S = 0.005
+PACE_PERIOD_S = 0.05
+# How long a request left running by an earlier test or trial may take to end.
+QUIET_TIMEOUT_S = 120.0
 
 
 @contextlib.contextmanager
@@ -37,6 +44,55 @@ def generation_held(engine: Engine) -> Iterator[None]:
         if core is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(core, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def generation_paced(engine: Engine) -> Iterator[Callable[[], None]]:
+    """vLLM's engine core let run RUN_S of every PACE_PERIOD_S for the block, and held from
+    the call of the function it yields (the pacing ends, the core stays stopped) to the end of
+    the block. Unpaced, the tiny model's answer can be whole before a busy host's reader sees
+    its fifth event (a CI run missed three trials in a row); the simulator runs unpaced."""
+    core = engine.chat.process_named("VLLM::EngineCor") if engine.kind == VLLM_CPU else None
+    held = threading.Event()
+
+    def pace() -> None:
+        while not held.is_set():
+            os.kill(core, signal.SIGSTOP)
+            if held.wait(PACE_PERIOD_S - RUN_S):
+                return
+            os.kill(core, signal.SIGCONT)
+            held.wait(RUN_S)
+
+    def hold() -> None:
+        held.set()
+        if core is not None:
+            pacer.join()
+            os.kill(core, signal.SIGSTOP)
+
+    pacer = threading.Thread(target=pace, daemon=True)
+    if core is not None:
+        pacer.start()
+    try:
+        yield hold
+    finally:
+        hold()
+        if core is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(core, signal.SIGCONT)
+
+
+def quiet(engine: Engine) -> Scrape:
+    """The chat gear's /metrics once it runs and queues no request: an answer left running by
+    an earlier test or trial would finish while the next one looks, and read as its own."""
+
+    def idle() -> Scrape | None:
+        scrape = target(engine, DIRECT).metrics()
+        busy = (scrape.value("vllm:num_requests_running")
+                + scrape.value("vllm:num_requests_waiting"))
+        return scrape if busy == 0 else None
+
+    return wait_until(idle, interval=SETTLE_GAP_S, timeout=QUIET_TIMEOUT_S,
+                      message="the gear to run and queue no request")
 
 
 def settled(engine: Engine) -> Scrape:
