@@ -3,10 +3,11 @@
 gateway_bench.py runs it beside nginx and the gateway. It relays bytes and nothing else: one
 asyncio Protocol per socket, callbacks only (no coroutine, no Future), pooled keep-alive
 upstream connections, requests framed by Content-Length, responses by Content-Length or
-chunked transfer (chunk sizes tracked, bytes passed through untouched), TCP_NODELAY on both
-sides, and the gateway's garbage-collector settings. No auth, no routing, no body parsing, no
-metrics: what it costs is what Python and asyncio cost on the host, so the gateway's CPU as a
-ratio to it is the price of the gateway's own work, and its ratio to nginx is the host's.
+chunked transfer (chunk sizes tracked, bytes passed through untouched), TCP_NODELAY and the
+gateway's read size on both sides, and the gateway's garbage-collector settings. No auth, no
+routing, no body parsing, no metrics: what it costs is what Python and asyncio cost on the
+host, so the gateway's CPU as a ratio to it is the price of the gateway's own work, and its
+ratio to nginx is the host's.
 
     python3 bench/bare_relay.py --port 8100 --backend http://127.0.0.1:8200
 
@@ -28,10 +29,15 @@ LAST_CHUNK_TRAILER = 2  # the CRLF after the last chunk's size line (no trailers
 # The gateway's settings (lobes_gateway/__main__.py), so the floor is collected alike.
 GC_THRESHOLDS = (50_000, 20, 100)
 LISTEN_BACKLOG = 4096
+# The gateway's read size (lobes_gateway/transport/channel.py): asyncio's own 256 KiB a recv()
+# is an mmap, mremap and munmap a read under glibc, which the floor does not pay either.
+READ_SIZE = 64 * 1024
 
 
-def set_nodelay(transport: asyncio.BaseTransport) -> None:
+def tune_socket(transport: asyncio.BaseTransport) -> None:
+    """TCP_NODELAY, and reads of at most READ_SIZE, as the gateway's sockets."""
     transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    transport.max_size = READ_SIZE
 
 
 def content_length(head: bytes) -> int | None:
@@ -88,7 +94,7 @@ class Upstream(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        set_nodelay(transport)
+        tune_socket(transport)
 
     def send(self, client: Client, request: bytes) -> None:
         self.client = client
@@ -154,7 +160,7 @@ class Client(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        set_nodelay(transport)
+        tune_socket(transport)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data

@@ -4,6 +4,7 @@ benchmark's fast backend and the relay on 127.0.0.1 ports."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import importlib.util
 import json
@@ -12,8 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from lobes_gateway.transport.channel import READ_SIZE
 
 from tests.support.ports import free_port
+from tests.support.sockets import waiting_tcp_pair
 from tests.support.wait import http_ok, wait_until
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -90,3 +93,33 @@ def test_the_relay_answers_byte_for_byte_what_the_backend_does(backend_and_relay
     # Five content chunks, then the end vLLM sends: the finish, the usage chunk and [DONE].
     assert relayed[1][1].count(b"data: ") == 8 and relayed[1][1].endswith(b"data: [DONE]\n\n")
     assert b'"finish_reason":"stop"' in relayed[1][1] and b'"completion_tokens":7' in relayed[1][1]
+
+
+def test_the_floor_reads_its_sockets_as_the_gateway_does():
+    """At most the gateway's READ_SIZE a read (asyncio's own 256 KiB costs an mmap, mremap
+    and munmap a read): otherwise the floor pays a cost the gateway does not."""
+
+    class SizedReads(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            bare_relay.tune_socket(transport)
+
+        def data_received(self, data: bytes) -> None:
+            self.sizes.append(len(data))
+
+    written = 3 * READ_SIZE
+
+    async def scenario() -> list[int]:
+        ours, theirs = waiting_tcp_pair(b"x" * written)
+        protocol = (await asyncio.get_running_loop().create_connection(SizedReads,
+                                                                         sock=ours))[1]
+        while sum(protocol.sizes) < written:
+            await asyncio.sleep(0.01)
+        theirs.close()
+        return protocol.sizes
+
+    assert bare_relay.READ_SIZE == READ_SIZE
+    sizes = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert max(sizes) == READ_SIZE and sum(sizes) == written

@@ -55,7 +55,9 @@ def test_the_chunk_pipe_pauses_its_upstream_while_the_client_is_over_its_high_wa
         pipe.attach(conn)
         chunk = b"%x\r\n%s\r\n" % (1000, b"x" * 1000)
         gear.setblocking(False)
-        await loop.sock_sendall(gear, chunk * 400)  # 400 KB toward a caller reading nothing
+        # 400 KB toward a caller reading nothing: more than the pipe reads before it pauses
+        # and the sockets hold, so the gear is still sending when it pauses.
+        sending = asyncio.ensure_future(loop.sock_sendall(gear, chunk * 400))
         paused = await asyncio.wait_for(pipe.wait(), 5)  # None: paused for the client
         reading_while_full = upstream.transport.is_reading()
         caller.setblocking(False)
@@ -67,6 +69,7 @@ def test_the_chunk_pipe_pauses_its_upstream_while_the_client_is_over_its_high_wa
                 break
         pipe.resume()
         reading_again = upstream.transport.is_reading()
+        sending.cancel()
         for end in (caller, gear):
             end.close()
         client.abort()

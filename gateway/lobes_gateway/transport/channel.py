@@ -17,6 +17,11 @@ from .fiber import CHANNEL_WAIT, Fiber, running_fiber
 
 # Unread bytes above this pause the socket until the reader asks for more.
 READ_HIGH_WATER = 256 * 1024
+# The most one read of a socket asks recv() for. asyncio's own 256 KiB is over glibc malloc's
+# mmap threshold (128 KiB): each read then maps fresh pages, shrinks them to what came and
+# unmaps them, three system calls and a page fault per read (a 200-byte segment sent and read
+# on a socket pair: 17.7 us against 2.9 us at 64 KiB), paid on every request and streamed chunk.
+READ_SIZE = 64 * 1024
 
 
 def set_nodelay(transport: asyncio.BaseTransport) -> None:
@@ -24,6 +29,14 @@ def set_nodelay(transport: asyncio.BaseTransport) -> None:
     sock = transport.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def set_read_size(transport: asyncio.BaseTransport) -> None:
+    """Read at most READ_SIZE a recv(): the stdlib socket transports read `max_size` bytes a
+    call (a class attribute this overrides for the one transport); a transport without it is
+    left as it is."""
+    if hasattr(transport, "max_size"):
+        transport.max_size = READ_SIZE
 
 
 class Channel(asyncio.Protocol):
@@ -63,6 +76,7 @@ class Channel(asyncio.Protocol):
         self.transport = transport
         self.write = transport.write
         set_nodelay(transport)
+        set_read_size(transport)
         # Called once: not kept for the connection's life.
         on_connect, self._on_connect = self._on_connect, None
         if on_connect is not None:
