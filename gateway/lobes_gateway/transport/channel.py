@@ -17,10 +17,12 @@ from .fiber import CHANNEL_WAIT, Fiber, running_fiber
 
 # Unread bytes above this pause the socket until the reader asks for more.
 READ_HIGH_WATER = 256 * 1024
-# The most one read of a socket asks recv() for. asyncio's own 256 KiB is over glibc malloc's
-# mmap threshold (128 KiB): each read then maps fresh pages, shrinks them to what came and
-# unmaps them, three system calls and a page fault per read (a 200-byte segment sent and read
-# on a socket pair: 17.7 us against 2.9 us at 64 KiB), paid on every request and streamed chunk.
+# The most one read of a socket asks recv() for. asyncio asks 256 KiB, over glibc malloc's
+# initial mmap threshold (128 KiB): until a block over the threshold is freed whole (which
+# raises it), every read maps fresh pages, shrinks them to what came and unmaps them, three
+# system calls and a page fault (a 200-byte segment read on a socket pair: 17.7 us against
+# 2.9 us). A gateway that had served only streams since it started paid them on most reads
+# (0.3 of each call a streamed chunk, strace); one whose earlier reads had raised it did not.
 READ_SIZE = 64 * 1024
 
 
