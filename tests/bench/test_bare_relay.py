@@ -113,8 +113,8 @@ def test_the_floor_reads_its_sockets_as_the_gateway_does():
 
     async def scenario() -> list[int]:
         ours, theirs = waiting_tcp_pair(b"x" * written)
-        protocol = (await asyncio.get_running_loop().create_connection(SizedReads,
-                                                                         sock=ours))[1]
+        loop = asyncio.get_running_loop()
+        protocol = (await loop.create_connection(SizedReads, sock=ours))[1]
         while sum(protocol.sizes) < written:
             await asyncio.sleep(0.01)
         theirs.close()
