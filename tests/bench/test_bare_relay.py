@@ -16,7 +16,7 @@ import pytest
 from lobes_gateway.transport.channel import READ_SIZE
 
 from tests.support.ports import free_port
-from tests.support.sockets import waiting_tcp_pair
+from tests.support.sockets import SizedReads, waiting_tcp_pair
 from tests.support.wait import http_ok, wait_until
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -99,26 +99,19 @@ def test_the_floor_reads_its_sockets_as_the_gateway_does():
     """At most the gateway's READ_SIZE a read (asyncio's own 256 KiB costs an mmap, mremap
     and munmap a read): otherwise the floor pays a cost the gateway does not."""
 
-    class SizedReads(asyncio.Protocol):
-        def __init__(self) -> None:
-            self.sizes: list[int] = []
-
+    class RelaySizedReads(SizedReads):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             bare_relay.tune_socket(transport)
-
-        def data_received(self, data: bytes) -> None:
-            self.sizes.append(len(data))
 
     written = 3 * READ_SIZE
 
     async def scenario() -> list[int]:
         ours, theirs = waiting_tcp_pair(b"x" * written)
         loop = asyncio.get_running_loop()
-        protocol = (await loop.create_connection(SizedReads, sock=ours))[1]
-        while sum(protocol.sizes) < written:
-            await asyncio.sleep(0.01)
+        protocol = (await loop.create_connection(RelaySizedReads, sock=ours))[1]
+        sizes = await protocol.until(written)
         theirs.close()
-        return protocol.sizes
+        return sizes
 
     assert bare_relay.READ_SIZE == READ_SIZE
     sizes = asyncio.run(asyncio.wait_for(scenario(), 10))

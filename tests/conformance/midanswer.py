@@ -30,12 +30,17 @@ PACE_PERIOD_S = 0.05
 QUIET_TIMEOUT_S = 120.0
 
 
+def _engine_core(engine: Engine) -> int | None:
+    """The pid of vLLM's engine core; None for the simulator (one process, never stopped)."""
+    return engine.chat.process_named("VLLM::EngineCor") if engine.kind == VLLM_CPU else None
+
+
 @contextlib.contextmanager
 def generation_held(engine: Engine) -> Iterator[None]:
     """vLLM's engine core stopped for the block, its API server running; the simulator
     generates and serves in one event loop, which answers a scrape mid-stream, and is left
     running."""
-    core = engine.chat.process_named("VLLM::EngineCor") if engine.kind == VLLM_CPU else None
+    core = _engine_core(engine)
     if core is not None:
         os.kill(core, signal.SIGSTOP)
     try:
@@ -52,7 +57,7 @@ def generation_paced(engine: Engine) -> Iterator[Callable[[], None]]:
     the call of the function it yields (the pacing ends, the core stays stopped) to the end of
     the block. Unpaced, the tiny model's answer can be whole before a busy host's reader sees
     its fifth event (a CI run missed three trials in a row); the simulator runs unpaced."""
-    core = engine.chat.process_named("VLLM::EngineCor") if engine.kind == VLLM_CPU else None
+    core = _engine_core(engine)
     held = threading.Event()
 
     def pace() -> None:

@@ -7,7 +7,7 @@ import asyncio
 
 from lobes_gateway.transport.channel import READ_SIZE, Channel
 
-from tests.support.sockets import waiting_tcp_pair
+from tests.support.sockets import SizedReads, waiting_tcp_pair
 
 # Sent before the channel reads at all, so a read may take as much as it asks for.
 WRITTEN = 3 * READ_SIZE
@@ -27,14 +27,6 @@ class SizedChannel(Channel):
         super().data_received(data)
 
 
-class SizedReceiver(asyncio.Protocol):
-    def __init__(self) -> None:
-        self.sizes: list[int] = []
-
-    def data_received(self, data: bytes) -> None:
-        self.sizes.append(len(data))
-
-
 def test_a_socket_is_read_at_most_read_size_at_a_time_by_its_channel_and_a_diverted_pipe():
     """asyncio's own 256 KiB a read would take the waiting bytes in one; each read of
     that size is an mmap, mremap and munmap of its own (channel.py, READ_SIZE)."""
@@ -44,14 +36,13 @@ def test_a_socket_is_read_at_most_read_size_at_a_time_by_its_channel_and_a_diver
         ours, theirs = waiting_tcp_pair(b"x" * WRITTEN)
         channel = (await loop.create_connection(SizedChannel, sock=ours))[1]
         whole = await asyncio.wait_for(channel.readexactly(WRITTEN), 5)
-        receiver = SizedReceiver()
+        receiver = SizedReads()
         channel.divert(receiver)
         theirs.sendall(b"y" * WRITTEN)
-        while sum(receiver.sizes) < WRITTEN:
-            await asyncio.sleep(0.01)
+        diverted = await receiver.until(WRITTEN)
         theirs.close()
         channel.close()
-        return channel.sizes, whole, receiver.sizes
+        return channel.sizes, whole, diverted
 
     channel_reads, whole, diverted_reads = asyncio.run(scenario())
     assert whole == b"x" * WRITTEN

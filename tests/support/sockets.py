@@ -3,6 +3,7 @@ already waiting, so a read may take as much as it asks for."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 # Room for the waiting bytes: the kernel caps it at twice net.core.rmem_max / wmem_max.
@@ -27,3 +28,19 @@ def waiting_tcp_pair(unread: bytes) -> tuple[socket.socket, socket.socket]:
     theirs.settimeout(5)
     theirs.sendall(unread)
     return ours, theirs
+
+
+class SizedReads(asyncio.Protocol):
+    """A protocol that notes the size of each read its socket hands it."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def data_received(self, data: bytes) -> None:
+        self.sizes.append(len(data))
+
+    async def until(self, total: int) -> list[int]:
+        """The sizes, once the reads add up to `total` bytes."""
+        while sum(self.sizes) < total:
+            await asyncio.sleep(0.01)
+        return self.sizes
