@@ -290,10 +290,12 @@ def test_a_slow_copy_shows_bytes_rate_and_time_left_while_it_runs_and_none_once_
     total = sum(map(len, BIG.values()))
     assert len(readings) >= 3, readings
     done = [record["bytes_done"] for record in readings]
-    assert done == sorted(done) and done[0] < done[-1] < total
+    # The last rewrite may count every byte: the file goes only once the revision is verified.
+    assert done == sorted(done) and done[0] < done[-1] <= total
     assert all(record["bytes_total"] == total and record["source"] == "127.0.0.1"
                for record in readings)
-    moving = figures(readings[-1], now=readings[-1]["updated"], stall_after=60)
+    last_short = [record for record in readings if record["bytes_done"] < total][-1]
+    moving = figures(last_short, now=last_short["updated"], stall_after=60)
     assert moving and moving.rate > 0 and moving.seconds_left > 0
     # The play said, while alpha fetched and beta copied, how far each was.
     assert re.search(rf"alpha: acme/tiny-chat@\w+ from {re.escape(hub.endpoint)}: [\d.]+ MiB "
