@@ -454,11 +454,11 @@ class Gateway:
             if model is not None and not isinstance(model, str):
                 return self._answer(req, client, errors.bad_request(
                     "model must be a string: a served model's name or an alias", "model"))
-        if lane in GENERATE_LANES:
-            resolved = self.router.resolve(lane, payload.get("model"))
-            if payload.get("stream") is True:  # counted by its usage, never by its events
-                payload, req.strip_usage = asking_usage(payload)
-            return resolved.route, resolved.requested_tier, payload
+            if lane in GENERATE_LANES:  # a JSON lane: a generate request always has a payload
+                resolved = self.router.resolve(lane, model)
+                if payload.get("stream") is True:  # counted by its usage, never by its events
+                    payload, req.strip_usage = asking_usage(payload)
+                return resolved.route, resolved.requested_tier, payload
         return self.router.lane_routes[lane], None, payload
 
     @staticmethod

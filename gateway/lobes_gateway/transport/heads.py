@@ -34,9 +34,10 @@ def split_head(head: bytes) -> tuple[bytes, tuple[bytes, ...], tuple[bytes, ...]
     if len(parts) == 1:
         return head, (), ()
     if len(parts) == 4:  # the usual: one line, a length or an id
-        length, request_id = parts[1], parts[2]
-        return (parts[0] + parts[3], (length,) if length else (),
-                (request_id,) if request_id else ())
+        before, length, request_id, after = parts
+        if request_id is None:
+            return before + after, (length,), ()
+        return before + after, (), (request_id,)
     # A match's values are never empty: filter(None) drops the other group's Nones.
     return b"".join(parts[::3]), tuple(filter(None, parts[1::3])), tuple(filter(None, parts[2::3]))
 

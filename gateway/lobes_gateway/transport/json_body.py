@@ -68,9 +68,11 @@ _SCAN = _DECODER.scan_once
 # A body this small with at most this many objects (the usual chat request) is read by one call
 # of the C scanner, its members' spans found only if a member is changed: the member-by-member
 # walk cost three times as much. A body of many objects is walked: the pairs hook below is a
-# Python call per object.
+# Python call per object. Objects are counted only past _UNCOUNTED_BYTES (a pass over the bytes
+# that costs more than the few objects such a body can hold).
 _WHOLE_BYTES = 16 * 1024
 _WHOLE_OBJECTS = 8
+_UNCOUNTED_BYTES = 512
 
 
 class _RepeatedKey(ValueError):
@@ -162,11 +164,18 @@ def parse_body(raw: bytes, sliced: bool = False) -> JsonBody:
         text = raw.decode()
     except UnicodeDecodeError as exc:
         raise _invalid(f"not UTF-8 at byte {exc.start}") from None
-    if len(raw) > COUNTED_BODY_BYTES:
+    size = len(raw)
+    if size > COUNTED_BODY_BYTES:
         _check_elements(raw)
-    if not sliced and len(raw) <= _WHOLE_BYTES and raw.count(b"{") <= _WHOLE_OBJECTS:
-        payload = _read_whole(text)
-        if payload is not None:
+    if not sliced and (size <= _UNCOUNTED_BYTES
+                       or (size <= _WHOLE_BYTES and raw.count(b"{") <= _WHOLE_OBJECTS)):
+        # Read whole by one call of the C scanner; anything but an object of unique keys with
+        # nothing around it (or an error) is left to the walk, which words why.
+        try:
+            payload, end = _SCAN_WHOLE(text, 0)
+        except (StopIteration, ValueError, RecursionError):
+            end = -1
+        if end == len(text) and type(payload) is dict:
             return JsonBody(raw, text, payload, None)
     try:
         payload, spans = _walk(text, _scan_sliced if sliced else _scan)
@@ -175,18 +184,6 @@ def parse_body(raw: bytes, sliced: bool = False) -> JsonBody:
     except ValueError as exc:
         raise _invalid(str(exc)) from None
     return JsonBody(raw, text, payload, spans)
-
-
-def _read_whole(text: str) -> dict | None:
-    """The object `text` is, read by one call of the C scanner; None for anything else (not an
-    object, a key repeated, text around it, any error): the walk reads it and words why."""
-    try:
-        value, end = _SCAN_WHOLE(text, 0)
-    except (StopIteration, ValueError, RecursionError):
-        return None
-    if end != len(text) or not isinstance(value, dict):
-        return None
-    return value
 
 
 def _check_elements(raw: bytes) -> None:
