@@ -139,6 +139,18 @@ def test_any_object_with_a_repeated_key_is_refused(first, second, key):
     assert refused(raw).error.param == key
 
 
+@pytest.mark.parametrize("messages", [1, 12, 400])
+def test_a_key_repeated_inside_a_member_is_carried_as_sent_small_body_or_large(messages):
+    # Only a top-level key is the gateway's to refuse; one repeated inside a message goes on
+    # as the caller sent it, whichever way the body is read (whole, walked, sliced).
+    message = b'{"role": "user", "content": "a", "content": "b"}'
+    raw = b'{"model": "m", "messages": [%s]}' % b", ".join([message] * messages)
+    for sliced in (False, True):
+        body = parse_body(raw, sliced)
+        assert body.payload == json.loads(raw)
+        assert body.encode(body.payload) is body.raw
+
+
 @settings(max_examples=200, deadline=None)
 @given(data=st.binary(max_size=64))
 def test_any_bytes_are_read_or_refused_with_a_400_never_raised_otherwise(data):
