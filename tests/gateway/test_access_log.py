@@ -70,6 +70,19 @@ def test_bytes_are_what_the_client_received(logged):
     assert (line["status"], line["bytes"], line["lane"]) == (200, len(answer), "models")
 
 
+def test_a_streamed_answers_bytes_are_what_the_client_received(logged):
+    gateway, _, path = logged
+    body = json.dumps({"model": "main", "stream": True, "max_tokens": 8,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+               + KEY.encode() + b"\r\nX-Request-Id: raw-stream\r\nContent-Type: application/json"
+               + b"\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+    answer = raw_exchange(gateway.url, request)
+    assert b"Transfer-Encoding: chunked" in answer and answer.endswith(b"0\r\n\r\n")
+    line = logged_line(path, "raw-stream")
+    assert (line["status"], line["bytes"], line["lane"]) == (200, len(answer), "chat")
+
+
 def test_a_short_safe_caller_id_is_kept(logged):
     gateway, sim, path = logged
     reply = chat(gateway.url, {"model": "main"}, {**AUTH, "X-Request-Id": "trace-42.a_b:c"})

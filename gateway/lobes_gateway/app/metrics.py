@@ -112,6 +112,8 @@ class Metrics:
         """Trace the request whose head just arrived on `client` (its writes go through it)."""
         trace = Trace(client.write, time.monotonic(), f"{self._id_prefix}-{next(self._ids):x}")
         client.write = trace.write
+        if self.access_log is None:  # nothing reads the bytes count
+            trace.hands_back = client
         self.live.add(trace)
         return trace
 

@@ -2,7 +2,9 @@
 first-byte time from the client channel's writes, its id, and what routing made of it.
 
 While a request is answered, the client Channel's `write` is the trace's: the answer's head gets
-the request's `X-Request-Id` and gives its status and first-byte time; every byte is counted.
+the request's `X-Request-Id` and gives its status and first-byte time; every byte is counted
+where an access log reads the count (without one, the channel's later writes go straight to its
+transport once the head is through: a streamed chunk costs no call of the trace's).
 app/ fills in the role, route reason, replica and tokens; metrics and the access log read it
 once the request has ended.
 """
@@ -33,6 +35,12 @@ class NamedRequest(Protocol):
     request_id: str | None
 
 
+class Writing(Protocol):
+    """What a trace takes the writes of (transport/channel.py's Channel)."""
+
+    write: Callable[[bytes], None]
+
+
 class Trace:
     """What metrics and the access log learn of one request.
 
@@ -53,6 +61,9 @@ class Trace:
     role = UNROUTED
     reason = UNROUTED  # the pool's route reason (X-Lobes-Route-Reason), else none
     tokens: int | None = None
+    # The channel whose writes this trace took, handed its transport's own write back once the
+    # answer's head is through; None while the bytes are counted (an access log reads them).
+    hands_back: Writing | None = None
 
     def __init__(self, write: Callable[[bytes], None], started: float, request_id: str) -> None:
         self.sink = write  # the client transport's own write
@@ -82,6 +93,8 @@ class Trace:
                 # two slices cost twice the instructions).
                 data = data.replace(
                     b"\r\n", b"\r\nX-Request-Id: " + self.request_id.encode() + b"\r\n", 1)
+                if self.hands_back is not None:
+                    self.hands_back.write = self.sink
         self.bytes += len(data)
         self.sink(data)
 
