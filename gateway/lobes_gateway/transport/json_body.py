@@ -175,7 +175,7 @@ def parse_body(raw: bytes, sliced: bool = False) -> JsonBody:
             payload, end = _SCAN_WHOLE(text, 0)
         except (StopIteration, ValueError, RecursionError):
             end = -1
-        if end == len(text) and type(payload) is dict:
+        if end == len(text) and isinstance(payload, dict):
             return JsonBody(raw, text, payload, None)
     try:
         payload, spans = _walk(text, _scan_sliced if sliced else _scan)
