@@ -14,6 +14,7 @@ from lobes_contract import host_port, http_origin
 from . import __version__
 from .app.gateway import Gateway
 from .policy.config import ConfigError, load_config
+from .transport import loop as event_loop
 
 LISTEN_BACKLOG = 4096
 # Young-generation collections every 700 allocations re-walk every in-flight request's objects;
@@ -77,7 +78,7 @@ def main() -> int:
         print(f"lobes_gateway: configuration error: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(gateway))
+        event_loop.run(serve(gateway))
     except ListenError as exc:
         print(f"lobes_gateway: {exc}", file=sys.stderr)
         return 2
