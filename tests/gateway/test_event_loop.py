@@ -44,7 +44,7 @@ class Program:
         self.timed: list[str] = []  # timers with a real delay, as they fire
         self.due: list[tuple[float, int, str]] = []  # and when each was due
         self.handles: list[asyncio.Handle] = []
-        self.pairs = [socket.socketpair() for _ in range(2)]
+        self.pairs = [socket.socketpair(), socket.socketpair()]
         for index, (reading, _writing) in enumerate(self.pairs):
             reading.setblocking(False)
             loop.add_reader(reading.fileno(), self._readable, index)
@@ -87,9 +87,8 @@ class Program:
                 timer = loop.call_later(0.002 * (1 + index % 5), self.timed.append, label)
                 self.due.append((timer.when(), index, label))
             elif op == "many_cancelled":  # enough to make the loop sweep its heap at once
-                for timer in [loop.call_later(3600, self.log.append, "never")
-                              for _ in range(150)]:
-                    timer.cancel()
+                for _count in range(150):
+                    loop.call_later(3600, self.log.append, "never").cancel()
             elif op == "next_turn":
                 loop.call_soon(self.run_from, index + 1)
                 return
@@ -106,7 +105,7 @@ def _run_program(make_loop: Callable[[], asyncio.AbstractEventLoop],
     try:
         loop.call_soon(program.run_from, 0)
         loop.run_until_complete(asyncio.sleep(0.02))
-        for _ in range(1000):  # a slow host: until every timer of the program fired
+        for _wait in range(1000):  # a slow host: until every timer of the program fired
             if len(program.timed) == len(program.due):
                 break
             loop.run_until_complete(asyncio.sleep(0.01))

@@ -96,7 +96,7 @@ class LeanLoop(asyncio.SelectorEventLoop):
                 handle._scheduled = False
                 ready.append(handle)
         # What is ready now runs; what those callbacks schedule waits for the next poll.
-        for _ in range(len(ready)):
+        for _queued in range(len(ready)):
             handle = ready.popleft()
             if handle._cancelled:
                 continue
