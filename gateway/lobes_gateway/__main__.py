@@ -55,8 +55,9 @@ async def serve(gateway: Gateway) -> None:
         await gateway.close()
         raise listen_failure(config.host, config.port, exc) from None
     port = server.sockets[0].getsockname()[1]
-    print(f"lobes_gateway {__version__} listening on {http_origin(config.host, port)}",
-          file=sys.stderr, flush=True)
+    # The loop named: LeanLoop where it fits, else asyncio's (see transport/loop.py).
+    print(f"lobes_gateway {__version__} listening on {http_origin(config.host, port)} "
+          f"(event loop: {type(loop).__name__})", file=sys.stderr, flush=True)
     # Start-up objects live for the process: keep them out of every collection.
     gc.collect()
     gc.freeze()

@@ -21,6 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lobes_gateway.transport import loop as event_loop
 
+from tests.support.client import chat, wired
+from tests.support.gateway_proc import start_gateway
+from tests.support.sim_proc import start_sim
+
 pytestmark = pytest.mark.skipif(not event_loop.FITS, reason="LeanLoop runs on CPython 3.11 "
                                 "with epoll only; elsewhere the gateway runs asyncio's loop")
 
@@ -233,3 +237,11 @@ def test_run_serves_a_coroutine_on_the_lean_loop():
         return type(asyncio.get_running_loop())
 
     assert event_loop.run(loop_type()) is event_loop.LeanLoop
+
+
+def test_the_gateway_process_serves_on_the_lean_loop():
+    with start_sim("instant") as sim, start_gateway(wired(sim)) as gateway:
+        answer = chat(gateway.url, {"model": "main"})
+        log = gateway.output()
+    assert answer.status == 200
+    assert "(event loop: LeanLoop)" in log
