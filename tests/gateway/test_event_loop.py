@@ -231,12 +231,14 @@ def test_in_debug_mode_the_stock_turn_runs_and_warns_of_a_slow_callback(caplog):
     assert any("Executing" in record.getMessage() for record in caplog.records)
 
 
-def test_run_serves_a_coroutine_on_the_lean_loop():
+def test_run_serves_a_coroutine_on_the_lean_loop_and_puts_the_policy_back():
     async def loop_type() -> type:
         await asyncio.sleep(0.001)
         return type(asyncio.get_running_loop())
 
+    policy = asyncio.get_event_loop_policy()
     assert event_loop.run(loop_type()) is event_loop.LeanLoop
+    assert asyncio.get_event_loop_policy() is policy
 
 
 def test_the_gateway_process_serves_on_the_lean_loop():

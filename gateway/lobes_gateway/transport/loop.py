@@ -8,7 +8,7 @@ streamed chunk, one socket ready a turn, that was 256 of the gateway's 674 bytec
 the same order, with the same timers and the same report of a callback's exception.
 
 It reads asyncio's and selectors' internals as CPython 3.11 has them, so it is used only there
-and on epoll (`new_event_loop`); elsewhere, and in debug mode, the stock loop's turn runs.
+and on epoll (`run`); elsewhere, and in debug mode, the stock loop's turn runs.
 """
 
 from __future__ import annotations
@@ -139,14 +139,22 @@ class LeanLoop(asyncio.SelectorEventLoop):
         self.call_exception_handler(context)
 
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """A LeanLoop where it fits (CPython 3.11 on epoll), else asyncio's default loop."""
-    return LeanLoop() if FITS else asyncio.new_event_loop()
+class LeanLoopPolicy(asyncio.DefaultEventLoopPolicy):
+    """asyncio's default policy, whose new loops are LeanLoops."""
+
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        return LeanLoop()
 
 
 def run(main: Coroutine[Any, Any, Result]) -> Result:
-    """asyncio.run(main) on new_event_loop()'s loop."""
+    """asyncio.run(main), on a LeanLoop where it fits (CPython 3.11 on epoll); the policy in
+    place before is put back after. (asyncio.Runner's loop_factory would say it in one call, but
+    the boxes' oldest Python, 3.10, has no Runner.)"""
     if not FITS:
         return asyncio.run(main)
-    with asyncio.Runner(loop_factory=new_event_loop) as runner:
-        return runner.run(main)
+    previous = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(LeanLoopPolicy())
+    try:
+        return asyncio.run(main)
+    finally:
+        asyncio.set_event_loop_policy(previous)
