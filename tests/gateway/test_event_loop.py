@@ -33,6 +33,15 @@ LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "lean": event_loop.LeanLoop,
 }
 
+
+@pytest.fixture(params=list(LOOPS))
+def each_loop(request):
+    """asyncio's epoll loop, then LeanLoop: closed after the test."""
+    loop = LOOPS[request.param]()
+    yield loop
+    loop.close()
+
+
 # One step of a generated program, run inside a callback: what it schedules is labelled by its
 # index, so two loops' logs compare label for label.
 OPS = st.sampled_from(["soon", "later0", "past", "cancel", "send", "raise", "next_turn",
@@ -131,18 +140,13 @@ def test_a_generated_program_runs_its_callbacks_in_asyncios_order(ops):
     assert lean_timed == lean_due
 
 
-@pytest.mark.parametrize("name", LOOPS)
-def test_a_callbacks_exception_is_reported_with_asyncios_context_and_the_turn_goes_on(name):
-    loop = LOOPS[name]()
+def test_a_callbacks_exception_is_reported_with_asyncios_context_and_the_turn_goes_on(each_loop):
     contexts: list[dict] = []
     after: list[str] = []
-    loop.set_exception_handler(lambda _loop, context: contexts.append(context))
-    try:
-        loop.call_soon(_raise, "boom")
-        loop.call_soon(after.append, "next")
-        loop.run_until_complete(asyncio.sleep(0))
-    finally:
-        loop.close()
+    each_loop.set_exception_handler(lambda _loop, context: contexts.append(context))
+    each_loop.call_soon(_raise, "boom")
+    each_loop.call_soon(after.append, "next")
+    each_loop.run_until_complete(asyncio.sleep(0))
     assert after == ["next"]
     [context] = contexts
     assert isinstance(context["exception"], ValueError)
@@ -192,32 +196,22 @@ def test_a_writer_runs_when_its_socket_can_take_bytes(name):
         loop.close()
 
 
-@pytest.mark.parametrize("name", LOOPS)
-def test_a_thread_wakes_a_loop_that_waits_with_no_timer(name):
-    loop = LOOPS[name]()
-    try:
-        done = loop.create_future()
-        thread = threading.Timer(0.05, loop.call_soon_threadsafe, (done.set_result, "woken"))
-        thread.start()
-        # No timer of its own: only the thread's wake-up ends the poll (wait_for's is a bound
-        # that fails the test, not a wake-up it could pass by).
-        assert loop.run_until_complete(asyncio.wait_for(done, 10)) == "woken"
-        thread.join()
-    finally:
-        loop.close()
+def test_a_thread_wakes_a_loop_that_waits_with_no_timer(each_loop):
+    done = each_loop.create_future()
+    thread = threading.Timer(0.05, each_loop.call_soon_threadsafe, (done.set_result, "woken"))
+    thread.start()
+    # No timer of its own: only the thread's wake-up ends the poll (wait_for's is a bound that
+    # fails the test, not a wake-up it could pass by).
+    assert each_loop.run_until_complete(asyncio.wait_for(done, 10)) == "woken"
+    thread.join()
 
 
-@pytest.mark.parametrize("name", LOOPS)
-def test_a_signal_handler_runs_on_the_loop(name):
-    loop = LOOPS[name]()
-    try:
-        got = loop.create_future()
-        loop.add_signal_handler(signal.SIGUSR1, got.set_result, "signalled")
-        loop.call_later(0.01, os.kill, os.getpid(), signal.SIGUSR1)
-        assert loop.run_until_complete(asyncio.wait_for(got, 10)) == "signalled"
-        loop.remove_signal_handler(signal.SIGUSR1)
-    finally:
-        loop.close()
+def test_a_signal_handler_runs_on_the_loop(each_loop):
+    got = each_loop.create_future()
+    each_loop.add_signal_handler(signal.SIGUSR1, got.set_result, "signalled")
+    each_loop.call_later(0.01, os.kill, os.getpid(), signal.SIGUSR1)
+    assert each_loop.run_until_complete(asyncio.wait_for(got, 10)) == "signalled"
+    each_loop.remove_signal_handler(signal.SIGUSR1)
 
 
 def test_in_debug_mode_the_stock_turn_runs_and_warns_of_a_slow_callback(caplog):
